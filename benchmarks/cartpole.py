@@ -1,0 +1,55 @@
+"""Time to solve CartPole with the default quick start: `herd train --env CartPole-v1`.
+
+For each seed, the wall time from launching the process to the first moment the
+100-episode average return reaches 475. Usage: python benchmarks/cartpole.py [--seeds 1 2 3]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from collections import deque
+from pathlib import Path
+
+from common import print_table, read_csv, record, run_herd
+
+TARGET = 475.0
+
+
+def time_to_target(episodes: list[dict], launch: float, window: int = 100) -> tuple[float | None, float | None]:
+    """(seconds from launch, env steps) when the moving average first reaches TARGET."""
+    scores: deque = deque(maxlen=window)
+    for row in episodes:
+        scores.append(row["score"])
+        if len(scores) == window and sum(scores) / window >= TARGET:
+            return row["unix_time"] - launch, row["env_step"]
+    return None, None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--extra", nargs="*", default=[], help="extra herd flags, e.g. --extra=--lr=0.002")
+    args = parser.parse_args()
+    rows, times = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            run_dir, launch, code = run_herd(["train", "--env", "CartPole-v1", f"--seed={seed}", "--basic_verbose=False",
+                                              *args.extra], Path(tmp))
+            episodes = read_csv(run_dir / "episodes.csv")
+            seconds, steps = time_to_target(episodes, launch)
+            best = max((sum(e["score"] for e in episodes[i - 100:i]) / 100 for i in range(100, len(episodes) + 1)),
+                       default=float("nan"))
+            times.append(seconds if seconds is not None else float("inf"))
+            rows.append([seed, code, f"{seconds:.1f}" if seconds else "not reached",
+                         int(steps) if steps else "-", f"{best:.1f}", len(episodes)])
+    median = statistics.median(times)
+    print_table(["seed", "exit", "seconds to 475 (from launch)", "env steps", "best avg100", "episodes"], rows)
+    print(f"median_seconds_to_475={median:.1f}")
+    record("cartpole", {"command": "herd train --env CartPole-v1 " + " ".join(args.extra), "target": TARGET,
+                        "runs": [dict(zip(["seed", "exit", "seconds", "env_steps", "best_avg100", "episodes"], r))
+                                 for r in rows], "median_seconds": median})
+
+
+if __name__ == "__main__":
+    main()

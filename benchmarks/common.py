@@ -1,0 +1,76 @@
+"""Shared helpers of the benchmarks: run herd in a subprocess, read its run folder,
+print a table and record results beside the benchmark."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "processor": platform.processor() or platform.machine(), "python": platform.python_version()}
+
+
+def herd_command(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "herd.cli", *args]
+
+
+def newest_run(results_dir: Path, before: set) -> Path:
+    runs = [p for p in results_dir.iterdir() if p.is_dir() and p not in before]
+    return max(runs, key=lambda p: p.stat().st_mtime)
+
+
+def run_herd(args: list[str], results_dir: Path, stop_after: float | None = None,
+             timeout: float = 600) -> tuple[Path, float, int]:
+    """Runs `herd <args>`; returns (run folder, launch unix time, exit code). With
+    stop_after, sends SIGINT after that many seconds (a clean, saved stop)."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    before = set(results_dir.iterdir())
+    launch = time.time()
+    process = subprocess.Popen(herd_command([*args, f"--results_dir={results_dir}"]), cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        if stop_after is not None:
+            try:
+                process.wait(stop_after)
+            except subprocess.TimeoutExpired:
+                process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    if process.returncode != 0:
+        sys.stderr.write(err[-3000:])
+    return newest_run(results_dir, before), launch, process.returncode
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [{k: float(v) if v not in ("", None) else float("nan") for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def record(name: str, data: dict) -> Path:
+    """Writes benchmarks/results/<name>.json with the machine it ran on."""
+    out = ROOT / "benchmarks" / "results" / f"{name}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), **data}, indent=2))
+    return out
+
+
+def print_table(headers: list[str], rows: list[list]) -> None:
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+    print("  ".join(str(h).ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))

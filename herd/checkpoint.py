@@ -1,0 +1,135 @@
+"""Checkpoints: written atomically, loaded without unpickling code, versioned.
+
+A checkpoint is a dict of tensors and plain Python values only, so it loads with
+`torch.load(weights_only=True)`. numpy arrays (replay contents, RNG state) are stored as
+tensors and turned back on load. Writing goes to a temporary file in the same folder,
+which is fsync'ed and then renamed over the final name: a kill at any instant leaves
+either the old file or the new one, never a torn one."""
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT_VERSION = 1
+CHECKPOINT_DIR = "checkpoints"
+NAME_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message says why in one line."""
+
+
+def to_storable(value: Any) -> Any:
+    """numpy arrays -> tensors (tagged), recursively, so weights_only loading accepts them."""
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(value)), "dtype": str(value.dtype)}
+    if isinstance(value, dict):
+        return {k: to_storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_storable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def from_storable(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__ndarray__" in value:
+            return value["__ndarray__"].numpy().astype(value["dtype"], copy=False)
+        return {k: from_storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_storable(v) for v in value]
+    return value
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_atomic(state: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(to_storable(state), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def save_checkpoint(state: dict, run_dir: Path, update: int, keep: int = 3) -> Path:
+    """Saves `ckpt_<update>.pt` in the run's checkpoint folder and keeps the newest `keep`."""
+    state = {**state, "format_version": FORMAT_VERSION}
+    folder = run_dir / CHECKPOINT_DIR
+    path = folder / f"ckpt_{update:010d}.pt"
+    save_atomic(state, path)
+    for old in list_checkpoints(folder)[keep:]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Checkpoint files of a folder, newest first."""
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if NAME_PATTERN.match(p.name)]
+    return sorted(found, key=lambda p: int(NAME_PATTERN.match(p.name).group(1)), reverse=True)
+
+
+def find_checkpoint(url: str | os.PathLike) -> Path:
+    """A checkpoint file, or a run folder (its newest checkpoint)."""
+    path = Path(url)
+    if not path.exists():
+        raise CheckpointError(f"--load_model_url '{url}' does not exist")
+    if path.is_file():
+        return path
+    for folder in (path / CHECKPOINT_DIR, path):
+        found = list_checkpoints(folder)
+        if found:
+            return found[0]
+    raise CheckpointError(f"--load_model_url '{url}' is a folder with no checkpoint (expected {CHECKPOINT_DIR}/ckpt_*.pt)")
+
+
+def load_checkpoint(url: str | os.PathLike) -> tuple[dict, Path]:
+    path = find_checkpoint(url)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
+        reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        raise CheckpointError(f"checkpoint '{path}' is truncated or corrupt ({reason})") from None
+    except Exception as err:  # an unpickling refusal: the file holds more than weights
+        raise CheckpointError(f"checkpoint '{path}' cannot be loaded safely ({type(err).__name__})") from None
+    if not isinstance(state, dict) or "format_version" not in state:
+        raise CheckpointError(f"'{path}' is not a herd checkpoint")
+    if state["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint '{path}' has format version {state['format_version']}, "
+                              f"this herd reads version {FORMAT_VERSION}")
+    return from_storable(state), path
+
+
+def check_compatible(state: dict, env_spec: dict, model_signature: dict, path: Path) -> None:
+    """Refuses a checkpoint made for another environment or another network."""
+    saved_env = state["env_spec"]
+    for key in ("obs_shape", "obs_dtype", "num_actions"):
+        if list(np.atleast_1d(saved_env[key])) != list(np.atleast_1d(env_spec[key])):
+            raise CheckpointError(
+                f"checkpoint '{path}' was made for {saved_env['env']} ({key} {saved_env[key]}), "
+                f"not {env_spec['env']} ({key} {env_spec[key]})")
+    saved_signature = {k: list(v) for k, v in state["model_signature"].items()}
+    if saved_signature != {k: list(v) for k, v in model_signature.items()}:
+        raise CheckpointError(f"checkpoint '{path}' holds another network ({state['config'].get('network')} "
+                              f"with {len(saved_signature)} tensors) than the one configured")

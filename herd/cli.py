@@ -1,0 +1,109 @@
+"""One parser for `python main.py --op_mode=...` (the seed's flags, verbatim) and
+`herd train|resume|test|multi ...`. Every dataclass field of herd.config is a flag,
+under its seed name and a dashed alias (`--batch_size` and `--batch-size`)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Sequence
+
+from herd.config import FIELD_INFO, SECTIONS, ConfigError
+import dataclasses
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints the usage and exits on error; we want one clear line."""
+
+    def error(self, message: str):  # noqa: D102
+        raise ConfigError(message)
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(section)
+        for f in dataclasses.fields(cls):
+            names = [f"--{f.name}"]
+            dashed = f.name.replace("_", "-")
+            if dashed != f.name:
+                names.append(f"--{dashed}")
+            default = f.default if f.default is not dataclasses.MISSING else None
+            help_text = f.metadata.get("help", "")
+            if default is not None:
+                help_text += f" [default: {default}]"
+            # Values stay strings here; herd.config.coerce converts them with clear errors.
+            group.add_argument(*names, dest=f.name, default=argparse.SUPPRESS, metavar=f.name.upper(),
+                               help=help_text.replace("%", "%%"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="herd", description="herd: distributed deep RL (IMPALA, V-trace, CLEAR, LASER)")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    for name, help_text in (("train", "start a new training run"),
+                            ("resume", "continue a run from its checkpoint (op_mode=train_w_load)"),
+                            ("test", "play episodes with a saved policy")):
+        sub = commands.add_parser(name, help=help_text)
+        if name != "train":
+            sub.add_argument("run", nargs="?", help="run folder or checkpoint file (same as --load_model_url)")
+        add_config_flags(sub)
+    multi = commands.add_parser("multi", help="run experiments from a JSON or YAML file in sequence")
+    multi.add_argument("file", help="a list of experiments, each a dict of overridden options")
+    add_config_flags(multi)
+    return parser
+
+
+def build_seed_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="main.py", description="herd, seed-compatible entry point")
+    add_config_flags(parser)
+    return parser
+
+
+def explicit_options(namespace: argparse.Namespace) -> dict[str, Any]:
+    """The options the user actually typed (argparse defaults are suppressed)."""
+    return {k: v for k, v in vars(namespace).items() if k in FIELD_INFO}
+
+
+COMMAND_MODES = {"train": "train", "resume": "train_w_load", "test": "test"}
+
+
+def parse_herd_args(argv: Sequence[str]) -> tuple[str, dict[str, Any], argparse.Namespace]:
+    namespace = build_parser().parse_args(argv)
+    options = explicit_options(namespace)
+    if namespace.command in COMMAND_MODES:
+        options["op_mode"] = COMMAND_MODES[namespace.command]
+        if getattr(namespace, "run", None):
+            options["load_model_url"] = namespace.run
+    return namespace.command, options, namespace
+
+
+def report_error(err: Exception) -> int:
+    print(f"herd: error: {err}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from herd.run import run_experiment, run_multi_file
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        command, options, namespace = parse_herd_args(argv)
+        if command == "multi":
+            return run_multi_file(namespace.file, options)
+        return run_experiment(options)
+    except ConfigError as err:
+        return report_error(err)
+
+
+def seed_main(argv: Sequence[str] | None = None) -> int:
+    """`python main.py --op_mode=train ...`."""
+    from herd.run import run_experiment
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        options = explicit_options(build_seed_parser().parse_args(argv))
+        return run_experiment(options)
+    except ConfigError as err:
+        return report_error(err)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,467 @@
+"""Every option of herd as typed dataclasses, with one `validate()`.
+
+The seed's flags keep their names and meanings (see `seed-reference.md`). Options are
+grouped in sections for readability (`cfg.train.lr`, `cfg.env.skipped_frames`), but every
+field name is unique across sections, so the command line, saved configs and
+`multi_train.py` overrides all use one flat namespace (`{"lr": 1e-3}`).
+
+A field whose default is `None` and which appears in a profile of `PROFILES` takes its
+default from the kind of environment (Atari frames or a vector observation task): the
+seed's Atari-minded defaults do not fit CartPole. The command line still overrides them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+class ConfigError(ValueError):
+    """A bad option: the message is one line that says what is wrong and how to fix it."""
+
+
+def opt(default: Any, help: str, choices: tuple | None = None):
+    """A dataclass field carrying its help text (shown by `--help`) and allowed values."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+OP_MODES = ("train", "train_w_load", "test")
+REWARD_CLIPPING_METHODS = ("abs_one_sign", "abs_one_clamp", "soft_asymmetric")
+DISCARDING_STRATEGIES = ("keep_latest", "keep_oldest", "alternating")
+NETWORKS = ("auto", "mlp", "nature_cnn", "resnet")
+
+
+@dataclass
+class GeneralConfig:
+    op_mode: str = opt("train", "train, test, or train_w_load (continue from a checkpoint)", OP_MODES)
+    load_model_url: Optional[str] = opt(None, "the saved run folder or checkpoint file to load")
+    load_optimizer_save: bool = opt(True, "restore optimizer and LR-scheduler state on train_w_load")
+    save_model_period: int = opt(1000, "save a checkpoint every N learner updates")
+    debug: bool = opt(False, "debug mode: verbose logging")
+    seed: Optional[int] = opt(None, "random seed (random when unset; the chosen seed is saved with the run)")
+    reproducible: bool = opt(False, "deterministic mode: seeded everything and deterministic torch kernels")
+    results_dir: str = opt("results", "folder that holds one sub-folder per run")
+    device: str = opt("cpu", "learner device: cpu (GPU paths come with the throughput issue)", ("cpu", "auto", "cuda"))
+
+
+@dataclass
+class TrainingConfig:
+    lr: Optional[float] = opt(None, "learning rate (Atari 0.0008, vector tasks 0.001)")
+    batch_size: Optional[int] = opt(None, "trajectories per learner batch (Atari 100, vector tasks 16)")
+    r_f_steps: Optional[int] = opt(None, "rollout fragment length, the unroll length T (Atari 10, vector tasks 32)")
+    gradient_clip_by_norm_threshold: float = opt(40.0, "global gradient-norm clip; 0 disables")
+    gamma: float = opt(0.99, "discount factor")
+    optimizer: Optional[str] = opt(None, "rmsprop or adam (Atari rmsprop, vector tasks adam)", ("rmsprop", "adam"))
+    rmsprop_eps: float = opt(0.01, "RMSprop epsilon")
+    lr_scheduler_steps: Optional[int] = opt(None, "polynomial (linear) LR decay horizon in learner updates (Atari 10000; vector tasks: the whole run)")
+    lr_end_value: float = opt(0.00001, "learning rate at the end of the decay")
+    environment_max_steps: Optional[int] = opt(None, "stop after this many environment (agent) steps in total")
+    learner_thread_count: int = opt(1, "torch threads of the learner")
+
+
+@dataclass
+class EnvConfig:
+    env: str = opt("AtlantisNoFrameskip-v4", "environment id: any gymnasium id; *NoFrameskip-v4 for ALE Atari")
+    clip_rewards: Optional[bool] = opt(None, "clip rewards (Atari True, vector tasks False)")
+    reward_clipping_method: str = opt("abs_one_sign", "how rewards are clipped", REWARD_CLIPPING_METHODS)
+    skipped_frames: int = opt(4, "Atari action repeat with max-pool over the last two frames")
+    frames_stacked: int = opt(4, "Atari frame stack")
+    noop_threshold: int = opt(30, "Atari: up to N random no-ops at reset")
+    grayscaling_frames: bool = opt(True, "Atari: grayscale frames")
+    episodic_life: bool = opt(True, "Atari: a lost life ends the training episode (scores count all lives)")
+    frame_scale_resolution: tuple = opt((84, 84), "Atari: resize frames to height,width")
+    max_episode_steps: Optional[int] = opt(None, "truncate episodes after N agent steps (default: the env's own limit)")
+
+
+@dataclass
+class ParallelConfig:
+    worker_count: Optional[int] = opt(None, "actor processes (default: one per CPU core)")
+    envs_per_worker: Optional[int] = opt(None, "environments per actor, stepped together (Atari 5, vector tasks 16)")
+    multiprocessing_backend: str = opt("python_native", "python_native (local processes) or ray", ("python_native", "ray"))
+    shared_queue_size: int = opt(4, "trajectory slots per actor in shared memory (bounds policy lag)")
+
+
+DEFAULT_REPLAY = '[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]'
+
+
+@dataclass
+class ReplayConfig:
+    replay_parameters: Optional[str] = opt(None, "the replays as a JSON list (Atari: the seed's queue+standard mix; vector tasks: queue only)")
+    training_fill_in_factor: float = opt(0.2, "a replay must be this full (fraction of capacity) before training starts")
+    replay_writer_queue_size: int = opt(1, "trajectories waiting to be written before some are discarded")
+    discarding_strategy: str = opt("keep_latest", "which waiting trajectories survive an overflow", DISCARDING_STRATEGIES)
+    use_replay_compression: bool = opt(False, "store replayed observations LZ4-compressed")
+    lz4_compression_level: int = opt(0, "LZ4 compression level")
+    caching: bool = opt(True, "prepare batches ahead in the background")
+    caching_threads: int = opt(1, "threads preparing batches")
+    cache_sample_size: int = opt(1, "batches prepared per round")
+    cache_output_buffer_size: int = opt(3, "prepared batches kept ready")
+
+
+@dataclass
+class StatsConfig:
+    avg_buff_size: int = opt(100, "episodes in the moving-average score")
+    verbose_worker_out_int: int = opt(50, "actor-side progress interval (rollouts) when worker_verbose")
+    verbose_learner_out_int: int = opt(250, "learner-side log interval (updates)")
+    basic_verbose: bool = opt(True, "print a live progress line")
+    worker_verbose: bool = opt(False, "print per-actor progress")
+    background_save: bool = opt(False, "write statistics from a background thread")
+    tensorboard: bool = opt(True, "write TensorBoard scalars into the run folder")
+
+
+@dataclass
+class TestConfig:
+    test_episode_count: int = opt(1000, "episodes to play in test mode")
+    render: bool = opt(True, "render during test mode")
+
+
+@dataclass
+class NetworkConfig:
+    network: str = opt("auto", "auto (mlp for vectors, nature_cnn for frames), mlp, nature_cnn or resnet", NETWORKS)
+    feature_out_layer_size: Optional[int] = opt(None, "size of the per-step feature vector (Atari 512, vector tasks 64)")
+    use_additional_scaling_FC_layer: bool = opt(True, "a separate linear layer produces the feature vector")
+    hidden_sizes: tuple = opt((64, 64), "MLP hidden layer sizes")
+
+
+@dataclass
+class LossConfig:
+    policy_gradient_loss_weight: float = opt(1.0, "weight of the policy-gradient loss")
+    value_loss_weight: float = opt(0.5, "weight of the value loss")
+    entropy_loss_weight: float = opt(0.01, "weight of the entropy bonus")
+    c_const: float = opt(1.0, "V-trace c-bar")
+    rho_const: float = opt(1.0, "V-trace rho-bar (and policy-gradient rho-bar)")
+    use_policy_cloning_loss: Optional[bool] = opt(None, "CLEAR policy cloning on replayed data (default: on when a replay other than the queue is used)")
+    use_value_cloning_loss: Optional[bool] = opt(None, "CLEAR value cloning on replayed data (default: as policy cloning)")
+    policy_cloning_loss_weight: float = opt(0.05, "weight of the policy cloning loss")
+    value_cloning_loss_weight: float = opt(0.005, "weight of the value cloning loss")
+    use_kl_mask: bool = opt(False, "LASER: mask transitions whose KL(target||behaviour) exceeds the threshold")
+    kl_div_threshold: float = opt(0.3, "LASER KL threshold")
+
+
+SECTIONS = {
+    "general": GeneralConfig, "train": TrainingConfig, "env": EnvConfig,
+    "parallel": ParallelConfig, "replay": ReplayConfig, "stats": StatsConfig,
+    "test": TestConfig, "network": NetworkConfig, "loss": LossConfig,
+}
+
+# Defaults that depend on the kind of environment. Atari keeps the seed's values.
+PROFILES: dict[str, dict[str, Any]] = {
+    "atari": dict(
+        lr=0.0008, batch_size=100, r_f_steps=10, optimizer="rmsprop", lr_scheduler_steps=10000,
+        environment_max_steps=15_000_000, clip_rewards=True, envs_per_worker=5,
+        replay_parameters=DEFAULT_REPLAY, feature_out_layer_size=512,
+    ),
+    "vector": dict(
+        lr=0.001, batch_size=16, r_f_steps=32, optimizer="adam",
+        environment_max_steps=300_000, clip_rewards=False, envs_per_worker=16,
+        replay_parameters='[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
+        feature_out_layer_size=64,
+    ),
+}
+
+
+@dataclass
+class Config:
+    general: GeneralConfig = field(default_factory=GeneralConfig)
+    train: TrainingConfig = field(default_factory=TrainingConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    stats: StatsConfig = field(default_factory=StatsConfig)
+    test: TestConfig = field(default_factory=TestConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def to_flat(self) -> dict[str, Any]:
+        """{field name: value} over all sections; tuples become lists (JSON)."""
+        flat = {}
+        for section in SECTIONS:
+            for f in dataclasses.fields(getattr(self, section)):
+                value = getattr(getattr(self, section), f.name)
+                flat[f.name] = list(value) if isinstance(value, tuple) else value
+        return flat
+
+    @classmethod
+    def from_flat(cls, values: dict[str, Any]) -> "Config":
+        cfg = cls()
+        for name, value in values.items():
+            section = FIELD_SECTION.get(name)
+            if section is None:
+                raise ConfigError(f"unknown option '{name}'")
+            setattr(getattr(cfg, section), name, coerce(name, value))
+        return cfg
+
+    @property
+    def replays(self) -> list["ReplaySpec"]:
+        return parse_replay_parameters(self.replay.replay_parameters)
+
+    def validate(self) -> None:
+        validate(self)
+
+
+FIELD_SECTION: dict[str, str] = {
+    f.name: section for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+}
+FIELD_INFO: dict[str, dataclasses.Field] = {
+    f.name: f for cls in SECTIONS.values() for f in dataclasses.fields(cls)
+}
+
+
+def parse_bool(text: Any) -> bool:
+    if isinstance(text, bool):
+        return text
+    lowered = str(text).strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"'{text}' is not a boolean: use True/False/true/false/1/0")
+
+
+def parse_int_tuple(text: Any) -> tuple:
+    if isinstance(text, (list, tuple)):
+        return tuple(int(v) for v in text)
+    try:
+        return tuple(int(v) for v in str(text).replace("x", ",").split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"'{text}' is not a comma-separated list of integers (e.g. 84,84)") from None
+
+
+def base_type(name: str):
+    """The annotated type of a field with Optional[...] removed."""
+    annotation = FIELD_INFO[name].type
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    for candidate, kind in (("bool", bool), ("int", int), ("float", float), ("tuple", tuple), ("str", str)):
+        if candidate in text:
+            return kind
+    return str
+
+
+def coerce(name: str, value: Any) -> Any:
+    """Turns a command-line string or JSON value into the field's type, with a clear error."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "auto", "")
+                         and FIELD_INFO[name].default is None):
+        return None
+    kind = base_type(name)
+    try:
+        if kind is bool:
+            result = parse_bool(value)
+        elif kind is tuple:
+            result = parse_int_tuple(value)
+        elif kind is int:
+            as_float = float(value)
+            if not as_float.is_integer():
+                raise ValueError
+            result = int(as_float)
+        elif kind is float:
+            result = float(value)
+        else:
+            result = str(value)
+    except ConfigError as err:
+        raise ConfigError(f"--{name}: {err}") from None
+    except (TypeError, ValueError):
+        raise ConfigError(f"--{name}: '{value}' is not a valid {kind.__name__}") from None
+    choices = FIELD_INFO[name].metadata.get("choices")
+    if choices and result not in choices:
+        raise ConfigError(f"--{name}: '{result}' is not one of {', '.join(choices)}")
+    return result
+
+
+# ---------------------------------------------------------------------------- replays
+
+REPLAY_TYPES = ("queue", "standard", "custom")
+CUSTOM_KEYS = {
+    "dist_function": ("ln_norm", "cos_dist", "kl_div"),
+    "p": None,
+    "insert_strategy": ("elite_insertion",),
+    "sample_strategy": ("elite_sampling", "attentive_sampling"),
+    "lambda_batch_multiplier": None,
+    "alfa_annealing_factor": None,
+    "elite_sampling_strategy": ("strategy1", "strategy2", "strategy3", "strategy4"),
+    "elite_batch_size": None,
+}
+
+
+@dataclass(frozen=True)
+class ReplaySpec:
+    """One entry of --replay_parameters."""
+    type: str
+    capacity: int
+    sample_ratio: float
+    options: tuple = ()  # extra (key, value) pairs of the custom type
+
+    def option(self, key: str, default: Any = None) -> Any:
+        return dict(self.options).get(key, default)
+
+
+def parse_replay_parameters(text: str | list | None) -> list[ReplaySpec]:
+    """Parses and checks the JSON list of replays; raises ConfigError with one clear line."""
+    if text is None:
+        raise ConfigError("--replay_parameters is not set")
+    if isinstance(text, str):
+        try:
+            entries = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"--replay_parameters is not valid JSON ({err.msg} at character {err.pos}): "
+                              "give a list like '[{\"type\": \"queue\", \"capacity\": 1, \"sample_ratio\": 1}]'") from None
+    else:
+        entries = text
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError("--replay_parameters must be a non-empty JSON list of replay objects")
+    specs = [parse_replay_entry(i, entry) for i, entry in enumerate(entries)]
+    total = sum(spec.sample_ratio for spec in specs)
+    if not math.isclose(total, 1.0, abs_tol=1e-6):
+        ratios = " + ".join(f"{spec.sample_ratio:g}" for spec in specs)
+        raise ConfigError(f"--replay_parameters: sample_ratio values must sum to 1, but {ratios} = {total:g}")
+    return specs
+
+
+def parse_replay_entry(index: int, entry: Any) -> ReplaySpec:
+    where = f"--replay_parameters entry {index}"
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where} must be a JSON object with type, capacity and sample_ratio")
+    missing = [key for key in ("type", "capacity", "sample_ratio") if key not in entry]
+    if missing:
+        raise ConfigError(f"{where} lacks {', '.join(missing)}")
+    kind = entry["type"]
+    if kind not in REPLAY_TYPES:
+        raise ConfigError(f"{where}: unknown replay type '{kind}' (use one of {', '.join(REPLAY_TYPES)})")
+    capacity, ratio = entry["capacity"], entry["sample_ratio"]
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ConfigError(f"{where}: capacity must be an integer >= 1, got {capacity!r}")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+        raise ConfigError(f"{where}: sample_ratio must be a number in [0, 1], got {ratio!r}")
+    extra = {k: v for k, v in entry.items() if k not in ("type", "capacity", "sample_ratio")}
+    if kind != "custom" and extra:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(extra))} for type '{kind}'")
+    if kind == "custom":
+        check_custom_options(where, extra)
+    return ReplaySpec(kind, capacity, float(ratio), tuple(sorted(extra.items())))
+
+
+def check_custom_options(where: str, extra: dict) -> None:
+    for key, value in extra.items():
+        if key not in CUSTOM_KEYS:
+            raise ConfigError(f"{where}: unknown key '{key}' for type 'custom' (known: {', '.join(CUSTOM_KEYS)})")
+        allowed = CUSTOM_KEYS[key]
+        if allowed is not None and value not in allowed:
+            raise ConfigError(f"{where}: {key} '{value}' is not one of {', '.join(allowed)}")
+    if "dist_function" not in extra:
+        raise ConfigError(f"{where}: type 'custom' needs a dist_function ({', '.join(CUSTOM_KEYS['dist_function'])})")
+    multiplier = extra.get("lambda_batch_multiplier", 1)
+    if isinstance(multiplier, bool) or not isinstance(multiplier, int) or multiplier < 1:
+        raise ConfigError(f"{where}: lambda_batch_multiplier must be an integer >= 1, got {multiplier!r}")
+    alfa = extra.get("alfa_annealing_factor", 1.0)
+    if isinstance(alfa, bool) or not isinstance(alfa, (int, float)) or alfa <= 0:
+        raise ConfigError(f"{where}: alfa_annealing_factor must be a number > 0, got {alfa!r}")
+    p = extra.get("p", 2)
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or p <= 0:
+        raise ConfigError(f"{where}: p must be a number > 0, got {p!r}")
+    elite_batch = extra.get("elite_batch_size", 20)
+    if isinstance(elite_batch, bool) or not isinstance(elite_batch, int) or elite_batch < 1:
+        raise ConfigError(f"{where}: elite_batch_size must be an integer >= 1, got {elite_batch!r}")
+
+
+def batch_shares(specs: list[ReplaySpec], batch_size: int) -> list[int]:
+    """Trajectories each replay contributes to a batch: batch_size split by sample_ratio,
+    rounded by largest remainder so the shares add up to batch_size exactly."""
+    exact = [spec.sample_ratio * batch_size for spec in specs]
+    shares = [math.floor(x) for x in exact]
+    by_remainder = sorted(range(len(specs)), key=lambda i: exact[i] - shares[i], reverse=True)
+    for i in by_remainder[: batch_size - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+# ---------------------------------------------------------------------------- validation
+
+def apply_profile(cfg: Config, kind: str) -> Config:
+    """Fills the fields left at None with the defaults of the environment's kind."""
+    for name, value in PROFILES[kind].items():
+        section = getattr(cfg, FIELD_SECTION[name])
+        if getattr(section, name) is None:
+            setattr(section, name, value)
+    if cfg.parallel.worker_count is None:
+        cfg.parallel.worker_count = max(1, os.cpu_count() or 1)
+    specs = cfg.replays
+    off_policy = any(spec.type != "queue" for spec in specs)
+    if cfg.train.lr_scheduler_steps is None:
+        # Decay over the whole run: updates = fresh steps / fresh steps per update.
+        shares = batch_shares(specs, cfg.train.batch_size)
+        fresh = sum(s for spec, s in zip(specs, shares) if spec.type == "queue") or cfg.train.batch_size
+        per_update = max(1, fresh * cfg.train.r_f_steps)
+        cfg.train.lr_scheduler_steps = max(1, math.ceil(cfg.train.environment_max_steps / per_update))
+    if cfg.loss.use_policy_cloning_loss is None:
+        cfg.loss.use_policy_cloning_loss = off_policy
+    if cfg.loss.use_value_cloning_loss is None:
+        cfg.loss.use_value_cloning_loss = off_policy
+    return cfg
+
+
+def _positive(cfg: Config) -> dict[str, Any]:
+    return {
+        "batch_size": cfg.train.batch_size, "r_f_steps": cfg.train.r_f_steps,
+        "worker_count": cfg.parallel.worker_count, "envs_per_worker": cfg.parallel.envs_per_worker,
+        "environment_max_steps": cfg.train.environment_max_steps, "lr_scheduler_steps": cfg.train.lr_scheduler_steps,
+        "save_model_period": cfg.general.save_model_period, "test_episode_count": cfg.test.test_episode_count,
+        "feature_out_layer_size": cfg.network.feature_out_layer_size, "avg_buff_size": cfg.stats.avg_buff_size,
+        "shared_queue_size": cfg.parallel.shared_queue_size, "learner_thread_count": cfg.train.learner_thread_count,
+        "skipped_frames": cfg.env.skipped_frames, "frames_stacked": cfg.env.frames_stacked,
+        "caching_threads": cfg.replay.caching_threads, "cache_output_buffer_size": cfg.replay.cache_output_buffer_size,
+        "verbose_learner_out_int": cfg.stats.verbose_learner_out_int,
+    }
+
+
+def validate(cfg: Config) -> None:
+    """Checks the rules that span fields, after the profile is applied. Raises ConfigError."""
+    for name, value in _positive(cfg).items():
+        if value is None or value < 1:
+            raise ConfigError(f"--{name} must be >= 1, got {value}")
+    t, lo = cfg.train, cfg.loss
+    if not t.lr or t.lr <= 0:
+        raise ConfigError(f"--lr must be > 0, got {t.lr}")
+    if not 0 <= t.gamma <= 1:
+        raise ConfigError(f"--gamma must be in [0, 1], got {t.gamma}")
+    if t.gradient_clip_by_norm_threshold < 0:
+        raise ConfigError("--gradient_clip_by_norm_threshold must be >= 0 (0 disables clipping)")
+    if not 0 <= cfg.replay.training_fill_in_factor <= 1:
+        raise ConfigError(f"--training_fill_in_factor must be in [0, 1], got {cfg.replay.training_fill_in_factor}")
+    if cfg.env.noop_threshold < 0:
+        raise ConfigError(f"--noop_threshold must be >= 0, got {cfg.env.noop_threshold}")
+    if len(cfg.env.frame_scale_resolution) != 2 or min(cfg.env.frame_scale_resolution) < 1:
+        raise ConfigError(f"--frame_scale_resolution must be two positive integers height,width, got {cfg.env.frame_scale_resolution}")
+    if lo.rho_const <= 0 or lo.c_const <= 0 or lo.kl_div_threshold < 0:
+        raise ConfigError("--rho_const and --c_const must be > 0 and --kl_div_threshold >= 0")
+    if cfg.env.max_episode_steps is not None and cfg.env.max_episode_steps < 1:
+        raise ConfigError(f"--max_episode_steps must be >= 1, got {cfg.env.max_episode_steps}")
+    if cfg.general.op_mode in ("train_w_load", "test") and not cfg.general.load_model_url:
+        raise ConfigError(f"--op_mode={cfg.general.op_mode} needs --load_model_url=<run folder or checkpoint file>")
+    specs = cfg.replays
+    shares = batch_shares(specs, t.batch_size)
+    for spec, share in zip(specs, shares):
+        if spec.sample_ratio > 0 and share == 0:
+            raise ConfigError(f"--batch_size={t.batch_size} is too small: the {spec.type} replay's sample_ratio "
+                              f"{spec.sample_ratio:g} gives it no trajectory per batch")
+    if not any(spec.type == "queue" for spec in specs) and t.batch_size > max(spec.capacity for spec in specs):
+        raise ConfigError(f"--batch_size={t.batch_size} exceeds every replay's capacity")
+
+
+def resolve(command_line: dict[str, Any], overrides: dict[str, Any] | None = None,
+            saved: dict[str, Any] | None = None, env_kind=None) -> Config:
+    """Builds the run's config. Precedence, highest first: the command line, overrides
+    from multi_train.py, the config saved in the checkpoint being resumed, the
+    environment kind's profile, the defaults. `env_kind(env_id) -> "atari" | "vector"`."""
+    layers = [saved or {}, overrides or {}, command_line]
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for name, value in layer.items():
+            if name not in FIELD_SECTION:
+                raise ConfigError(f"unknown option '{name}'")
+            merged[name] = value
+    cfg = Config.from_flat(merged)
+    if env_kind is not None:
+        apply_profile(cfg, env_kind(cfg.env.env))
+    return cfg

@@ -1,0 +1,69 @@
+"""The learner step: batch -> model -> IMPALA loss -> clipped gradient -> optimizer and
+LR-scheduler step. Publishing weights and pacing live in the backend."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from herd.losses.impala import ImpalaLossWeights, impala_loss
+
+
+def build_optimizer(name: str, params, lr: float, rmsprop_eps: float) -> torch.optim.Optimizer:
+    if name == "rmsprop":
+        # IMPALA's RMSprop: decay 0.99, no momentum, a large epsilon for stability.
+        return torch.optim.RMSprop(params, lr=lr, alpha=0.99, eps=rmsprop_eps, momentum=0.0)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    raise ValueError(f"unknown optimizer '{name}' (use rmsprop or adam)")
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, lr: float, lr_end: float, steps: int):
+    """Linear (polynomial, power 1) decay from lr to lr_end over `steps` updates, then flat."""
+    end_fraction = min(lr_end / lr, 1.0)
+
+    def factor(update: int) -> float:
+        progress = min(update, steps) / steps
+        return end_fraction + (1.0 - end_fraction) * (1.0 - progress)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
+    """numpy batch (field -> [time, B, ...]) to torch on the learner device."""
+    tensors = {name: torch.from_numpy(np.ascontiguousarray(array)).to(device) for name, array in batch.items()}
+    tensors["replayed"] = torch.from_numpy(replayed).to(device)
+    return tensors
+
+
+class Learner:
+    def __init__(self, model: torch.nn.Module, optimizer, scheduler, weights: ImpalaLossWeights,
+                 grad_clip_norm: float):
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.weights = weights
+        self.grad_clip_norm = grad_clip_norm
+
+    def step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One update. batch["obs"] is [T+1, B, ...]; returns metrics (floats).
+        A non-finite loss skips the update and reports `skipped` = 1."""
+        self.model.train()
+        out = self.model(batch["obs"])                                    # logits [T+1, B, A]
+        loss, metrics = impala_loss(batch, out, self.weights)
+        if not math.isfinite(metrics["loss"]):
+            self.optimizer.zero_grad(set_to_none=True)
+            return {**metrics, "skipped": 1.0}
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.grad_clip_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
+        else:
+            grad_norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in self.model.parameters() if p.grad is not None))
+        self.optimizer.step()
+        self.scheduler.step()
+        metrics["grad_norm"] = float(grad_norm)
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["skipped"] = 0.0
+        return metrics

@@ -1,0 +1,184 @@
+"""The learner side of a training run, independent of how actors are run: it ingests
+finished rollouts into the replays, trains on every batch the mixer has ready, keeps the
+counters and statistics, writes metrics and checkpoints. A backend feeds it rollouts."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from herd.checkpoint import save_checkpoint
+from herd.learner.learner import Learner, to_tensors
+from herd.monitor.metrics import RunMetrics
+from herd.monitor.progress import ProgressLine
+from herd.monitor.stats import EpisodeStats
+from herd.replay.mixer import ReplayMixer
+from herd.trajectory import TrajectoryLayout
+
+log = logging.getLogger("herd")
+
+
+@dataclass
+class Counters:
+    env_steps: int = 0
+    updates: int = 0
+    rollouts: int = 0
+    skipped_updates: int = 0
+    wall_time: float = 0.0        # training seconds over all resumed parts of the run
+
+    def state_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, type(getattr(self, key))(value))
+
+
+@dataclass
+class SessionOptions:
+    max_env_steps: int
+    save_model_period: int
+    log_interval: int
+    device: torch.device
+    checkpoint_extra: dict = field(default_factory=dict)   # config, env spec, model signature
+    save_replay: bool = True
+
+
+class TrainingSession:
+    def __init__(self, layout: TrajectoryLayout, learner: Learner, mixer: ReplayMixer, stats: EpisodeStats,
+                 metrics: RunMetrics, progress: ProgressLine, run_dir: Path, options: SessionOptions):
+        self.layout = layout        # what one trajectory holds; backends size their slots by it
+        self.learner = learner
+        self.mixer = mixer
+        self.stats = stats
+        self.metrics = metrics
+        self.progress = progress
+        self.run_dir = run_dir
+        self.options = options
+        self.counters = Counters()
+        self.start_time = time.monotonic()
+        self.start_steps = 0
+        self.start_wall = 0.0
+        self.fps = 0.0
+        self.fps_mark = (time.monotonic(), 0)
+        self.recent_lag: list[float] = []
+        self.last_metrics: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ progress
+    @property
+    def elapsed(self) -> float:
+        return self.start_wall + time.monotonic() - self.start_time
+
+    @property
+    def done(self) -> bool:
+        return self.counters.env_steps >= self.options.max_env_steps
+
+    def ingest(self, views: dict[str, np.ndarray], version: int, steps: int, episodes: list) -> None:
+        """One finished rollout: views field -> [time, E, ...] (copied out, the slot may be reused)."""
+        envs = views["action"].shape[1]
+        for e in range(envs):
+            self.mixer.add({name: view[:, e] for name, view in views.items()}, version)
+        self.counters.env_steps += steps
+        self.counters.rollouts += 1
+        for score, length in episodes:
+            self.stats.add(score)
+            self.metrics.episode(self.counters.env_steps, episode=self.stats.episodes, score=score, length=length,
+                                 update=self.counters.updates, wall_time=round(self.elapsed, 3))
+
+    def train_ready_batches(self, on_update) -> int:
+        """Trains on every batch the replays can give; calls on_update(version) after each."""
+        trained = 0
+        while self.mixer.ready():
+            batch, replayed, versions = self.mixer.sample()
+            metrics = self.learner.step(to_tensors(batch, replayed, self.options.device))
+            if metrics["skipped"]:
+                self.counters.skipped_updates += 1
+                log.warning("non-finite loss at update %d: update skipped", self.counters.updates)
+                continue
+            self.counters.updates += 1
+            self.recent_lag.append(float(np.mean(self.counters.updates - 1 - versions)))
+            self.last_metrics = metrics
+            on_update(self.counters.updates)
+            trained += 1
+            if self.counters.updates % self.options.log_interval == 0:
+                self.write_train_metrics()
+            if self.counters.updates % self.options.save_model_period == 0:
+                self.save()
+        self.show_progress()
+        return trained
+
+    def write_train_metrics(self) -> None:
+        now = time.monotonic()
+        mark_time, mark_steps = self.fps_mark
+        if now > mark_time:
+            self.fps = (self.counters.env_steps - mark_steps) / (now - mark_time)
+        self.fps_mark = (now, self.counters.env_steps)
+        lag = float(np.mean(self.recent_lag)) if self.recent_lag else float("nan")
+        self.recent_lag.clear()
+        values = {k: round(v, 6) for k, v in self.last_metrics.items() if k in (
+            "loss", "pg_loss", "value_loss", "entropy", "policy_cloning_loss", "value_cloning_loss",
+            "kl_mask_fraction", "mean_rho", "grad_norm", "lr")}
+        values.update(update=self.counters.updates, wall_time=round(self.elapsed, 3), policy_lag=round(lag, 3),
+                      fps=round(self.fps, 1), average_score=round(self.stats.average, 3))
+        self.metrics.training(self.counters.env_steps, values)
+
+    def show_progress(self, force: bool = False) -> None:
+        run_time = time.monotonic() - self.start_time
+        steps = self.counters.env_steps - self.start_steps
+        fps = steps / run_time if run_time > 0 else 0.0
+        self.progress.update(self.counters.env_steps, fps, self.stats.average, self.elapsed,
+                             force=force)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        state = {
+            **self.options.checkpoint_extra,
+            "model": self.learner.model.state_dict(),
+            "optimizer": self.learner.optimizer.state_dict(),
+            "scheduler": self.learner.scheduler.state_dict(),
+            "counters": {**self.counters.state_dict(), "wall_time": self.elapsed},
+            "stats": self.stats.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "mixer": self.mixer.rng.bit_generator.state},
+        }
+        if self.options.save_replay:
+            state["replay"] = self.mixer.state_dict()
+        return state
+
+    def save(self) -> Path:
+        path = save_checkpoint(self.state_dict(), self.run_dir, self.counters.updates)
+        log.debug("checkpoint %s", path)
+        return path
+
+    def load_state_dict(self, state: dict, load_optimizer: bool) -> None:
+        self.learner.model.load_state_dict(state["model"])
+        if load_optimizer:
+            self.learner.optimizer.load_state_dict(state["optimizer"])
+            self.learner.scheduler.load_state_dict(state["scheduler"])
+        self.counters.load_state_dict(state["counters"])
+        self.stats.load_state_dict(state["stats"])
+        torch.set_rng_state(state["rng"]["torch"])
+        self.mixer.rng.bit_generator.state = state["rng"]["mixer"]
+        if "replay" in state:
+            self.mixer.load_state_dict(state["replay"])
+        self.start_steps = self.counters.env_steps
+        self.start_wall = self.counters.wall_time
+        self.fps_mark = (time.monotonic(), self.counters.env_steps)
+
+    def summary(self) -> dict:
+        return {
+            "max_reward": self.stats.max_score if self.stats.episodes else None,
+            "max_average_score": self.stats.max_average if self.stats.max_average > float("-inf") else None,
+            "last_average_score": self.stats.average if self.stats.episodes else None,
+            "episodes": self.stats.episodes,
+            "training_steps": self.counters.updates,
+            "environment_steps": self.counters.env_steps,
+            "skipped_updates": self.counters.skipped_updates,
+            "last_lr": self.learner.optimizer.param_groups[0]["lr"],
+            "total_time_s": round(self.elapsed, 2),
+            "optimizer": type(self.learner.optimizer).__name__,
+            "scheduler": "linear decay (LambdaLR)",
+        }

@@ -1,0 +1,60 @@
+"""Mixes replays into batches: each replay gives its share of every batch.
+
+Pacing: with a queue, a batch is ready when the queue holds its share of fresh
+trajectories (each is used once), so training keeps pace with the actors. Without one,
+one batch is allowed per `batch_size` fresh trajectories (a replay ratio of 1)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from herd.replay.replay import Replay
+
+
+class ReplayMixer:
+    def __init__(self, replays: list[Replay], shares: list[int], fill_in_factor: float, seed: int):
+        self.replays = replays
+        self.shares = shares
+        self.batch_size = sum(shares)
+        # A replay must hold its share and the fill-in fraction of its capacity to train.
+        self.fill_targets = [
+            share if r.on_policy else max(share, math.ceil(fill_in_factor * r.storage.capacity))
+            for r, share in zip(replays, shares)
+        ]
+        self.has_queue = any(r.on_policy for r in replays)
+        self.credit = 0  # fresh trajectories not yet paid for by a batch (no-queue pacing)
+        self.rng = np.random.default_rng(seed)
+
+    def add(self, trajectory: dict[str, np.ndarray], version: int) -> None:
+        for replay in self.replays:
+            replay.add(trajectory, version)
+        self.credit += 1
+
+    def ready(self) -> bool:
+        if not all(r.available() >= target for r, target in zip(self.replays, self.fill_targets)):
+            return False
+        return self.has_queue or self.credit >= self.batch_size
+
+    def sample(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """A batch: field -> [time, B, ...]; replayed [B] bool; policy versions [B]."""
+        parts, replayed, versions = [], [], []
+        for replay, share in zip(self.replays, self.shares):
+            if share == 0:
+                continue
+            data, version = replay.sample(share, self.rng)
+            parts.append(data)
+            replayed.append(np.full(share, not replay.on_policy))
+            versions.append(version)
+        if not self.has_queue:
+            self.credit -= self.batch_size
+        batch = {name: np.concatenate([p[name] for p in parts], axis=1) for name in parts[0]}
+        return batch, np.concatenate(replayed), np.concatenate(versions)
+
+    def state_dict(self) -> dict:
+        return {"replays": [r.state_dict() for r in self.replays], "credit": self.credit}
+
+    def load_state_dict(self, state: dict) -> None:
+        for replay, replay_state in zip(self.replays, state["replays"]):
+            replay.load_state_dict(replay_state)
+        self.credit = int(state["credit"])

@@ -1,0 +1,93 @@
+"""Training (new or resumed): builds the learner side from a checked Plan and hands it
+to the backend; writes the final checkpoint and the summary however the run ends."""
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import torch
+
+from herd.actors.actor import ActorSpec
+from herd.backends.local import install_stop_signals, train_local
+from herd.config import batch_shares
+from herd.learner.learner import Learner, build_optimizer, build_scheduler
+from herd.learner.session import SessionOptions, TrainingSession
+from herd.losses.impala import ImpalaLossWeights
+from herd.models import build_model, model_signature
+from herd.monitor.metrics import RunMetrics
+from herd.monitor.progress import ProgressLine
+from herd.monitor.stats import EpisodeStats
+from herd.replay.mixer import ReplayMixer
+from herd.replay.replay import build_replay
+
+log = logging.getLogger("herd")
+
+
+def loss_weights(cfg) -> ImpalaLossWeights:
+    lo = cfg.loss
+    return ImpalaLossWeights(
+        gamma=cfg.train.gamma, policy_gradient=lo.policy_gradient_loss_weight, value=lo.value_loss_weight,
+        entropy=lo.entropy_loss_weight, rho_const=lo.rho_const, c_const=lo.c_const,
+        use_policy_cloning=lo.use_policy_cloning_loss, policy_cloning=lo.policy_cloning_loss_weight,
+        use_value_cloning=lo.use_value_cloning_loss, value_cloning=lo.value_cloning_loss_weight,
+        use_kl_mask=lo.use_kl_mask, kl_div_threshold=lo.kl_div_threshold)
+
+
+def build_session(plan, run_dir: Path) -> TrainingSession:
+    cfg = plan.cfg
+    torch.set_num_threads(cfg.train.learner_thread_count)
+    device = torch.device("cpu")
+    model = build_model(**plan.model_kwargs).to(device)
+    optimizer = build_optimizer(cfg.train.optimizer, model.parameters(), cfg.train.lr, cfg.train.rmsprop_eps)
+    scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps)
+    learner = Learner(model, optimizer, scheduler, loss_weights(cfg), cfg.train.gradient_clip_by_norm_threshold)
+    specs = cfg.replays
+    shares = batch_shares(specs, cfg.train.batch_size)
+    replays = [build_replay(spec, plan.layout, share, cfg.parallel.envs_per_worker)
+               for spec, share in zip(specs, shares)]
+    mixer = ReplayMixer(replays, shares, cfg.replay.training_fill_in_factor, seed=cfg.general.seed)
+    from herd.run import env_spec_dict
+    options = SessionOptions(
+        max_env_steps=cfg.train.environment_max_steps, save_model_period=cfg.general.save_model_period,
+        log_interval=max(1, min(cfg.stats.verbose_learner_out_int, 50)), device=device,
+        checkpoint_extra={"config": cfg.to_flat(), "env_spec": env_spec_dict(cfg, plan.env_spec),
+                          "model_signature": model_signature(model), "run_dir": str(run_dir)})
+    progress = ProgressLine(cfg.train.environment_max_steps, enabled=cfg.stats.basic_verbose)
+    session = TrainingSession(plan.layout, learner, mixer, EpisodeStats(cfg.stats.avg_buff_size),
+                              RunMetrics(run_dir, cfg.stats.tensorboard), progress, run_dir, options)
+    if plan.checkpoint is not None:
+        session.load_state_dict(plan.checkpoint, load_optimizer=cfg.general.load_optimizer_save)
+        log.info("resumed from %s at %d environment steps, %d updates", plan.checkpoint_path,
+                 session.counters.env_steps, session.counters.updates)
+    return session
+
+
+def actor_spec(plan) -> ActorSpec:
+    from herd.run import env_kwargs
+    cfg = plan.cfg
+    return ActorSpec(env_id=cfg.env.env, env_kwargs=env_kwargs(cfg), model_kwargs=plan.model_kwargs,
+                     envs_per_worker=cfg.parallel.envs_per_worker, unroll_length=cfg.train.r_f_steps,
+                     seed=cfg.general.seed)
+
+
+def train(plan, run_dir: Path) -> int:
+    from herd.run import write_json
+    cfg = plan.cfg
+    session = build_session(plan, run_dir)
+    stop = threading.Event()
+    restore_signals = install_stop_signals(stop)
+    reason = "failed"
+    try:
+        reason = train_local(session, actor_spec(plan), cfg.parallel.worker_count, cfg.parallel.shared_queue_size, stop)
+    finally:
+        session.show_progress(force=True)
+        session.progress.finish()
+        path = session.save()
+        summary = {**session.summary(), "ended": reason, "checkpoint": str(path)}
+        write_json(run_dir / "summary.json", summary)
+        session.metrics.close()
+        restore_signals()
+        log.info("%s after %d environment steps and %d updates; average score %.2f; checkpoint %s",
+                 reason, session.counters.env_steps, session.counters.updates, session.stats.average, path)
+    return 0

@@ -1,0 +1,85 @@
+"""The layout of one trajectory and the shared-memory slots actors write them into.
+
+A trajectory of unroll length T, for one environment, time-major:
+
+    obs               [T+1, *obs_shape]  uint8 frames or float32 vectors; obs[T] bootstraps
+    action            [T]                int64
+    reward            [T]                float32, after the env's reward clipping
+    done              [T]                bool, the episode ended after this step (terminated or truncated)
+    trunc_value       [T]                float32, behaviour value of the final observation where the
+                                         episode was truncated (not terminated), else 0
+    behaviour_logits  [T, A]             float32
+    behaviour_value   [T]                float32
+    features          [T, F]             float32, the behaviour policy's feature vectors (elite replay)
+
+Slots hold one actor rollout: every field with an extra env axis after time, e.g.
+obs [T+1, E, *obs_shape]. Slots are preallocated once, in shared memory, filled with
+sentinels, and passed between processes by index.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+SENTINELS = {"obs": 0, "action": -1, "reward": np.nan, "done": False, "trunc_value": np.nan,
+             "behaviour_logits": np.nan, "behaviour_value": np.nan, "features": np.nan}
+
+
+@dataclass(frozen=True)
+class TrajectoryLayout:
+    unroll_length: int          # T
+    obs_shape: tuple
+    obs_dtype: str              # "uint8" or "float32"
+    num_actions: int
+    feature_size: int
+
+    def fields(self) -> dict[str, tuple[tuple, np.dtype]]:
+        """name -> (shape with time first, dtype) for one environment's trajectory."""
+        T = self.unroll_length
+        return {
+            "obs": ((T + 1, *self.obs_shape), np.dtype(self.obs_dtype)),
+            "action": ((T,), np.dtype(np.int64)),
+            "reward": ((T,), np.dtype(np.float32)),
+            "done": ((T,), np.dtype(np.bool_)),
+            "trunc_value": ((T,), np.dtype(np.float32)),
+            "behaviour_logits": ((T, self.num_actions), np.dtype(np.float32)),
+            "behaviour_value": ((T,), np.dtype(np.float32)),
+            "features": ((T, self.feature_size), np.dtype(np.float32)),
+        }
+
+    def nbytes(self) -> int:
+        """Bytes of one environment's trajectory."""
+        return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in self.fields().values())
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
+
+
+class TrajectorySlots:
+    """Preallocated shared-memory slots: field -> tensor [num_slots, time, E, ...].
+
+    Built in the main process, handed to actor processes as arguments (torch shares the
+    memory by file descriptor, so nothing is copied and nothing is left in /dev/shm)."""
+
+    def __init__(self, layout: TrajectoryLayout, num_slots: int, envs_per_slot: int):
+        self.layout = layout
+        self.num_slots = num_slots
+        self.envs_per_slot = envs_per_slot
+        self.tensors: dict[str, torch.Tensor] = {}
+        for name, (shape, dtype) in layout.fields().items():
+            full = (num_slots, shape[0], envs_per_slot, *shape[1:])
+            tensor = torch.empty(full, dtype=torch_dtype(dtype)).share_memory_()
+            tensor.fill_(SENTINELS[name])
+            self.tensors[name] = tensor
+
+    def views(self, slot: int) -> dict[str, np.ndarray]:
+        """numpy views of one slot, [time, E, ...]: writing them writes shared memory."""
+        return {name: tensor[slot].numpy() for name, tensor in self.tensors.items()}
+
+    def reset(self, slot: int) -> None:
+        """Refills a slot with sentinels, so a half-written slot can never pass as data."""
+        for name, tensor in self.tensors.items():
+            tensor[slot].fill_(SENTINELS[name])

@@ -1,0 +1,122 @@
+"""Config parsing, precedence, profiles and validation (no processes started)."""
+import json
+
+import pytest
+
+from herd.cli import build_seed_parser, explicit_options, parse_herd_args
+from herd.config import (ConfigError, Config, apply_profile, batch_shares, parse_replay_parameters, resolve)
+
+
+def kind_of(env_id):
+    return "atari" if env_id.endswith("NoFrameskip-v4") else "vector"
+
+
+def test_seed_flags_parse_verbatim():
+    argv = ["--op_mode=train", "--env=PongNoFrameskip-v4", "--environment_max_steps=1000000", "--batch_size=10",
+            "--r_f_steps=10", "--worker_count=2", "--envs_per_worker=2",
+            '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
+            '{"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]', "--c-const=0.9", "--use_kl_mask=true"]
+    cfg = resolve(explicit_options(build_seed_parser().parse_args(argv)), env_kind=kind_of)
+    cfg.validate()
+    assert cfg.train.batch_size == 10 and cfg.parallel.envs_per_worker == 2
+    assert cfg.loss.c_const == 0.9 and cfg.loss.use_kl_mask is True
+    assert [s.type for s in cfg.replays] == ["queue", "standard"]
+    # Atari keeps the seed's defaults where not given.
+    assert cfg.train.optimizer == "rmsprop" and cfg.train.lr == 0.0008 and cfg.env.clip_rewards is True
+
+
+def test_herd_subcommand_and_dashed_flags():
+    command, options, _ = parse_herd_args(["train", "--env", "CartPole-v1", "--batch-size", "8"])
+    assert command == "train" and options == {"env": "CartPole-v1", "batch_size": "8", "op_mode": "train"}
+    command, options, _ = parse_herd_args(["resume", "results/x", "--lr", "0.1"])
+    assert options["op_mode"] == "train_w_load" and options["load_model_url"] == "results/x"
+
+
+def test_vector_profile_differs_from_atari_and_command_line_wins():
+    cartpole = resolve({"env": "CartPole-v1"}, env_kind=kind_of)
+    pong = resolve({"env": "PongNoFrameskip-v4"}, env_kind=kind_of)
+    assert cartpole.train.optimizer == "adam" and pong.train.optimizer == "rmsprop"
+    assert cartpole.env.clip_rewards is False
+    assert resolve({"env": "CartPole-v1", "optimizer": "rmsprop"}, env_kind=kind_of).train.optimizer == "rmsprop"
+    # CLEAR cloning defaults on exactly when an off-policy replay is used.
+    assert cartpole.loss.use_policy_cloning_loss is False and pong.loss.use_policy_cloning_loss is True
+
+
+def test_precedence_command_line_over_overrides_over_saved_over_defaults():
+    saved = {"lr": 0.1, "gamma": 0.5, "batch_size": 4, "env": "CartPole-v1"}
+    overrides = {"lr": 0.2, "gamma": 0.6}
+    cfg = resolve({"lr": "0.3"}, overrides, saved, env_kind=kind_of)
+    assert cfg.train.lr == 0.3 and cfg.train.gamma == 0.6 and cfg.train.batch_size == 4
+    assert cfg.train.r_f_steps == 32  # vector profile default
+    assert cfg.general.save_model_period == Config().general.save_model_period
+
+
+def test_flat_round_trip_through_json():
+    cfg = resolve({"env": "PongNoFrameskip-v4", "frame_scale_resolution": "64,72"}, env_kind=kind_of)
+    again = Config.from_flat(json.loads(json.dumps(cfg.to_flat())))
+    assert again == cfg and again.env.frame_scale_resolution == (64, 72)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("[{'type': 'queue'}]", "not valid JSON"),
+    ('{"type": "queue", "capacity": 1, "sample_ratio": 1}', "non-empty JSON list"),
+    ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}]', "sum to 1"),
+    ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.7}, {"type": "standard", "capacity": 9, "sample_ratio": 0.7}]', "sum to 1"),
+    ('[{"type": "fancy", "capacity": 1, "sample_ratio": 1}]', "unknown replay type 'fancy'"),
+    ('[{"type": "queue", "capacity": 0, "sample_ratio": 1}]', "capacity must be an integer >= 1"),
+    ('[{"type": "queue", "sample_ratio": 1}]', "lacks capacity"),
+    ('[{"type": "standard", "capacity": 5, "sample_ratio": 1, "p": 2}]', "unknown key"),
+    ('[{"type": "custom", "capacity": 5, "sample_ratio": 1}]', "needs a dist_function"),
+    ('[{"type": "custom", "capacity": 5, "sample_ratio": 1, "dist_function": "l2"}]', "not one of"),
+    ('[{"type": "custom", "capacity": 5, "sample_ratio": 1, "dist_function": "ln_norm", "lambda_batch_multiplier": 0}]', "lambda_batch_multiplier"),
+])
+def test_bad_replay_parameters_give_one_clear_line(text, words):
+    with pytest.raises(ConfigError) as err:
+        parse_replay_parameters(text)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_batch_shares_sum_to_batch_size():
+    specs = parse_replay_parameters('[{"type": "queue", "capacity": 1, "sample_ratio": 0.3},'
+                                    '{"type": "standard", "capacity": 9, "sample_ratio": 0.7}]')
+    assert batch_shares(specs, 10) == [3, 7]
+    assert sum(batch_shares(specs, 7)) == 7
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"batch_size": "0"}, "--batch_size must be >= 1"),
+    ({"worker_count": "-1"}, "--worker_count must be >= 1"),
+    ({"gamma": "1.5"}, "--gamma"),
+    ({"batch_size": "1"}, "too small"),
+    ({"op_mode": "test"}, "needs --load_model_url"),
+    ({"frame_scale_resolution": "84"}, "frame_scale_resolution"),
+])
+def test_impossible_values_are_refused(options, words):
+    cfg = resolve({"env": "PongNoFrameskip-v4", **options}, env_kind=kind_of)
+    with pytest.raises(ConfigError) as err:
+        cfg.validate()
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"batch_size": "ten"}, "not a valid int"),
+    ({"use_kl_mask": "maybe"}, "not a boolean"),
+    ({"optimizer": "sgd"}, "not one of"),
+    ({"batch_size": "2.5"}, "not a valid int"),
+])
+def test_bad_types_are_refused(options, words):
+    with pytest.raises(ConfigError) as err:
+        resolve(options, env_kind=kind_of)
+    assert words in str(err.value)
+
+
+def test_unknown_flag_is_one_line_error():
+    with pytest.raises(ConfigError) as err:
+        parse_herd_args(["train", "--no_such_flag=1"])
+    assert "no_such_flag" in str(err.value)
+
+
+def test_lr_decay_horizon_defaults_to_the_whole_vector_run():
+    cfg = apply_profile(Config.from_flat({"env": "CartPole-v1", "environment_max_steps": 51200}), "vector")
+    # queue-only: 16 fresh trajectories x 32 steps per update
+    assert cfg.train.lr_scheduler_steps == 100
