@@ -1,0 +1,30 @@
+"""Bad input: one clear line on stderr, exit code 2, nothing started and nothing written."""
+import pytest
+
+from helpers import run_cli
+
+CASES = [
+    (["--env=CartPole-v1", "--replay_parameters=[{\"type\": \"queue\""], "not valid JSON"),
+    (["--env=CartPole-v1", '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.4}]'], "sum to 1"),
+    (["--env=CartPole-v1", '--replay_parameters=[{"type": "lifo", "capacity": 1, "sample_ratio": 1}]'], "unknown replay type"),
+    (["--env=NoSuchGame-v9"], "NoSuchGame-v9"),
+    (["--env=Pendulum-v1"], "discrete"),
+    (["--env=CartPole-v1", "--batch_size=0"], "--batch_size must be >= 1"),
+    (["--env=CartPole-v1", "--envs_per_worker=-2"], "--envs_per_worker must be >= 1"),
+    (["--env=PongNoFrameskip-v4", '--replay_parameters=[{"type": "standard", "capacity": 100000000, "sample_ratio": 1}]'],
+     "GiB"),
+    (["--env=CartPole-v1", "--lr=fast"], "not a valid float"),
+    (["--env=CartPole-v1", "--no_such_option=1"], "no_such_option"),
+]
+
+
+@pytest.mark.parametrize("entry", ["main", "herd"])
+@pytest.mark.parametrize("args, words", CASES)
+def test_bad_input_is_one_line_and_nonzero(tmp_path, entry, args, words):
+    args = ["--op_mode=train", *args] if entry == "main" else ["train", *args]
+    result = run_cli(args, tmp_path / "results", entry=entry, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert words.lower() in lines[0].lower()
+    assert not (tmp_path / "results").exists()  # nothing was created

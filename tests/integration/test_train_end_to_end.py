@@ -1,0 +1,56 @@
+"""A real training run, end to end: processes, shared memory, run folder, checkpoint."""
+import json
+import os
+
+import psutil
+import torch
+
+from helpers import only_run, run_cli
+from herd.checkpoint import load_checkpoint
+
+
+def shm_files() -> set:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_cartpole_run_fills_its_folder_and_cleans_up(tmp_path):
+    before = shm_files()
+    result = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=6000", "--worker_count=2",
+                      "--envs_per_worker=4", "--batch_size=4", "--r_f_steps=16", "--save_model_period=20", "--seed=3"],
+                     tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = only_run(tmp_path)
+    assert run.name.startswith("CartPole-v1_")
+    for name in ("config.json", "log.txt", "episodes.csv", "train.csv", "summary.json"):
+        assert (run / name).is_file(), name
+    assert any((run / "tensorboard").iterdir())
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["environment_steps"] >= 6000 and summary["training_steps"] > 0
+    assert summary["episodes"] > 0 and summary["ended"] == "finished"
+    config = json.loads((run / "config.json").read_text())
+    assert config["seed"] == 3 and config["optimizer"] == "adam"
+    state, path = load_checkpoint(run)
+    assert state["counters"]["updates"] == summary["training_steps"]
+    assert set(state["model"]) and all(torch.isfinite(v).all() for v in state["model"].values())
+    lines = (run / "episodes.csv").read_text().splitlines()
+    assert lines[0].startswith("episode,score,length,env_step")
+    train_rows = (run / "train.csv").read_text().splitlines()
+    assert len(train_rows) > 1 and "policy_lag" in train_rows[0]
+    # No leaked shared memory and no orphaned actor processes.
+    assert shm_files() <= before
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "herd-actor" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_seed_pong_command_runs_verbatim(tmp_path):
+    result = run_cli(["--op_mode=train", "--env=PongNoFrameskip-v4", "--environment_max_steps=1000",
+                      "--batch_size=10", "--r_f_steps=10", "--worker_count=2", "--envs_per_worker=2",
+                      '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
+                      '{"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]',
+                      "--training_fill_in_factor=0.01"], tmp_path, entry="main")
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = only_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["environment_steps"] >= 1000 and summary["training_steps"] > 0
+    state, _ = load_checkpoint(run)
+    assert state["env_spec"]["obs_shape"] == [4, 84, 84] and state["env_spec"]["num_actions"] == 6
+    assert "replay" in state
