@@ -1,7 +1,7 @@
 """Bad input: one clear line on stderr, exit code 2, nothing started and nothing written."""
 import pytest
 
-from helpers import run_cli
+from herd_testing import run_cli
 
 CASES = [
     (["--env=CartPole-v1", "--replay_parameters=[{\"type\": \"queue\""], "not valid JSON"),

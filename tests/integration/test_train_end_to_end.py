@@ -5,7 +5,7 @@ import os
 import psutil
 import torch
 
-from helpers import only_run, run_cli
+from herd_testing import only_run, run_cli
 from herd.checkpoint import load_checkpoint
 
 

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(args: list[str], results: Path, entry: str = "herd", timeout: float = 240) -> subprocess.CompletedProcess:
