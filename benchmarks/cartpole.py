@@ -6,6 +6,7 @@ For each seed, the wall time from launching the process to the first moment the
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import tempfile
 from collections import deque
@@ -29,25 +30,28 @@ def time_to_target(episodes: list[dict], launch: float, window: int = 100) -> tu
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--extra", nargs="*", default=[], help="extra herd flags, e.g. --extra=--lr=0.002")
+    parser.add_argument("--extra", default="", help="extra herd flags in one string, e.g. --extra='--lr=0.002 --batch_size=8'")
     args = parser.parse_args()
+    extra = shlex.split(args.extra)
     rows, times = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             run_dir, launch, code = run_herd(["train", "--env", "CartPole-v1", f"--seed={seed}", "--basic_verbose=False",
-                                              *args.extra], Path(tmp))
+                                              *extra], Path(tmp))
             episodes = read_csv(run_dir / "episodes.csv")
             seconds, steps = time_to_target(episodes, launch)
             best = max((sum(e["score"] for e in episodes[i - 100:i]) / 100 for i in range(100, len(episodes) + 1)),
                        default=float("nan"))
+            last = sum(e["score"] for e in episodes[-100:]) / max(1, len(episodes[-100:]))
             times.append(seconds if seconds is not None else float("inf"))
             rows.append([seed, code, f"{seconds:.1f}" if seconds else "not reached",
-                         int(steps) if steps else "-", f"{best:.1f}", len(episodes)])
+                         int(steps) if steps else "-", f"{best:.1f}", f"{last:.1f}", len(episodes)])
     median = statistics.median(times)
-    print_table(["seed", "exit", "seconds to 475 (from launch)", "env steps", "best avg100", "episodes"], rows)
+    print_table(["seed", "exit", "seconds to 475 (from launch)", "env steps", "best avg100", "final avg100",
+                 "episodes"], rows)
     print(f"median_seconds_to_475={median:.1f}")
-    record("cartpole", {"command": "herd train --env CartPole-v1 " + " ".join(args.extra), "target": TARGET,
-                        "runs": [dict(zip(["seed", "exit", "seconds", "env_steps", "best_avg100", "episodes"], r))
+    record("cartpole", {"command": "herd train --env CartPole-v1 " + args.extra, "target": TARGET,
+                        "runs": [dict(zip(["seed", "exit", "seconds", "env_steps", "best_avg100", "final_avg100", "episodes"], r))
                                  for r in rows], "median_seconds": median})
 
 

@@ -12,6 +12,7 @@ Usage: python benchmarks/throughput.py [--env PongNoFrameskip-v4] [--workers 2] 
 from __future__ import annotations
 
 import argparse
+import shlex
 import multiprocessing as mp
 import tempfile
 import time
@@ -60,13 +61,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60, help="length of the training run")
     parser.add_argument("--warmup", type=float, default=20, help="seconds of training not measured")
     parser.add_argument("--frame_skip", type=int, default=4)
-    parser.add_argument("--extra", nargs="*", default=[], help="extra herd flags, e.g. --extra=--batch_size=8")
+    parser.add_argument("--extra", default="", help="extra herd flags in one string, e.g. --extra='--batch_size=8'")
     args = parser.parse_args()
+    extra = shlex.split(args.extra)
 
     ceiling_steps = ceiling(args.env, args.workers, args.envs, seconds=15)
     herd_args = ["train", f"--env={args.env}", f"--worker_count={args.workers}", f"--envs_per_worker={args.envs}",
                  "--environment_max_steps=100000000", "--basic_verbose=False", "--verbose_learner_out_int=5",
-                 "--tensorboard=False", *args.extra]
+                 "--tensorboard=False", *extra]
     with tempfile.TemporaryDirectory() as tmp:
         run_dir, _, code = run_herd(herd_args, Path(tmp), stop_after=args.seconds)
         herd_steps = steady_state_rate(read_csv(run_dir / "train.csv"), args.warmup)

@@ -60,6 +60,7 @@ class TrainingConfig:
     lr_end_value: float = opt(0.00001, "learning rate at the end of the decay")
     environment_max_steps: Optional[int] = opt(None, "stop after this many environment (agent) steps in total")
     learner_thread_count: int = opt(1, "torch threads of the learner")
+    max_bad_updates: int = opt(10, "non-finite losses in a row after which the run stops (each one skips its update)")
 
 
 @dataclass
@@ -82,6 +83,8 @@ class ParallelConfig:
     envs_per_worker: Optional[int] = opt(None, "environments per actor, stepped together (Atari 5, vector tasks 16)")
     multiprocessing_backend: str = opt("python_native", "python_native (local processes) or ray", ("python_native", "ray"))
     shared_queue_size: int = opt(4, "trajectory slots per actor in shared memory (bounds policy lag)")
+    actor_timeout: float = opt(60.0, "seconds without a rollout after which an actor counts as hung and is restarted")
+    max_actor_restarts: int = opt(20, "actor restarts allowed in one run before it stops with an error")
 
 
 DEFAULT_REPLAY = '[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]'
@@ -155,8 +158,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         replay_parameters=DEFAULT_REPLAY, feature_out_layer_size=512,
     ),
     "vector": dict(
-        lr=0.001, batch_size=16, r_f_steps=32, optimizer="adam",
-        environment_max_steps=300_000, clip_rewards=False, envs_per_worker=16,
+        lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam",
+        environment_max_steps=500_000, clip_rewards=False, envs_per_worker=16,
         replay_parameters='[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
         feature_out_layer_size=64,
     ),

@@ -12,7 +12,8 @@ from herd.actors.actor import ActorSpec
 from herd.backends.local import install_stop_signals, train_local
 from herd.config import batch_shares
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
-from herd.learner.session import SessionOptions, TrainingSession
+from herd.learner.session import SessionOptions, TrainingDiverged, TrainingSession
+from herd.backends.local import ActorFailure
 from herd.losses.impala import ImpalaLossWeights
 from herd.models import build_model, model_signature
 from herd.monitor.metrics import RunMetrics
@@ -52,7 +53,8 @@ def build_session(plan, run_dir: Path) -> TrainingSession:
         max_env_steps=cfg.train.environment_max_steps, save_model_period=cfg.general.save_model_period,
         log_interval=max(1, min(cfg.stats.verbose_learner_out_int, 50)), device=device,
         checkpoint_extra={"config": cfg.to_flat(), "env_spec": env_spec_dict(cfg, plan.env_spec),
-                          "model_signature": model_signature(model), "run_dir": str(run_dir)})
+                          "model_signature": model_signature(model), "run_dir": str(run_dir)},
+        max_bad_updates=cfg.train.max_bad_updates)
     progress = ProgressLine(cfg.train.environment_max_steps, enabled=cfg.stats.basic_verbose)
     session = TrainingSession(plan.layout, learner, mixer, EpisodeStats(cfg.stats.avg_buff_size),
                               RunMetrics(run_dir, cfg.stats.tensorboard), progress, run_dir, options)
@@ -77,9 +79,14 @@ def train(plan, run_dir: Path) -> int:
     session = build_session(plan, run_dir)
     stop = threading.Event()
     restore_signals = install_stop_signals(stop)
-    reason = "failed"
+    reason, code = "failed", 1
     try:
-        reason = train_local(session, actor_spec(plan), cfg.parallel.worker_count, cfg.parallel.shared_queue_size, stop)
+        reason = train_local(session, actor_spec(plan), cfg.parallel.worker_count, cfg.parallel.shared_queue_size, stop,
+                             cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts)
+        code = 0
+    except (TrainingDiverged, ActorFailure) as err:
+        reason = "diverged" if isinstance(err, TrainingDiverged) else "actors failed"
+        log.error("%s", err)
     finally:
         session.show_progress(force=True)
         session.progress.finish()
@@ -90,4 +97,4 @@ def train(plan, run_dir: Path) -> int:
         restore_signals()
         log.info("%s after %d environment steps and %d updates; average score %.2f; checkpoint %s",
                  reason, session.counters.env_steps, session.counters.updates, session.stats.average, path)
-    return 0
+    return code

@@ -18,3 +18,19 @@ def only_run(results: Path) -> Path:
     runs = [p for p in results.iterdir() if p.is_dir()]
     assert len(runs) == 1, runs
     return runs[0]
+
+
+def start_cli(args: list[str], results: Path) -> subprocess.Popen:
+    """herd in its own process group, as a terminal would start it (Ctrl+C reaches the group)."""
+    return subprocess.Popen([sys.executable, "-m", "herd.cli", *args, f"--results_dir={results}"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2) -> bool:
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False

@@ -47,7 +47,7 @@ def test_precedence_command_line_over_overrides_over_saved_over_defaults():
     overrides = {"lr": 0.2, "gamma": 0.6}
     cfg = resolve({"lr": "0.3"}, overrides, saved, env_kind=kind_of)
     assert cfg.train.lr == 0.3 and cfg.train.gamma == 0.6 and cfg.train.batch_size == 4
-    assert cfg.train.r_f_steps == 32  # vector profile default
+    assert cfg.train.r_f_steps == 16  # vector profile default
     assert cfg.general.save_model_period == Config().general.save_model_period
 
 
@@ -118,5 +118,5 @@ def test_unknown_flag_is_one_line_error():
 
 def test_lr_decay_horizon_defaults_to_the_whole_vector_run():
     cfg = apply_profile(Config.from_flat({"env": "CartPole-v1", "environment_max_steps": 51200}), "vector")
-    # queue-only: 16 fresh trajectories x 32 steps per update
-    assert cfg.train.lr_scheduler_steps == 100
+    # queue-only: 8 fresh trajectories x 16 steps per update
+    assert cfg.train.lr_scheduler_steps == 400

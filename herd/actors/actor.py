@@ -3,6 +3,7 @@ policy, write `unroll_length`-step rollouts into shared-memory slots, hand the s
 index to the learner, pull newer weights between rollouts."""
 from __future__ import annotations
 
+import multiprocessing
 import queue
 import signal
 from dataclasses import dataclass, field
@@ -99,7 +100,7 @@ def collect_rollout(model, group: EnvGroup, views: dict[str, np.ndarray], unroll
 def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots, rollouts,
               weights: SharedWeights, stop) -> None:
     """Process entry point. `free_slots`: this actor's queue of slot indices it may fill;
-    `rollouts`: the learner's queue of `Rollout` messages; `stop`: an Event."""
+    `rollouts`: the write end of this actor's pipe to the learner; `stop`: an Event."""
     # Ctrl+C reaches the whole process group: the main process alone decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(spec.torch_threads)
@@ -110,14 +111,19 @@ def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots
     model.eval()
     version = weights.pull(model, have_version=-1)
     try:
+        parent = multiprocessing.parent_process()
         while not stop.is_set():
+            if parent is not None and not parent.is_alive():
+                break  # the learner was killed (kill -9): no one will ever read our rollouts
             try:
                 slot = free_slots.get(timeout=0.2)
             except queue.Empty:
                 continue
             version = weights.pull(model, version)
             steps, finished = collect_rollout(model, group, slots.views(slot), spec.unroll_length)
-            rollouts.put(Rollout(slot, actor_id, version, steps, finished))
+            rollouts.send(Rollout(slot, actor_id, version, steps, finished))
+    except (BrokenPipeError, EOFError):
+        pass  # the learner is gone
     finally:
         for env in envs:
             env.close()

@@ -2,18 +2,21 @@
 
 `train_local` is the one function that wires every component of a local run:
 
-    actors (processes) --slot index--> rollouts queue --> TrainingSession (replays, learner)
-        ^                                                     |
-        +---- free slot index (per-actor queue) <-------------+
-        +---- versioned weights (SharedWeights) <------------- publish after each update
-"""
+    actor i (process) --slot index, own pipe--> TrainingSession (replays, learner)
+        ^                                              |
+        +---- free slot index (actor i's own queue) <--+
+        +---- versioned weights (SharedWeights) <------ publish after each update
+
+Each actor has its own pipe and queue, so an actor killed mid-write (kill -9, a crashed
+env) can only break its own channels: the pool replaces them with the actor."""
 from __future__ import annotations
 
 import logging
-import queue
 import signal
 import threading
 import time
+from dataclasses import dataclass
+from multiprocessing.connection import wait
 
 import torch.multiprocessing as mp
 
@@ -25,51 +28,116 @@ from herd.weights import SharedWeights
 log = logging.getLogger("herd")
 
 
+class ActorFailure(RuntimeError):
+    """Actors keep dying: the run cannot go on."""
+
+
+@dataclass
+class ActorHandle:
+    process: object
+    free: object            # queue of slot indices this actor may fill
+    receiver: object        # read end of its rollout pipe
+    last_seen: float        # when it last delivered a rollout (or started)
+
+
 class ActorPool:
-    """Starts actor processes, each owning `slots_per_actor` slots, and stops them."""
+    """Starts actor processes, each owning `slots_per_actor` slots; restarts dead or hung
+    ones with fresh environments; stops them all."""
 
     def __init__(self, spec: ActorSpec, count: int, slots: TrajectorySlots, slots_per_actor: int,
-                 weights: SharedWeights, context):
+                 weights: SharedWeights, context, timeout: float, max_restarts: int):
         self.spec, self.count, self.slots, self.weights = spec, count, slots, weights
         self.slots_per_actor = slots_per_actor
         self.context = context
-        self.rollouts = context.Queue()
+        self.timeout = timeout
+        self.max_restarts = max_restarts
+        self.restarts = 0
         self.stop_event = context.Event()
-        self.free = [context.Queue() for _ in range(count)]
-        self.processes: list = [None] * count
+        self.actors: list[ActorHandle | None] = [None] * count
+
+    def owned_slots(self, actor_id: int) -> range:
+        return range(actor_id * self.slots_per_actor, (actor_id + 1) * self.slots_per_actor)
 
     def start(self) -> None:
         for actor_id in range(self.count):
-            for k in range(self.slots_per_actor):
-                self.free[actor_id].put(actor_id * self.slots_per_actor + k)
-            self.start_actor(actor_id)
+            self.start_actor(actor_id, generation=0)
 
-    def start_actor(self, actor_id: int) -> None:
-        seed = self.spec.seed + 10_000 * actor_id
+    def start_actor(self, actor_id: int, generation: int) -> None:
+        free = self.context.Queue()
+        for slot in self.owned_slots(actor_id):
+            self.slots.reset(slot)
+            free.put(slot)
+        receiver, sender = self.context.Pipe(duplex=False)
+        # A restarted actor gets new seeds, so it does not replay its predecessor's episodes.
+        seed = self.spec.seed + 10_000 * actor_id + 1_000_000 * generation
         spec = ActorSpec(**{**self.spec.__dict__, "seed": seed})
         process = self.context.Process(
             target=run_actor, name=f"herd-actor-{actor_id}", daemon=True,
-            args=(actor_id, spec, self.slots, self.free[actor_id], self.rollouts, self.weights, self.stop_event))
+            args=(actor_id, spec, self.slots, free, sender, self.weights, self.stop_event))
         process.start()
-        self.processes[actor_id] = process
+        sender.close()  # the child holds the write end; EOF then means the actor is gone
+        self.actors[actor_id] = ActorHandle(process, free, receiver, time.monotonic())
+
+    def receive(self, timeout: float) -> list:
+        """Rollouts that arrived within `timeout` seconds, from any actor."""
+        receivers = {a.receiver: i for i, a in enumerate(self.actors)}
+        rollouts = []
+        for receiver in wait(list(receivers), timeout):
+            actor_id = receivers[receiver]
+            try:
+                while receiver.poll():
+                    rollouts.append(receiver.recv())
+                    self.actors[actor_id].last_seen = time.monotonic()
+            except (EOFError, OSError):
+                pass  # the actor died; check_health restarts it
+        return rollouts
 
     def release(self, actor_id: int, slot: int) -> None:
-        self.free[actor_id].put(slot)
+        self.actors[actor_id].free.put(slot)
+
+    def check_health(self) -> None:
+        """Restarts dead or hung actors with fresh environments and their slots refilled.
+        Call it only after every received rollout was ingested: restarting resets slots."""
+        now = time.monotonic()
+        for actor_id, actor in enumerate(self.actors):
+            alive = actor.process.is_alive()
+            hung = alive and now - actor.last_seen > self.timeout
+            if alive and not hung:
+                continue
+            if hung:
+                log.warning("actor %d delivered nothing for %.0f s: restarting it", actor_id, now - actor.last_seen)
+                actor.process.kill()
+            else:
+                log.warning("actor %d died (exit code %s): restarting it with fresh environments",
+                            actor_id, actor.process.exitcode)
+            actor.process.join(5.0)
+            self.restarts += 1
+            if self.restarts > self.max_restarts:
+                raise ActorFailure(f"actors failed {self.restarts} times (more than --max_actor_restarts="
+                                   f"{self.max_restarts}); see the log for their errors")
+            self.close_channels(actor)
+            self.start_actor(actor_id, generation=self.restarts)
+
+    @staticmethod
+    def close_channels(actor: ActorHandle) -> None:
+        actor.receiver.close()
+        actor.free.cancel_join_thread()
+        actor.free.close()
 
     def stop(self, timeout: float = 5.0) -> None:
         self.stop_event.set()
         deadline = time.monotonic() + timeout
-        for process in self.processes:
-            if process is not None:
-                process.join(max(0.1, deadline - time.monotonic()))
-        for process in self.processes:
-            if process is not None and process.is_alive():
-                log.warning("actor %s did not stop in time: terminating it", process.name)
-                process.terminate()
-                process.join(2.0)
-        for q in [self.rollouts, *self.free]:
-            q.cancel_join_thread()
-            q.close()
+        for actor in self.actors:
+            if actor is not None:
+                actor.process.join(max(0.1, deadline - time.monotonic()))
+        for actor in self.actors:
+            if actor is None:
+                continue
+            if actor.process.is_alive():
+                log.warning("actor %s did not stop in time: terminating it", actor.process.name)
+                actor.process.terminate()
+                actor.process.join(2.0)
+            self.close_channels(actor)
 
 
 def install_stop_signals(stop: threading.Event):
@@ -87,28 +155,28 @@ def install_stop_signals(stop: threading.Event):
 
 
 def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, slots_per_actor: int,
-                stop_requested: threading.Event) -> str:
+                stop_requested: threading.Event, actor_timeout: float = 60.0, max_restarts: int = 20) -> str:
     """Runs actors and the learner until the step budget or a stop request; returns why it ended."""
     context = mp.get_context("spawn")
     slots = TrajectorySlots(session.layout, worker_count * slots_per_actor, spec.envs_per_worker)
     weights = SharedWeights(session.learner.model, context)
     weights.publish(session.learner.model, version=session.counters.updates)
-    pool = ActorPool(spec, worker_count, slots, slots_per_actor, weights, context)
+    pool = ActorPool(spec, worker_count, slots, slots_per_actor, weights, context, actor_timeout, max_restarts)
     pool.start()
     publish = lambda version: weights.publish(session.learner.model, version)  # noqa: E731
+    last_health_check = time.monotonic()
     try:
         while not session.done and not stop_requested.is_set():
-            try:
-                rollout = pool.rollouts.get(timeout=0.5)
-            except queue.Empty:
-                dead = [p.name for p in pool.processes if not p.is_alive()]
-                if dead:
-                    raise RuntimeError(f"actor process(es) {', '.join(dead)} died")
+            for rollout in pool.receive(timeout=0.5):
+                session.ingest(slots.views(rollout.slot), rollout.version, rollout.steps, rollout.episodes)
+                pool.release(rollout.actor_id, rollout.slot)
+                session.train_ready_batches(publish)
+                if session.done or stop_requested.is_set():
+                    break
+            if time.monotonic() - last_health_check > 1.0:
+                pool.check_health()
+                last_health_check = time.monotonic()
                 session.show_progress()
-                continue
-            session.ingest(slots.views(rollout.slot), rollout.version, rollout.steps, rollout.episodes)
-            pool.release(rollout.actor_id, rollout.slot)
-            session.train_ready_batches(publish)
     finally:
         pool.stop()
     return "stopped" if stop_requested.is_set() else "finished"

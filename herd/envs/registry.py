@@ -1,8 +1,16 @@
 """Which environments herd can run, what they look like after preprocessing, and
-`make_env`, the one way every part of herd creates an environment."""
+`make_env`, the one way every part of herd creates an environment.
+
+Two kinds:
+  "atari":  ALE ids `<Game>NoFrameskip-v4` or `ALE/<Game>-v5` (the latter forced to frameskip 1
+            and no sticky actions), with our preprocessing (herd.envs.atari); obs [C, H, W] uint8.
+  "vector": any other gymnasium id with a 1-D Box observation; obs [D] float32.
+Both need a Discrete action space. Every error a user can cause is an EnvError with one line."""
 from __future__ import annotations
 
 import difflib
+import functools
+import math
 from dataclasses import dataclass
 
 import ale_py
@@ -13,91 +21,96 @@ from herd.envs.score import GameScore
 from herd.envs.wrappers import REWARD_CLIPPING_METHODS, ClipReward, Float32Observation, SeedFirstReset
 
 gym.register_envs(ale_py)
-# ALE prints a banner on first use; herd's error output must stay one line.
+# ALE prints a banner when an emulator starts; herd's error output must stay one line.
 ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+
+ATARI_EXAMPLE = "PongNoFrameskip-v4"
 
 
 class EnvError(ValueError):
-    """An environment herd cannot run, with one line that says why."""
+    """An environment herd cannot run, or bad preprocessing options; one line says why."""
 
 
 @dataclass(frozen=True)
 class EnvSpec:
-    kind: str                   # "atari" or "vector"
-    obs_shape: tuple
-    obs_dtype: str              # "uint8" or "float32"
+    kind: str                        # "atari" or "vector"
+    obs_shape: tuple[int, ...]       # after preprocessing: atari [k*C, H, W], vector [D]
+    obs_dtype: str                   # "uint8" (atari) or "float32" (vector)
     num_actions: int
-    max_episode_steps: int | None
+    max_episode_steps: int | None    # agent steps before truncation (Atari: ALE's own frame cap / skip)
 
 
-def is_atari_id(env_id: str) -> bool:
-    return env_id.endswith("NoFrameskip-v4") or env_id.startswith("ALE/")
-
-
-def registered_spec(env_id: str):
+def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     try:
         return gym.spec(env_id)
-    except Exception:
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else " (for Atari use e.g. PongNoFrameskip-v4)"
-        raise EnvError(f"unknown environment '{env_id}': not a registered gymnasium id{hint}") from None
+    except Exception:  # gymnasium raises several error types for bad ids
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise EnvError(f"unknown environment '{env_id}': not a registered gymnasium id "
+                       f"({hint}for Atari use e.g. {ATARI_EXAMPLE})") from None
+
+
+def is_ale(spec) -> bool:
+    return "ale_py" in str(spec.entry_point)
+
+
+def check_atari_id(env_id: str, spec) -> None:
+    """Only the ids whose raw env our preprocessing expects (1 frame per step, no sticky
+    actions after our overrides), with pixel observations."""
+    if spec.kwargs.get("obs_type") == "ram":
+        raise EnvError(f"environment '{env_id}' has RAM observations: herd runs Atari from pixels "
+                       f"(use e.g. {ATARI_EXAMPLE})")
+    if not (env_id.endswith("NoFrameskip-v4") or env_id.startswith("ALE/")):
+        game = spec.kwargs.get("game", "pong").title().replace("_", "")
+        raise EnvError(f"environment '{env_id}' is not supported: herd does its own frame skip without "
+                       f"sticky actions, use {game}NoFrameskip-v4 or ALE/{game}-v5")
+
+
+@functools.lru_cache(maxsize=64)
+def vector_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
+    """(observation space, action space) of a non-Atari id; builds the env once per process."""
+    try:
+        env = gym.make(env_id)
+    except Exception as err:  # missing optional dependencies (box2d, mujoco...) and the like
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise EnvError(f"environment '{env_id}' could not be created: {first_line}") from None
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
 
 
 def env_kind(env_id: str) -> str:
-    """'atari' for ALE ids (our preprocessing), 'vector' for other gymnasium ids."""
-    registered_spec(env_id)
-    return "atari" if is_atari_id(env_id) else "vector"
+    """'atari' or 'vector' (see the module docstring); EnvError for anything else."""
+    spec = registered_spec(env_id)
+    if is_ale(spec):
+        check_atari_id(env_id, spec)
+        return "atari"
+    obs_space, _ = vector_spaces(env_id)
+    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
+        raise EnvError(f"environment '{env_id}' has {obs_space} observations: herd runs 1-D Box (vector) "
+                       f"observations or Atari frames (e.g. {ATARI_EXAMPLE})")
+    return "vector"
 
 
-def make_raw(env_id: str, max_episode_steps: int | None = None, render_mode: str | None = None,
-             grayscale: bool = True) -> gym.Env:
-    if is_atari_id(env_id):
-        # Our wrappers do frame skip and no-ops; v5 ids get the v4 behaviour (no sticky actions).
-        kwargs = dict(obs_type="grayscale" if grayscale else "rgb", render_mode=render_mode)
-        if env_id.startswith("ALE/"):
-            kwargs.update(frameskip=1, repeat_action_probability=0.0)
-        return gym.make(env_id, max_episode_steps=None, **kwargs)
-    return gym.make(env_id, render_mode=render_mode,
-                    **({"max_episode_steps": max_episode_steps} if max_episode_steps else {}))
+def check_preprocessing(skipped_frames, frames_stacked, noop_threshold, frame_scale_resolution,
+                        reward_clipping_method, max_episode_steps) -> None:
+    def is_int(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
 
-
-def check_preprocessing(skipped_frames: int, frames_stacked: int, noop_threshold: int, frame_scale_resolution,
-                        reward_clipping_method: str) -> None:
-    if skipped_frames < 1 or frames_stacked < 1:
-        raise EnvError("skipped_frames and frames_stacked must be >= 1")
-    if noop_threshold < 0:
-        raise EnvError("noop_threshold must be >= 0")
-    if len(frame_scale_resolution) != 2 or min(frame_scale_resolution) < 1:
-        raise EnvError(f"frame_scale_resolution must be two positive integers, got {frame_scale_resolution}")
+    for name, value, least in (("skipped_frames", skipped_frames, 1), ("frames_stacked", frames_stacked, 1),
+                               ("noop_threshold", noop_threshold, 0)):
+        if not is_int(value) or value < least:
+            raise EnvError(f"{name} must be an integer >= {least}, got {value!r}")
+    resolution = tuple(frame_scale_resolution) if isinstance(frame_scale_resolution, (tuple, list)) else ()
+    if len(resolution) != 2 or not all(is_int(v) and v >= 1 for v in resolution):
+        raise EnvError(f"frame_scale_resolution must be two positive integers (height, width), "
+                       f"got {frame_scale_resolution!r}")
     if reward_clipping_method not in REWARD_CLIPPING_METHODS:
-        raise EnvError(f"reward_clipping_method '{reward_clipping_method}' is not one of {', '.join(REWARD_CLIPPING_METHODS)}")
-
-
-def make_env(env_id: str, *, seed: int | None = None, skipped_frames: int = 4, frames_stacked: int = 4,
-             noop_threshold: int = 30, episodic_life: bool = True, grayscaling_frames: bool = True,
-             frame_scale_resolution=(84, 84), clip_rewards: bool = True, reward_clipping_method: str = "abs_one_sign",
-             max_episode_steps: int | None = None, render_mode: str | None = None, fire_reset: bool = True) -> gym.Env:
-    """An environment with herd's preprocessing. Every env reports whole-episode raw scores
-    in info["episode_score"] / info["episode_length"] on the step the real episode ends."""
-    kind = env_kind(env_id)
-    check_preprocessing(skipped_frames, frames_stacked, noop_threshold, frame_scale_resolution, reward_clipping_method)
-    raw = make_raw(env_id, max_episode_steps, render_mode, grayscaling_frames)
-    check_discrete(env_id, raw)
-    if kind == "atari":
-        env = wrap_atari(raw, skipped_frames=skipped_frames, frames_stacked=frames_stacked,
-                         noop_threshold=noop_threshold, episodic_life=episodic_life,
-                         frame_scale_resolution=tuple(frame_scale_resolution), clip_rewards=clip_rewards,
-                         reward_clipping_method=reward_clipping_method, max_episode_steps=max_episode_steps,
-                         fire_reset=fire_reset)
-    else:
-        if len(raw.observation_space.shape or ()) != 1:
-            raw.close()
-            raise EnvError(f"environment '{env_id}' has observations of shape {raw.observation_space.shape}: "
-                           "herd runs vector (1-D) observations or ALE Atari frames")
-        env = Float32Observation(GameScore(raw))
-        if clip_rewards:
-            env = ClipReward(env, reward_clipping_method)
-    return SeedFirstReset(env, seed)
+        raise EnvError(f"reward_clipping_method must be one of {', '.join(REWARD_CLIPPING_METHODS)}, "
+                       f"got {reward_clipping_method!r}")
+    if max_episode_steps is not None and (not is_int(max_episode_steps) or max_episode_steps < 1):
+        raise EnvError(f"max_episode_steps must be an integer >= 1 or None, got {max_episode_steps!r}")
 
 
 def check_discrete(env_id: str, env: gym.Env) -> None:
@@ -107,12 +120,70 @@ def check_discrete(env_id: str, env: gym.Env) -> None:
                        "herd supports discrete actions only")
 
 
+def make_atari_raw(env_id: str, grayscale: bool, render_mode: str | None) -> gym.Env:
+    kwargs = dict(obs_type="grayscale" if grayscale else "rgb", render_mode=render_mode)
+    if env_id.startswith("ALE/"):
+        # v5 defaults (frameskip 4, sticky actions 0.25) would double our frame skip.
+        kwargs.update(frameskip=1, repeat_action_probability=0.0)
+    # ALE itself truncates a game after 108000 frames (spec kwarg max_num_frames_per_episode);
+    # our agent-step limit is GameScore's. The env checker is skipped: ALE is known good.
+    return gym.make(env_id, disable_env_checker=True, **kwargs)
+
+
+def make_vector(env_id: str, max_episode_steps: int | None, clip_rewards: bool, reward_clipping_method: str,
+                render_mode: str | None) -> gym.Env:
+    limit = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
+    env = gym.make(env_id, render_mode=render_mode, **limit)
+    check_discrete(env_id, env)
+    env = Float32Observation(GameScore(env))
+    if clip_rewards:
+        env = ClipReward(env, reward_clipping_method)
+    return env
+
+
+def make_env(env_id: str, *, seed: int | None = None, skipped_frames: int = 4, frames_stacked: int = 4,
+             noop_threshold: int = 30, episodic_life: bool = True, grayscaling_frames: bool = True,
+             frame_scale_resolution=(84, 84), clip_rewards: bool = True, reward_clipping_method: str = "abs_one_sign",
+             max_episode_steps: int | None = None, fire_reset: bool = True,
+             render_mode: str | None = None) -> gym.Env:
+    """An environment with herd's preprocessing. Every env reports the whole game's raw score
+    in info["episode_score"] / info["episode_length"] on the step the real game ends, and only
+    then. Atari-only options are checked but ignored for vector envs. With a seed, two envs
+    give identical trajectories under identical actions."""
+    check_preprocessing(skipped_frames, frames_stacked, noop_threshold, frame_scale_resolution,
+                        reward_clipping_method, max_episode_steps)
+    if env_kind(env_id) == "atari":
+        raw = make_atari_raw(env_id, grayscaling_frames, render_mode)
+        check_discrete(env_id, raw)
+        env = wrap_atari(raw, skipped_frames=skipped_frames, frames_stacked=frames_stacked,
+                         noop_threshold=noop_threshold, episodic_life=episodic_life,
+                         frame_scale_resolution=tuple(frame_scale_resolution), clip_rewards=clip_rewards,
+                         reward_clipping_method=reward_clipping_method, max_episode_steps=max_episode_steps,
+                         fire_reset=fire_reset)
+    else:
+        env = make_vector(env_id, max_episode_steps, clip_rewards, reward_clipping_method, render_mode)
+    return SeedFirstReset(env, seed)
+
+
+def episode_step_limit(env_id: str, skipped_frames: int, max_episode_steps: int | None) -> int | None:
+    """The agent-step limit of a game: the caller's, or the env's own (for Atari, ALE's frame
+    cap in frame-skipped steps, so an upper bound: the no-op reset uses a few frames)."""
+    spec = registered_spec(env_id)
+    if not is_ale(spec):
+        return max_episode_steps or spec.max_episode_steps   # gym.make's limit replaces the spec's
+    frames = spec.kwargs.get("max_num_frames_per_episode")
+    limits = [v for v in (math.ceil(frames / skipped_frames) if frames else None, max_episode_steps) if v]
+    return min(limits) if limits else None                   # ALE's frame cap still applies
+
+
 def describe_env(env_id: str, **preprocessing) -> EnvSpec:
-    """The spaces after preprocessing, checked; builds the environment once."""
+    """The spaces after preprocessing (same keywords as make_env), checked; builds the env once."""
     env = make_env(env_id, **preprocessing)
     try:
         space = env.observation_space
-        return EnvSpec(env_kind(env_id), tuple(space.shape), str(space.dtype), int(env.action_space.n),
-                       env.spec.max_episode_steps if env.spec else None)
+        return EnvSpec(env_kind(env_id), tuple(int(n) for n in space.shape), str(space.dtype),
+                       int(env.action_space.n),
+                       episode_step_limit(env_id, preprocessing.get("skipped_frames", 4),
+                                          preprocessing.get("max_episode_steps")))
     finally:
         env.close()

@@ -1,4 +1,5 @@
-"""Wrappers every environment kind may use."""
+"""Wrappers every environment kind may use: reward clipping, float32 observations and
+seeding on the first reset."""
 from __future__ import annotations
 
 import math
@@ -10,6 +11,8 @@ REWARD_CLIPPING_METHODS = ("abs_one_sign", "abs_one_clamp", "soft_asymmetric")
 
 
 def clip_reward(reward: float, method: str) -> float:
+    """abs_one_sign: sign(r); abs_one_clamp: r clipped to [-1, 1];
+    soft_asymmetric: 5*tanh(r/5), negatives scaled by 0.3 (punishments count less)."""
     if method == "abs_one_sign":
         return float(np.sign(reward))
     if method == "abs_one_clamp":
@@ -17,39 +20,24 @@ def clip_reward(reward: float, method: str) -> float:
     if method == "soft_asymmetric":
         squashed = 5.0 * math.tanh(reward / 5.0)
         return 0.3 * squashed if squashed < 0 else squashed
-    raise ValueError(f"unknown reward_clipping_method '{method}'")
+    raise ValueError(f"unknown reward_clipping_method '{method}' (one of {', '.join(REWARD_CLIPPING_METHODS)})")
 
 
 class ClipReward(gym.RewardWrapper):
+    """The agent sees clipped rewards; GameScore, below this, still sees raw ones."""
+
     def __init__(self, env: gym.Env, method: str):
+        clip_reward(0.0, method)  # fail now, not on the first step
         super().__init__(env)
         self.method = method
 
     def reward(self, reward):
-        return clip_reward(reward, self.method)
-
-
-class AgentTimeLimit(gym.Wrapper):
-    """Truncates an episode after `max_steps` agent steps (counts reset at a real reset)."""
-
-    def __init__(self, env: gym.Env, max_steps: int):
-        super().__init__(env)
-        self.max_steps = max_steps
-        self.steps = 0
-
-    def reset(self, **kwargs):
-        self.steps = 0
-        return self.env.reset(**kwargs)
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.steps += 1
-        if self.steps >= self.max_steps and not terminated:
-            truncated = True
-        return obs, reward, terminated, truncated, info
+        return clip_reward(float(reward), self.method)
 
 
 class Float32Observation(gym.ObservationWrapper):
+    """Vector observations as float32, whatever dtype the env uses (the models expect it)."""
+
     def __init__(self, env: gym.Env):
         super().__init__(env)
         space = env.observation_space
@@ -61,7 +49,9 @@ class Float32Observation(gym.ObservationWrapper):
 
 
 class SeedFirstReset(gym.Wrapper):
-    """Passes `seed` to the first reset only, so later resets continue the seeded stream."""
+    """Passes `seed` to the first reset only: later resets continue the seeded RNG stream
+    instead of replaying the same episode. Also seeds the action space, so that
+    `action_space.sample()` is reproducible too."""
 
     def __init__(self, env: gym.Env, seed: int | None):
         super().__init__(env)
@@ -69,8 +59,8 @@ class SeedFirstReset(gym.Wrapper):
         if seed is not None:
             env.action_space.seed(seed)
 
-    def reset(self, **kwargs):
-        if self.pending_seed is not None and kwargs.get("seed") is None:
-            kwargs["seed"] = self.pending_seed
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is None:
+            seed = self.pending_seed
         self.pending_seed = None
-        return self.env.reset(**kwargs)
+        return self.env.reset(seed=seed, options=options)

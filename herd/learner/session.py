@@ -22,6 +22,10 @@ from herd.trajectory import TrajectoryLayout
 log = logging.getLogger("herd")
 
 
+class TrainingDiverged(RuntimeError):
+    """Too many non-finite losses in a row."""
+
+
 @dataclass
 class Counters:
     env_steps: int = 0
@@ -46,6 +50,7 @@ class SessionOptions:
     device: torch.device
     checkpoint_extra: dict = field(default_factory=dict)   # config, env spec, model signature
     save_replay: bool = True
+    max_bad_updates: int = 10
 
 
 class TrainingSession:
@@ -67,6 +72,7 @@ class TrainingSession:
         self.fps_mark = (time.monotonic(), 0)
         self.recent_lag: list[float] = []
         self.last_metrics: dict[str, float] = {}
+        self.bad_in_a_row = 0
 
     # ------------------------------------------------------------------ progress
     @property
@@ -97,8 +103,13 @@ class TrainingSession:
             metrics = self.learner.step(to_tensors(batch, replayed, self.options.device))
             if metrics["skipped"]:
                 self.counters.skipped_updates += 1
+                self.bad_in_a_row += 1
                 log.warning("non-finite loss at update %d: update skipped", self.counters.updates)
+                if self.bad_in_a_row >= self.options.max_bad_updates:
+                    raise TrainingDiverged(f"{self.bad_in_a_row} non-finite losses in a row: training diverged; "
+                                           "the checkpoint keeps the last good weights (try a lower --lr)")
                 continue
+            self.bad_in_a_row = 0
             self.counters.updates += 1
             self.recent_lag.append(float(np.mean(self.counters.updates - 1 - versions)))
             self.last_metrics = metrics

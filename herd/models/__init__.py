@@ -1,32 +1,56 @@
-"""Networks: every one maps time-major observations [T, B, ...] to ModelOutput
+"""Networks: every one maps time-major observations [T, B, *obs_shape] to ModelOutput
 (logits [T, B, A], value [T, B], features [T, B, F])."""
 from __future__ import annotations
 
+from typing import Optional
+
+import numpy as np
 from torch import nn
 
-from herd.models.base import ModelOutput  # noqa: F401
+from herd.models.base import ModelOutput
 from herd.models.cnn import ImpalaResNet, NatureCNN
 from herd.models.mlp import MLPNet
+
+__all__ = ["NETWORKS", "ModelOutput", "MLPNet", "NatureCNN", "ImpalaResNet", "build_model", "model_signature"]
 
 NETWORKS = ("auto", "mlp", "nature_cnn", "resnet")
 
 
-def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int, feature_size: int,
+def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int, feature_size: Optional[int],
                 use_feature_layer: bool = True, hidden_sizes=(64, 64)) -> nn.Module:
+    """The network for an environment. "auto" picks mlp for vector observations [D] and
+    nature_cnn for frames [C, H, W]. Image networks scale uint8 frames by 1/255; float frames
+    are taken as already in [0, 1]. feature_size=None means the torso's own size.
+    Every mismatch raises ValueError with one line (the config layer shows it as is)."""
     if network not in NETWORKS:
         raise ValueError(f"unknown network '{network}' (use one of {', '.join(NETWORKS)})")
+    obs_shape = tuple(int(d) for d in obs_shape)
+    try:
+        np.dtype(obs_dtype)
+    except TypeError:
+        raise ValueError(f"unknown observation dtype '{obs_dtype}'") from None
+    if num_actions < 1:
+        raise ValueError(f"networks need at least one action, got num_actions={num_actions}")
+    if feature_size is not None and feature_size < 1:
+        raise ValueError(f"feature_out_layer_size must be positive, got {feature_size}")
     if network == "auto":
+        if len(obs_shape) not in (1, 3):
+            raise ValueError(f"network auto handles vectors [D] and frames [C, H, W], this environment gives "
+                             f"shape {obs_shape}")
         network = "mlp" if len(obs_shape) == 1 else "nature_cnn"
     if network == "mlp":
         if len(obs_shape) != 1:
-            raise ValueError(f"network mlp needs vector observations, this environment gives shape {tuple(obs_shape)}")
-        return MLPNet(obs_shape[0], num_actions, tuple(hidden_sizes), feature_size, use_feature_layer)
+            raise ValueError(f"network mlp needs vector observations [D], this environment gives shape {obs_shape}")
+        if any(int(h) < 1 for h in hidden_sizes):
+            raise ValueError(f"hidden_sizes must be positive, got {tuple(hidden_sizes)}")
+        return MLPNet(obs_shape[0], num_actions, tuple(int(h) for h in hidden_sizes), feature_size, use_feature_layer)
     if len(obs_shape) != 3:
-        raise ValueError(f"network {network} needs frames [C, H, W], this environment gives shape {tuple(obs_shape)}")
+        raise ValueError(f"network {network} needs frames [C, H, W], this environment gives shape {obs_shape}")
     cls = NatureCNN if network == "nature_cnn" else ImpalaResNet
-    return cls(obs_shape[0], num_actions, feature_size, use_feature_layer, frame_hw=tuple(obs_shape[1:]))
+    return cls(obs_shape[0], num_actions, feature_size, use_feature_layer, frame_hw=obs_shape[1:])
 
 
 def model_signature(model: nn.Module) -> dict[str, list[int]]:
-    """Parameter name -> shape: two models with equal signatures can share a checkpoint."""
-    return {name: list(p.shape) for name, p in model.state_dict().items()}
+    """Parameter (and buffer) name -> shape, i.e. everything a checkpoint holds: two models
+    with equal signatures can load each other's state_dict."""
+    return {name: list(t.shape) for name, t in model.state_dict().items()}

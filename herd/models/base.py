@@ -1,54 +1,92 @@
-"""What every network returns, and the heads all networks share."""
+"""What every network returns, and the pieces all networks share: the heads (policy, value,
+feature vector), time flattening and frame scaling."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor, nn
 
 
 class ModelOutput(NamedTuple):
-    logits: Tensor      # [T, B, A]
-    value: Tensor       # [T, B]
-    features: Tensor    # [T, B, F] the per-step feature vector used by elite replay
+    logits: Tensor      # [T, B, A] unnormalised policy logits
+    value: Tensor       # [T, B]    state-value estimate
+    features: Tensor    # [T, B, F] per-step feature vector that elite replay compares
 
 
 def orthogonal(layer: nn.Module, gain: float) -> nn.Module:
+    """Orthogonal weights, zero bias: with small policy-head gain this is what makes
+    CartPole-sized tasks learn in a few thousand updates rather than tens of thousands."""
     nn.init.orthogonal_(layer.weight, gain)
     nn.init.zeros_(layer.bias)
     return layer
 
 
 class Heads(nn.Module):
-    """Policy and value heads on a torso output, plus the feature vector: either an extra
-    linear layer of `feature_size` (the seed's additional scaling FC layer) or the torso
-    output itself."""
+    """Policy and value heads reading the torso output, plus the feature vector.
 
-    def __init__(self, torso_size: int, num_actions: int, feature_size: int, use_feature_layer: bool):
+    The feature vector is either the torso output itself or, with `use_feature_layer`, an
+    extra linear projection of it to `feature_size` (the seed's "additional scaling FC
+    layer"). That projection is a side branch: no loss reads it, so it would never receive a
+    gradient anyway. It is frozen (requires_grad=False) to say so explicitly, but kept a
+    Parameter rather than a buffer so that weight sync (parameters_to_vector) gives every
+    actor the learner's projection instead of each actor's own random one.
+    """
+
+    def __init__(self, torso_size: int, num_actions: int, feature_size: Optional[int], use_feature_layer: bool):
         super().__init__()
+        if feature_size is None:
+            feature_size = torso_size
         if not use_feature_layer and feature_size != torso_size:
-            raise ValueError(f"feature_out_layer_size must be {torso_size} (the torso's output) when "
-                             "use_additional_scaling_FC_layer is False")
+            # The trajectory buffers are sized by feature_size, so silently using another
+            # size would only fail later and further from the cause.
+            raise ValueError(f"feature_out_layer_size must be {torso_size} (this network's torso output) when "
+                             f"use_additional_scaling_FC_layer is False, got {feature_size}")
+        self.feature_size = feature_size
         self.policy = orthogonal(nn.Linear(torso_size, num_actions), 0.01)
         self.value = orthogonal(nn.Linear(torso_size, 1), 1.0)
         self.feature = orthogonal(nn.Linear(torso_size, feature_size), 1.0) if use_feature_layer else None
+        if self.feature is not None:
+            self.feature.requires_grad_(False)
 
-    def forward(self, torso: Tensor, T: int, B: int) -> ModelOutput:
-        """torso: [T*B, torso_size] -> ModelOutput with [T, B, ...] fields."""
+    def forward(self, torso: Tensor, T: int, B: int, value_torso: Optional[Tensor] = None) -> ModelOutput:
+        """torso: [T*B, torso_size] -> ModelOutput with [T, B, ...] fields. A network with a
+        separate value torso passes its output as value_torso."""
         logits = self.policy(torso).view(T, B, -1)
-        value = self.value(torso).view(T, B)
-        features = self.feature(torso) if self.feature is not None else torso
+        value = self.value(torso if value_torso is None else value_torso).view(T, B)
+        features = torso if self.feature is None else self.feature(torso)
         return ModelOutput(logits, value, features.view(T, B, -1))
 
 
-def flatten_time(obs: Tensor, event_dims: int) -> tuple[Tensor, int, int]:
-    """[T, B, *event] -> ([T*B, *event], T, B)."""
-    T, B = obs.shape[:2]
+def flatten_time(obs: Tensor, event_dims: int, name: str) -> tuple[Tensor, int, int]:
+    """[T, B, *event] -> ([T*B, *event], T, B); a view when `obs` is contiguous.
+
+    The rank check costs nothing and turns a forgotten time axis (an actor passing [B, ...])
+    into one clear line instead of a shape error deep inside a conv or matmul."""
+    if obs.dim() != 2 + event_dims:
+        raise ValueError(f"{name} takes time-major observations [T, B, {event_dims}-d observation], "
+                         f"got shape {tuple(obs.shape)}")
+    T, B = obs.shape[0], obs.shape[1]
     return obs.reshape(T * B, *obs.shape[2:]), T, B
 
 
-def as_float_frames(frames: Tensor) -> Tensor:
-    """uint8 frames stay uint8 until here, then become floats in [0, 1]."""
+def frames_to_float(frames: Tensor, memory_format: torch.memory_format = torch.contiguous_format) -> Tensor:
+    """Frames stay uint8 (4x smaller in buffers and queues) until here, where they become
+    float32 in [0, 1]. Float frames are taken as already scaled. Division rather than
+    multiplication by 1/255 keeps 255 -> exactly 1.0."""
     if frames.dtype == torch.uint8:
-        return frames.float().mul_(1.0 / 255.0)
-    return frames.float()
+        return frames.to(torch.float32, memory_format=memory_format).div_(255.0)
+    return frames.to(torch.float32, memory_format=memory_format)
+
+
+def probe_flat_size(body: nn.Module, in_channels: int, frame_hw: tuple, name: str) -> int:
+    """Flattened size of `body` on one [in_channels, *frame_hw] frame, so that any resolution
+    works without hand-computed sizes; frames too small for the strides fail here, clearly."""
+    if len(frame_hw) != 2:
+        raise ValueError(f"{name} needs frame_hw = (H, W), got {tuple(frame_hw)}")
+    try:
+        with torch.no_grad():
+            return int(body(torch.zeros(1, in_channels, *frame_hw)).shape[1])
+    except RuntimeError:
+        raise ValueError(f"{name} cannot take {frame_hw[0]}x{frame_hw[1]} frames: too small for its "
+                         "convolutions") from None

@@ -1,36 +1,46 @@
-"""Convolutional networks for stacked frames: the Nature DQN CNN and the IMPALA ResNet."""
+"""Convolutional networks for stacked frames: the Nature DQN CNN and the IMPALA ResNet.
+Both take uint8 frames [T, B, C, H, W] and scale them to [0, 1] themselves."""
 from __future__ import annotations
 
-import torch
-from torch import Tensor, nn
-import torch.nn.functional as F
+from typing import Optional
 
-from herd.models.base import Heads, ModelOutput, as_float_frames, flatten_time, orthogonal
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from herd.models.base import Heads, ModelOutput, flatten_time, frames_to_float, orthogonal, probe_flat_size
+
+RELU_GAIN = 2 ** 0.5
 
 
 class NatureCNN(nn.Module):
-    def __init__(self, in_channels: int, num_actions: int, feature_size: int = 512, use_feature_layer: bool = True,
-                 frame_hw=(84, 84)):
+    """Mnih et al. 2015: conv 32 8x8/4, 64 4x4/2, 64 3x3/1, fc 512 (the torso) -> Heads."""
+
+    torso_size = 512
+
+    def __init__(self, in_channels: int, num_actions: int, feature_size: Optional[int] = 512,
+                 use_feature_layer: bool = True, frame_hw=(84, 84)):
         super().__init__()
-        gain = nn.init.calculate_gain("relu")
         self.convs = nn.Sequential(
-            orthogonal(nn.Conv2d(in_channels, 32, 8, stride=4), gain), nn.ReLU(),
-            orthogonal(nn.Conv2d(32, 64, 4, stride=2), gain), nn.ReLU(),
-            orthogonal(nn.Conv2d(64, 64, 3, stride=1), gain), nn.ReLU(),
+            orthogonal(nn.Conv2d(in_channels, 32, 8, stride=4), RELU_GAIN), nn.ReLU(),
+            orthogonal(nn.Conv2d(32, 64, 4, stride=2), RELU_GAIN), nn.ReLU(),
+            orthogonal(nn.Conv2d(64, 64, 3, stride=1), RELU_GAIN), nn.ReLU(),
             nn.Flatten(),
         )
-        with torch.no_grad():
-            flat_size = self.convs(torch.zeros(1, in_channels, *frame_hw)).shape[1]
-        self.fc = nn.Sequential(orthogonal(nn.Linear(flat_size, 512), gain), nn.ReLU())
-        self.heads = Heads(512, num_actions, feature_size, use_feature_layer)
+        flat_size = probe_flat_size(self.convs, in_channels, frame_hw, "nature_cnn")   # 3136 at 84x84
+        self.fc = nn.Sequential(orthogonal(nn.Linear(flat_size, self.torso_size), RELU_GAIN), nn.ReLU())
+        self.heads = Heads(self.torso_size, num_actions, feature_size, use_feature_layer)
 
     def forward(self, obs: Tensor) -> ModelOutput:
-        """obs: [T, B, C, H, W] uint8."""
-        frames, T, B = flatten_time(obs, 3)
-        return self.heads(self.fc(self.convs(as_float_frames(frames))), T, B)
+        """obs: [T, B, C, H, W] uint8 (or float already in [0, 1])."""
+        frames, T, B = flatten_time(obs, 3, "NatureCNN")
+        # Plain NCHW: channels-last measured no faster here on CPU (and slower at learner batch sizes).
+        return self.heads(self.fc(self.convs(frames_to_float(frames))), T, B)
 
 
 class ResidualBlock(nn.Module):
+    """x + conv(relu(conv(relu(x)))), both 3x3 same-padding, as in the IMPALA paper."""
+
     def __init__(self, channels: int):
         super().__init__()
         self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
@@ -41,10 +51,17 @@ class ResidualBlock(nn.Module):
 
 
 class ImpalaResNet(nn.Module):
-    """The IMPALA paper's deep network: 3 stages of conv + max-pool + 2 residual blocks."""
+    """Espeholt et al. 2018 deep network: 3 stages (16, 32, 32 channels) of conv 3x3 +
+    max-pool 3x3/2 + 2 residual blocks, ReLU, fc 256 (the torso) -> Heads.
 
-    def __init__(self, in_channels: int, num_actions: int, feature_size: int = 256, use_feature_layer: bool = True,
-                 frame_hw=(84, 84), channels=(16, 32, 32)):
+    Convolutions keep PyTorch's default init, as the reference implementations do: orthogonal
+    sqrt(2) on both convs of six residual blocks would let the residual stream grow stage by
+    stage. The heads are the shared orthogonal ones."""
+
+    torso_size = 256
+
+    def __init__(self, in_channels: int, num_actions: int, feature_size: Optional[int] = 256,
+                 use_feature_layer: bool = True, frame_hw=(84, 84), channels=(16, 32, 32)):
         super().__init__()
         stages, width = [], in_channels
         for out in channels:
@@ -52,12 +69,16 @@ class ImpalaResNet(nn.Module):
                        ResidualBlock(out), ResidualBlock(out)]
             width = out
         self.stages = nn.Sequential(*stages, nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            flat_size = self.stages(torch.zeros(1, in_channels, *frame_hw)).shape[1]
-        self.fc = nn.Sequential(nn.Linear(flat_size, 256), nn.ReLU())
-        self.heads = Heads(256, num_actions, feature_size, use_feature_layer)
+        flat_size = probe_flat_size(self.stages, in_channels, frame_hw, "resnet")      # 3872 at 84x84
+        self.fc = nn.Sequential(nn.Linear(flat_size, self.torso_size), nn.ReLU())
+        self.heads = Heads(self.torso_size, num_actions, feature_size, use_feature_layer)
 
     def forward(self, obs: Tensor) -> ModelOutput:
-        """obs: [T, B, C, H, W] uint8."""
-        frames, T, B = flatten_time(obs, 3)
-        return self.heads(self.fc(self.stages(as_float_frames(frames))), T, B)
+        """obs: [T, B, C, H, W] uint8 (or float already in [0, 1])."""
+        frames, T, B = flatten_time(obs, 3, "ImpalaResNet")
+        # On CPU, channels-last activations run this network about 2x faster (measured, 1
+        # thread: 13 -> 7 ms at B=4, 550 -> 220 ms at B=110). Only the input is converted;
+        # the weights stay contiguous because weight sync flattens them with view(-1).
+        # Flatten reads logical (C, H, W) order, so the result does not depend on the format.
+        fmt = torch.contiguous_format if frames.is_cuda else torch.channels_last
+        return self.heads(self.fc(self.stages(frames_to_float(frames, fmt))), T, B)

@@ -1,6 +1,8 @@
 """MLP for vector observations."""
 from __future__ import annotations
 
+from typing import Optional
+
 from torch import Tensor, nn
 
 from herd.models.base import Heads, ModelOutput, flatten_time, orthogonal
@@ -8,18 +10,35 @@ from herd.models.base import Heads, ModelOutput, flatten_time, orthogonal
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
+def mlp_torso(obs_dim: int, hidden_sizes, activation: str) -> tuple[nn.Sequential, int]:
+    layers, width = [], obs_dim
+    for size in hidden_sizes:
+        layers += [orthogonal(nn.Linear(width, size), 2 ** 0.5), ACTIVATIONS[activation]()]
+        width = size
+    return nn.Sequential(*layers), width
+
+
 class MLPNet(nn.Module):
-    def __init__(self, obs_dim: int, num_actions: int, hidden_sizes=(64, 64), feature_size: int = 64,
-                 use_feature_layer: bool = True, activation: str = "tanh"):
+    """obs [T, B, D] -> hidden layers -> torso [T*B, hidden_sizes[-1]] -> Heads.
+
+    The value head has a torso of its own unless `shared_torso`: returns of a few hundred
+    make the value loss dwarf the policy gradient in a shared torso, and CartPole then
+    learns several times slower. The feature vector comes from the policy torso.
+    With use_feature_layer=False the feature vector is the last hidden layer, so
+    feature_size must equal hidden_sizes[-1] (or be None)."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden_sizes=(64, 64), feature_size: Optional[int] = 64,
+                 use_feature_layer: bool = True, activation: str = "tanh", shared_torso: bool = False):
         super().__init__()
-        layers, width = [], obs_dim
-        for size in hidden_sizes:
-            layers += [orthogonal(nn.Linear(width, size), 2 ** 0.5), ACTIVATIONS[activation]()]
-            width = size
-        self.torso = nn.Sequential(*layers)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation '{activation}' (use one of {', '.join(ACTIVATIONS)})")
+        self.torso, width = mlp_torso(obs_dim, hidden_sizes, activation)
+        self.value_torso = None if shared_torso else mlp_torso(obs_dim, hidden_sizes, activation)[0]
         self.heads = Heads(width, num_actions, feature_size, use_feature_layer)
 
     def forward(self, obs: Tensor) -> ModelOutput:
-        """obs: [T, B, D] float32."""
-        flat, T, B = flatten_time(obs.float(), 1)
-        return self.heads(self.torso(flat), T, B)
+        """obs: [T, B, D], any real dtype (float32 normally; converted, never scaled)."""
+        flat, T, B = flatten_time(obs, 1, "MLPNet")
+        flat = flat.float()
+        value_torso = self.value_torso(flat) if self.value_torso is not None else None
+        return self.heads(self.torso(flat), T, B, value_torso)

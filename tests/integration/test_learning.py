@@ -1,0 +1,14 @@
+"""A learning test: only a working learner balances CartPole for hundreds of steps."""
+import json
+
+from herd_testing import only_run, run_cli
+
+
+def test_cartpole_quick_start_learns(tmp_path):
+    # The quick start's own defaults; a random policy averages about 22.
+    result = run_cli(["train", "--env=CartPole-v1", "--seed=2", "--environment_max_steps=500000",
+                      "--tensorboard=False"], tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
+    assert summary["environment_steps"] <= 500000 + 2 * 16 * 16
+    assert summary["max_average_score"] is not None and summary["max_average_score"] >= 400, summary

@@ -1,0 +1,98 @@
+"""A run's life: Ctrl+C saves and exits 0, resume continues, kill -9 never corrupts the
+newest checkpoint, a killed actor is replaced."""
+import json
+import os
+import random
+import signal
+
+import numpy as np
+import psutil
+import pytest
+
+from herd_testing import only_run, run_cli, start_cli, wait_for
+from herd.checkpoint import list_checkpoints, load_checkpoint
+
+REPLAY = '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, ' \
+         '{"type": "standard", "capacity": 64, "sample_ratio": 0.5}]'
+SMALL = ["--env=CartPole-v1", "--worker_count=2", "--envs_per_worker=4", "--batch_size=8", "--r_f_steps=8",
+         "--training_fill_in_factor=0.1", "--seed=5", REPLAY]
+
+
+def episodes_logged(results):
+    runs = [p for p in results.iterdir() if p.is_dir()] if results.exists() else []
+    return bool(runs) and (runs[0] / "log.txt").exists() and (runs[0] / "train.csv").stat().st_size > 200 \
+        if runs and (runs[0] / "train.csv").exists() else False
+
+
+def test_ctrl_c_saves_and_resume_continues(tmp_path):
+    results = tmp_path / "first"
+    process = start_cli(["train", *SMALL, "--environment_max_steps=100000000", "--verbose_learner_out_int=1"], results)
+    assert wait_for(lambda: episodes_logged(results), 60)
+    children = psutil.Process(process.pid).children(recursive=True)
+    os.killpg(process.pid, signal.SIGINT)          # Ctrl+C in a terminal signals the whole group
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err[-2000:]
+    assert wait_for(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children), 10)
+    run = only_run(results)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ended"] == "stopped"
+    state, _ = load_checkpoint(run)
+    steps, updates = state["counters"]["env_steps"], state["counters"]["updates"]
+    assert steps > 0 and updates > 0 and state["replay"]["replays"][1]["sampler"]["ring"]["filled"] > 0
+
+    # Resuming with no budget left restores and re-saves exactly what was saved.
+    same = tmp_path / "same"
+    result = run_cli(["resume", str(run), f"--environment_max_steps={steps}"], same)
+    assert result.returncode == 0, result.stderr[-2000:]
+    again, _ = load_checkpoint(only_run(same))
+    assert again["counters"]["env_steps"] == steps and again["counters"]["updates"] == updates
+    for name, array in state["replay"]["replays"][1]["storage"]["arrays"].items():
+        np.testing.assert_array_equal(array, again["replay"]["replays"][1]["storage"]["arrays"][name])
+    assert json.loads((only_run(same) / "config.json").read_text())["continues_from"].startswith(str(run))
+
+    # Resuming with a budget continues the counters from where the old run stopped.
+    more = tmp_path / "more"
+    result = run_cli(["--op_mode=train_w_load", f"--load_model_url={run}", f"--environment_max_steps={steps + 3000}"],
+                     more, entry="main")
+    assert result.returncode == 0, result.stderr[-2000:]
+    resumed = json.loads((only_run(more) / "summary.json").read_text())
+    assert resumed["environment_steps"] >= steps + 3000 and resumed["training_steps"] > updates
+    assert resumed["episodes"] > summary["episodes"]
+    # The old run folder is untouched by the resumed runs.
+    assert json.loads((run / "summary.json").read_text()) == summary
+
+
+def test_kill_9_while_checkpointing_leaves_a_loadable_checkpoint(tmp_path):
+    rng = random.Random(0)
+    for attempt in range(4):
+        results = tmp_path / f"r{attempt}"
+        process = start_cli(["train", *SMALL, "--environment_max_steps=100000000", "--save_model_period=1",
+                             "--tensorboard=False"], results)
+        assert wait_for(lambda: results.exists() and any(list_checkpoints(p / "checkpoints")
+                                                         for p in results.iterdir()), 60)
+        children = psutil.Process(process.pid).children(recursive=True)
+        wait_for(lambda: False, rng.uniform(0.2, 2.0))
+        os.kill(process.pid, signal.SIGKILL)
+        process.communicate(timeout=10)
+        state, path = load_checkpoint(only_run(results))    # the newest surviving checkpoint loads
+        assert state["counters"]["updates"] >= 1
+        # Actors notice their learner is gone and exit by themselves.
+        assert wait_for(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children), 15)
+
+
+def test_a_killed_actor_is_replaced_and_the_run_completes(tmp_path):
+    process = start_cli(["train", *SMALL, "--environment_max_steps=300000", "--tensorboard=False"], tmp_path)
+
+    def actors():
+        return [c for c in psutil.Process(process.pid).children() if "resource_tracker" not in " ".join(c.cmdline())]
+
+    assert wait_for(lambda: len(actors()) >= 2, 30)
+    wait_for(lambda: False, 3.0)  # let it train a little
+    victim = actors()[0]
+    victim.kill()
+    _, err = process.communicate(timeout=180)
+    assert process.returncode == 0, err[-2000:]
+    run = only_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["environment_steps"] >= 300000 and summary["ended"] == "finished"
+    assert "died" in (run / "log.txt").read_text()
