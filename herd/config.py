@@ -59,7 +59,7 @@ class TrainingConfig:
     lr_scheduler_steps: Optional[int] = opt(None, "polynomial (linear) LR decay horizon in learner updates (Atari 10000; vector tasks: the whole run)")
     lr_end_value: float = opt(0.00001, "learning rate at the end of the decay")
     environment_max_steps: Optional[int] = opt(None, "stop after this many environment (agent) steps in total")
-    learner_thread_count: int = opt(1, "torch threads of the learner")
+    learner_thread_count: Optional[int] = opt(None, "torch threads of the learner (Atari: one per CPU core, vector tasks 1)")
     max_bad_updates: int = opt(10, "non-finite losses in a row after which the run stops (each one skips its update)")
 
 
@@ -82,7 +82,7 @@ class ParallelConfig:
     worker_count: Optional[int] = opt(None, "actor processes (default: one per CPU core)")
     envs_per_worker: Optional[int] = opt(None, "environments per actor, stepped together (Atari 5, vector tasks 16)")
     multiprocessing_backend: str = opt("python_native", "python_native (local processes) or ray", ("python_native", "ray"))
-    shared_queue_size: int = opt(4, "trajectory slots per actor in shared memory (bounds policy lag)")
+    shared_queue_size: Optional[int] = opt(None, "trajectory slots per actor in shared memory, bounding how far actors run ahead (Atari 16, vector tasks 4)")
     actor_timeout: float = opt(60.0, "seconds without a rollout after which an actor counts as hung and is restarted")
     max_actor_restarts: int = opt(20, "actor restarts allowed in one run before it stops with an error")
 
@@ -156,12 +156,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         lr=0.0008, batch_size=100, r_f_steps=10, optimizer="rmsprop", lr_scheduler_steps=10000,
         environment_max_steps=15_000_000, clip_rewards=True, envs_per_worker=5,
         replay_parameters=DEFAULT_REPLAY, feature_out_layer_size=512,
+        learner_thread_count=max(1, os.cpu_count() or 1), shared_queue_size=16,
     ),
     "vector": dict(
         lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam",
         environment_max_steps=500_000, clip_rewards=False, envs_per_worker=16,
         replay_parameters='[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
-        feature_out_layer_size=64,
+        feature_out_layer_size=64, learner_thread_count=1, shared_queue_size=4,
     ),
 }
 

@@ -11,6 +11,7 @@ import torch
 from herd.actors.actor import ActorSpec
 from herd.backends.local import install_stop_signals, train_local
 from herd.config import batch_shares
+from herd.learner.batches import DirectBatches, PrefetchedBatches
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.session import SessionOptions, TrainingDiverged, TrainingSession
 from herd.backends.local import ActorFailure
@@ -48,6 +49,12 @@ def build_session(plan, run_dir: Path) -> TrainingSession:
     replays = [build_replay(spec, plan.layout, share, cfg.parallel.envs_per_worker)
                for spec, share in zip(specs, shares)]
     mixer = ReplayMixer(replays, shares, cfg.replay.training_fill_in_factor, seed=cfg.general.seed)
+    r = cfg.replay
+    if r.caching:
+        batches = PrefetchedBatches(mixer, device, r.caching_threads, r.cache_sample_size, r.cache_output_buffer_size,
+                                    r.replay_writer_queue_size, r.discarding_strategy)
+    else:
+        batches = DirectBatches(mixer, device)
     from herd.run import env_spec_dict
     options = SessionOptions(
         max_env_steps=cfg.train.environment_max_steps, save_model_period=cfg.general.save_model_period,
@@ -56,7 +63,7 @@ def build_session(plan, run_dir: Path) -> TrainingSession:
                           "model_signature": model_signature(model), "run_dir": str(run_dir)},
         max_bad_updates=cfg.train.max_bad_updates)
     progress = ProgressLine(cfg.train.environment_max_steps, enabled=cfg.stats.basic_verbose)
-    session = TrainingSession(plan.layout, learner, mixer, EpisodeStats(cfg.stats.avg_buff_size),
+    session = TrainingSession(plan.layout, learner, batches, EpisodeStats(cfg.stats.avg_buff_size),
                               RunMetrics(run_dir, cfg.stats.tensorboard), progress, run_dir, options)
     if plan.checkpoint is not None:
         session.load_state_dict(plan.checkpoint, load_optimizer=cfg.general.load_optimizer_save)
@@ -90,10 +97,13 @@ def train(plan, run_dir: Path) -> int:
     finally:
         session.show_progress(force=True)
         session.progress.finish()
+        if session.counters.updates:
+            session.write_train_metrics()  # the last row, whatever the log interval
         path = session.save()
         summary = {**session.summary(), "ended": reason, "checkpoint": str(path)}
         write_json(run_dir / "summary.json", summary)
         session.metrics.close()
+        session.batches.close()
         restore_signals()
         log.info("%s after %d environment steps and %d updates; average score %.2f; checkpoint %s",
                  reason, session.counters.env_steps, session.counters.updates, session.stats.average, path)

@@ -30,10 +30,17 @@ def build_scheduler(optimizer: torch.optim.Optimizer, lr: float, lr_end: float, 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
-    """numpy batch (field -> [time, B, ...]) to torch on the learner device."""
-    tensors = {name: torch.from_numpy(np.ascontiguousarray(array)).to(device) for name, array in batch.items()}
-    tensors["replayed"] = torch.from_numpy(replayed).to(device)
+def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch.device,
+               pin: bool = False) -> dict[str, torch.Tensor]:
+    """numpy batch (field -> [time, B, ...]) to torch on the learner device; with `pin`,
+    through pinned memory with a non-blocking copy (GPU learners)."""
+    arrays = {**batch, "replayed": replayed}
+    tensors = {}
+    for name, array in arrays.items():
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if pin:
+            tensor = tensor.pin_memory()
+        tensors[name] = tensor.to(device, non_blocking=pin)
     return tensors
 
 

@@ -1,5 +1,5 @@
 """The learner side of a training run, independent of how actors are run: it ingests
-finished rollouts into the replays, trains on every batch the mixer has ready, keeps the
+finished rollouts into the replays, trains on every batch that is ready, keeps the
 counters and statistics, writes metrics and checkpoints. A backend feeds it rollouts."""
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ import numpy as np
 import torch
 
 from herd.checkpoint import save_checkpoint
-from herd.learner.learner import Learner, to_tensors
+from herd.learner.learner import Learner
 from herd.monitor.metrics import RunMetrics
 from herd.monitor.progress import ProgressLine
 from herd.monitor.stats import EpisodeStats
-from herd.replay.mixer import ReplayMixer
 from herd.trajectory import TrajectoryLayout
 
 log = logging.getLogger("herd")
@@ -54,11 +53,11 @@ class SessionOptions:
 
 
 class TrainingSession:
-    def __init__(self, layout: TrajectoryLayout, learner: Learner, mixer: ReplayMixer, stats: EpisodeStats,
+    def __init__(self, layout: TrajectoryLayout, learner: Learner, batches, stats: EpisodeStats,
                  metrics: RunMetrics, progress: ProgressLine, run_dir: Path, options: SessionOptions):
         self.layout = layout        # what one trajectory holds; backends size their slots by it
         self.learner = learner
-        self.mixer = mixer
+        self.batches = batches      # herd.learner.batches: DirectBatches or PrefetchedBatches
         self.stats = stats
         self.metrics = metrics
         self.progress = progress
@@ -86,8 +85,8 @@ class TrainingSession:
     def ingest(self, views: dict[str, np.ndarray], version: int, steps: int, episodes: list) -> None:
         """One finished rollout: views field -> [time, E, ...] (copied out, the slot may be reused)."""
         envs = views["action"].shape[1]
-        for e in range(envs):
-            self.mixer.add({name: view[:, e] for name, view in views.items()}, version)
+        # Copies: the slot goes back to its actor as soon as this returns.
+        self.batches.put([{name: view[:, e].copy() for name, view in views.items()} for e in range(envs)], version)
         self.counters.env_steps += steps
         self.counters.rollouts += 1
         for score, length in episodes:
@@ -98,9 +97,9 @@ class TrainingSession:
     def train_ready_batches(self, on_update) -> int:
         """Trains on every batch the replays can give; calls on_update(version) after each."""
         trained = 0
-        while self.mixer.ready():
-            batch, replayed, versions = self.mixer.sample()
-            metrics = self.learner.step(to_tensors(batch, replayed, self.options.device))
+        while (ready := self.batches.next_ready()) is not None:
+            batch, versions = ready
+            metrics = self.learner.step(batch)
             if metrics["skipped"]:
                 self.counters.skipped_updates += 1
                 self.bad_in_a_row += 1
@@ -153,10 +152,10 @@ class TrainingSession:
             "scheduler": self.learner.scheduler.state_dict(),
             "counters": {**self.counters.state_dict(), "wall_time": self.elapsed},
             "stats": self.stats.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "mixer": self.mixer.rng.bit_generator.state},
+            "rng": {"torch": torch.get_rng_state()},
         }
         if self.options.save_replay:
-            state["replay"] = self.mixer.state_dict()
+            state["replay"] = self.batches.replay_state()
         return state
 
     def save(self) -> Path:
@@ -172,9 +171,8 @@ class TrainingSession:
         self.counters.load_state_dict(state["counters"])
         self.stats.load_state_dict(state["stats"])
         torch.set_rng_state(state["rng"]["torch"])
-        self.mixer.rng.bit_generator.state = state["rng"]["mixer"]
         if "replay" in state:
-            self.mixer.load_state_dict(state["replay"])
+            self.batches.load_replay_state(state["replay"])
         self.start_steps = self.counters.env_steps
         self.start_wall = self.counters.wall_time
         self.fps_mark = (time.monotonic(), self.counters.env_steps)

@@ -52,9 +52,11 @@ class ReplayMixer:
         return batch, np.concatenate(replayed), np.concatenate(versions)
 
     def state_dict(self) -> dict:
-        return {"replays": [r.state_dict() for r in self.replays], "credit": self.credit}
+        return {"replays": [r.state_dict() for r in self.replays], "credit": self.credit,
+                "rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, state: dict) -> None:
         for replay, replay_state in zip(self.replays, state["replays"]):
             replay.load_state_dict(replay_state)
         self.credit = int(state["credit"])
+        self.rng.bit_generator.state = state["rng"]

@@ -1,0 +1,120 @@
+"""Where the learner gets its batches: straight from the replay mixer, or prepared ahead
+by background threads (`caching`) so that writing, sampling, decompressing and collating
+hide behind the learner's step.
+
+Both sources take rollouts with `put(trajectories, version)` and hand out ready batches
+with `next_ready()` (None when none is ready yet)."""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+import torch
+
+from herd.learner.learner import to_tensors
+from herd.replay.mixer import ReplayMixer
+from herd.replay.writer import WriterQueue
+
+log = logging.getLogger("herd")
+
+
+class DirectBatches:
+    def __init__(self, mixer: ReplayMixer, device: torch.device):
+        self.mixer = mixer
+        self.device = device
+        self.discarded = 0
+
+    def put(self, trajectories: list, version: int) -> None:
+        for trajectory in trajectories:
+            self.mixer.add(trajectory, version)
+
+    def next_ready(self):
+        """(tensors, policy versions [B]) or None."""
+        if not self.mixer.ready():
+            return None
+        batch, replayed, versions = self.mixer.sample()
+        return to_tensors(batch, replayed, self.device), versions
+
+    def replay_state(self) -> dict:
+        return self.mixer.state_dict()
+
+    def load_replay_state(self, state: dict) -> None:
+        self.mixer.load_state_dict(state)
+
+    def close(self) -> None:
+        pass
+
+
+class PrefetchedBatches:
+    """`threads` workers each write waiting rollouts into the replays and prepare up to
+    `per_round` batches per round into a queue of `buffer_size` ready batches."""
+
+    def __init__(self, mixer: ReplayMixer, device: torch.device, threads: int, per_round: int, buffer_size: int,
+                 writer_queue_size: int, discarding_strategy: str):
+        self.mixer = mixer
+        self.device = device
+        self.per_round = per_round
+        self.writer = WriterQueue(writer_queue_size, discarding_strategy)
+        self.ready: queue.Queue = queue.Queue(maxsize=buffer_size)
+        self.lock = threading.Lock()        # the mixer is not thread-safe on its own
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+        self.workers = [threading.Thread(target=self.work, name=f"herd-batches-{i}", daemon=True)
+                        for i in range(threads)]
+        for worker in self.workers:
+            worker.start()
+
+    @property
+    def discarded(self) -> int:
+        return self.writer.discarded
+
+    def put(self, trajectories: list, version: int) -> None:
+        if self.error is not None:
+            raise RuntimeError("batch preparation failed") from self.error
+        self.writer.offer((trajectories, version))
+
+    def work(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                waiting = self.writer.take_all(timeout=0.05)
+                prepared = []
+                with self.lock:
+                    for trajectories, version in waiting:
+                        for trajectory in trajectories:
+                            self.mixer.add(trajectory, version)
+                    while len(prepared) < self.per_round and not self.ready.full() and self.mixer.ready():
+                        prepared.append(self.mixer.sample())
+                for batch, replayed, versions in prepared:
+                    tensors = to_tensors(batch, replayed, self.device, pin=self.device.type == "cuda")
+                    while not self.stopping.is_set():
+                        try:
+                            self.ready.put((tensors, versions), timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+        except BaseException as err:  # surfaced to the learner thread on its next put()
+            log.exception("batch preparation failed")
+            self.error = err
+
+    def next_ready(self):
+        try:
+            return self.ready.get_nowait()
+        except queue.Empty:
+            if self.error is not None:
+                raise RuntimeError("batch preparation failed") from self.error
+            return None
+
+    def replay_state(self) -> dict:
+        """The replays' contents; batches already prepared are not part of it."""
+        with self.lock:
+            return self.mixer.state_dict()
+
+    def load_replay_state(self, state: dict) -> None:
+        with self.lock:
+            self.mixer.load_state_dict(state)
+
+    def close(self) -> None:
+        self.stopping.set()
+        for worker in self.workers:
+            worker.join(2.0)

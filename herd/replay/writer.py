@@ -1,0 +1,46 @@
+"""The replay writer queue: rollouts waiting to be written into the replays.
+
+Bounded by `replay_writer_queue_size` rollouts. When a rollout arrives at a full queue,
+`discarding_strategy` decides what is lost: `keep_latest` drops the oldest waiting
+rollout, `keep_oldest` drops the newcomer, `alternating` switches between the two so
+neither old nor new data is systematically favoured."""
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+DISCARDING_STRATEGIES = ("keep_latest", "keep_oldest", "alternating")
+
+
+class WriterQueue:
+    def __init__(self, size: int, strategy: str):
+        if strategy not in DISCARDING_STRATEGIES:
+            raise ValueError(f"unknown discarding_strategy '{strategy}'")
+        self.size = size
+        self.strategy = strategy
+        self.items: deque = deque()
+        self.discarded = 0
+        self.flip = False
+        self.lock = threading.Lock()
+        self.not_empty = threading.Condition(self.lock)
+
+    def offer(self, item) -> None:
+        with self.lock:
+            if len(self.items) >= self.size:
+                self.discarded += 1
+                keep_latest = self.strategy == "keep_latest" or (self.strategy == "alternating" and self.flip)
+                self.flip = not self.flip
+                if not keep_latest:
+                    return
+                self.items.popleft()
+            self.items.append(item)
+            self.not_empty.notify()
+
+    def take_all(self, timeout: float) -> list:
+        """Everything waiting (possibly nothing after `timeout` seconds)."""
+        with self.lock:
+            if not self.items:
+                self.not_empty.wait(timeout)
+            items = list(self.items)
+            self.items.clear()
+            return items
