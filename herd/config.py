@@ -30,7 +30,7 @@ def opt(default: Any, help: str, choices: tuple | None = None):
 
 OP_MODES = ("train", "train_w_load", "test")
 REWARD_CLIPPING_METHODS = ("abs_one_sign", "abs_one_clamp", "soft_asymmetric")
-DISCARDING_STRATEGIES = ("keep_latest", "keep_oldest", "alternating")
+DISCARDING_STRATEGIES = ("wait", "keep_latest", "keep_oldest", "alternating")
 NETWORKS = ("auto", "mlp", "nature_cnn", "resnet")
 
 
@@ -94,11 +94,11 @@ DEFAULT_REPLAY = '[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type
 class ReplayConfig:
     replay_parameters: Optional[str] = opt(None, "the replays as a JSON list (Atari: the seed's queue+standard mix; vector tasks: queue only)")
     training_fill_in_factor: float = opt(0.2, "a replay must be this full (fraction of capacity) before training starts")
-    replay_writer_queue_size: int = opt(1, "trajectories waiting to be written before some are discarded")
-    discarding_strategy: str = opt("keep_latest", "which waiting trajectories survive an overflow", DISCARDING_STRATEGIES)
+    replay_writer_queue_size: int = opt(4, "rollouts waiting to be written into the replays before the discarding strategy applies")
+    discarding_strategy: str = opt("wait", "on a full writer queue: wait (discard nothing; actors back off), keep_latest, keep_oldest or alternating", DISCARDING_STRATEGIES)
     use_replay_compression: bool = opt(False, "store replayed observations LZ4-compressed")
     lz4_compression_level: int = opt(0, "LZ4 compression level")
-    caching: bool = opt(True, "prepare batches ahead in the background")
+    caching: Optional[bool] = opt(None, "prepare batches ahead in background threads (Atari True; vector tasks False: sampling is cheap there and the extra policy lag costs more)")
     caching_threads: int = opt(1, "threads preparing batches")
     cache_sample_size: int = opt(1, "batches prepared per round")
     cache_output_buffer_size: int = opt(3, "prepared batches kept ready")
@@ -156,13 +156,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         lr=0.0008, batch_size=100, r_f_steps=10, optimizer="rmsprop", lr_scheduler_steps=10000,
         environment_max_steps=15_000_000, clip_rewards=True, envs_per_worker=5,
         replay_parameters=DEFAULT_REPLAY, feature_out_layer_size=512,
-        learner_thread_count=max(1, os.cpu_count() or 1), shared_queue_size=16,
+        learner_thread_count=max(1, os.cpu_count() or 1), shared_queue_size=16, caching=True,
     ),
     "vector": dict(
         lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam",
         environment_max_steps=500_000, clip_rewards=False, envs_per_worker=16,
         replay_parameters='[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
-        feature_out_layer_size=64, learner_thread_count=1, shared_queue_size=4,
+        feature_out_layer_size=64, learner_thread_count=1, shared_queue_size=4, caching=False,
     ),
 }
 
@@ -416,6 +416,7 @@ def _positive(cfg: Config) -> dict[str, Any]:
         "skipped_frames": cfg.env.skipped_frames, "frames_stacked": cfg.env.frames_stacked,
         "caching_threads": cfg.replay.caching_threads, "cache_output_buffer_size": cfg.replay.cache_output_buffer_size,
         "verbose_learner_out_int": cfg.stats.verbose_learner_out_int,
+        "replay_writer_queue_size": cfg.replay.replay_writer_queue_size, "cache_sample_size": cfg.replay.cache_sample_size,
     }
 
 

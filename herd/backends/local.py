@@ -167,6 +167,11 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     last_health_check = time.monotonic()
     try:
         while not session.done and not stop_requested.is_set():
+            if not session.batches.has_room():
+                # The replay writer is full: train, and leave the actors' slots with us meanwhile.
+                if not session.train_ready_batches(publish):
+                    time.sleep(0.001)
+                continue
             for rollout in pool.receive(timeout=0.5):
                 session.ingest(slots.views(rollout.slot), rollout.version, rollout.steps, rollout.episodes)
                 pool.release(rollout.actor_id, rollout.slot)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 import torch
 
@@ -24,6 +25,9 @@ class DirectBatches:
         self.mixer = mixer
         self.device = device
         self.discarded = 0
+
+    def has_room(self) -> bool:
+        return True
 
     def put(self, trajectories: list, version: int) -> None:
         for trajectory in trajectories:
@@ -69,6 +73,10 @@ class PrefetchedBatches:
     def discarded(self) -> int:
         return self.writer.discarded
 
+    def has_room(self) -> bool:
+        """False while the writer queue is full: the learner should take no more rollouts."""
+        return self.writer.has_room()
+
     def put(self, trajectories: list, version: int) -> None:
         if self.error is not None:
             raise RuntimeError("batch preparation failed") from self.error
@@ -77,14 +85,18 @@ class PrefetchedBatches:
     def work(self) -> None:
         try:
             while not self.stopping.is_set():
-                waiting = self.writer.take_all(timeout=0.05)
+                self.writer.wait_for_item(timeout=0.05)
                 prepared = []
                 with self.lock:
-                    for trajectories, version in waiting:
+                    # Write what waits, as long as no unused fresh trajectory gets overwritten.
+                    while (item := self.writer.peek()) is not None and self.mixer.can_add(len(item[0])):
+                        trajectories, version = self.writer.pop()
                         for trajectory in trajectories:
                             self.mixer.add(trajectory, version)
                     while len(prepared) < self.per_round and not self.ready.full() and self.mixer.ready():
                         prepared.append(self.mixer.sample())
+                if not prepared and self.writer.peek() is not None:
+                    time.sleep(0.001)  # waiting for the learner to take a prepared batch
                 for batch, replayed, versions in prepared:
                     tensors = to_tensors(batch, replayed, self.device, pin=self.device.type == "cuda")
                     while not self.stopping.is_set():

@@ -31,6 +31,15 @@ class ReplayMixer:
             replay.add(trajectory, version)
         self.credit += 1
 
+    def warmed_up(self) -> bool:
+        """Every off-policy replay holds its fill-in share."""
+        return all(r.available() >= target for r, target in zip(self.replays, self.fill_targets) if not r.on_policy)
+
+    def can_add(self, n: int) -> bool:
+        """Adding n trajectories now loses no unused fresh one. During warm-up the queue may
+        overwrite its oldest: training has not started, and the replays keep filling."""
+        return not self.warmed_up() or all(r.room() >= n for r in self.replays if r.on_policy)
+
     def ready(self) -> bool:
         if not all(r.available() >= target for r, target in zip(self.replays, self.fill_targets)):
             return False

@@ -23,6 +23,10 @@ class Replay:
     def available(self) -> int:
         return self.sampler.available()
 
+    def room(self) -> int:
+        """Trajectories that can be added before an unused one is overwritten."""
+        return self.storage.capacity - self.sampler.available()
+
     def sample(self, n: int, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """n trajectories, field -> [time, n, ...], and the policy versions that made them."""
         positions = self.sampler.sample(n, rng)

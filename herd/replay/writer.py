@@ -3,13 +3,15 @@
 Bounded by `replay_writer_queue_size` rollouts. When a rollout arrives at a full queue,
 `discarding_strategy` decides what is lost: `keep_latest` drops the oldest waiting
 rollout, `keep_oldest` drops the newcomer, `alternating` switches between the two so
-neither old nor new data is systematically favoured."""
+neither old nor new data is systematically favoured. herd's default, `wait`, discards
+nothing: the learner stops taking rollouts until there is room, so actors back off through
+their slots (on a small machine, idle actors leave the cores to the learner)."""
 from __future__ import annotations
 
 import threading
 from collections import deque
 
-DISCARDING_STRATEGIES = ("keep_latest", "keep_oldest", "alternating")
+DISCARDING_STRATEGIES = ("wait", "keep_latest", "keep_oldest", "alternating")
 
 
 class WriterQueue:
@@ -24,9 +26,15 @@ class WriterQueue:
         self.lock = threading.Lock()
         self.not_empty = threading.Condition(self.lock)
 
-    def offer(self, item) -> None:
+    def has_room(self) -> bool:
         with self.lock:
-            if len(self.items) >= self.size:
+            return len(self.items) < self.size
+
+    def offer(self, item) -> None:
+        """Queues `item`; on a full queue discards by the strategy (`wait`: callers check
+        has_room() first, an item offered anyway is queued beyond the bound)."""
+        with self.lock:
+            if len(self.items) >= self.size and self.strategy != "wait":
                 self.discarded += 1
                 keep_latest = self.strategy == "keep_latest" or (self.strategy == "alternating" and self.flip)
                 self.flip = not self.flip
@@ -36,11 +44,23 @@ class WriterQueue:
             self.items.append(item)
             self.not_empty.notify()
 
-    def take_all(self, timeout: float) -> list:
-        """Everything waiting (possibly nothing after `timeout` seconds)."""
+    def wait_for_item(self, timeout: float) -> None:
         with self.lock:
             if not self.items:
                 self.not_empty.wait(timeout)
+
+    def peek(self):
+        with self.lock:
+            return self.items[0] if self.items else None
+
+    def pop(self):
+        with self.lock:
+            return self.items.popleft()
+
+    def take_all(self, timeout: float) -> list:
+        """Everything waiting (possibly nothing after `timeout` seconds)."""
+        self.wait_for_item(timeout)
+        with self.lock:
             items = list(self.items)
             self.items.clear()
             return items
