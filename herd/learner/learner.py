@@ -52,6 +52,7 @@ class Learner:
         self.scheduler = scheduler
         self.weights = weights
         self.grad_clip_norm = grad_clip_norm
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
 
     def step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One update. batch["obs"] is [T+1, B, ...]; returns metrics (floats).
@@ -64,13 +65,15 @@ class Learner:
             return {**metrics, "skipped": 1.0}
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.grad_clip_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
-        else:
-            grad_norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in self.model.parameters() if p.grad is not None))
+        max_norm = self.grad_clip_norm if self.grad_clip_norm > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, max_norm))
+        if not math.isfinite(grad_norm):
+            # A finite loss can still overflow in the backward pass: never apply such a step.
+            self.optimizer.zero_grad(set_to_none=True)
+            return {**metrics, "grad_norm": grad_norm, "skipped": 1.0}
         self.optimizer.step()
         self.scheduler.step()
-        metrics["grad_norm"] = float(grad_norm)
+        metrics["grad_norm"] = grad_norm
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["skipped"] = 0.0
         return metrics

@@ -96,3 +96,31 @@ def test_a_killed_actor_is_replaced_and_the_run_completes(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["environment_steps"] >= 300000 and summary["ended"] == "finished"
     assert "died" in (run / "log.txt").read_text()
+
+
+def test_a_hung_actor_is_replaced(tmp_path):
+    process = start_cli(["train", *SMALL, "--environment_max_steps=150000", "--tensorboard=False",
+                         "--actor_timeout=3"], tmp_path)
+
+    def actors():
+        return [c for c in psutil.Process(process.pid).children() if "resource_tracker" not in " ".join(c.cmdline())]
+
+    assert wait_for(lambda: len(actors()) >= 2, 30)
+    wait_for(lambda: False, 2.0)
+    actors()[0].suspend()                    # SIGSTOP: alive, but delivers nothing
+    _, err = process.communicate(timeout=180)
+    assert process.returncode == 0, err[-2000:]
+    run = only_run(tmp_path)
+    assert "delivered nothing" in (run / "log.txt").read_text()
+    assert json.loads((run / "summary.json").read_text())["environment_steps"] >= 150000
+
+
+def test_a_diverging_run_stops_with_a_clear_message_and_finite_weights(tmp_path):
+    result = run_cli(["train", *SMALL, "--environment_max_steps=100000000", "--lr=1e30", "--max_bad_updates=5",
+                      "--tensorboard=False"], tmp_path, timeout=120)
+    assert result.returncode == 1
+    assert "non-finite losses in a row" in result.stderr
+    run = only_run(tmp_path)
+    assert json.loads((run / "summary.json").read_text())["ended"] == "diverged"
+    state, _ = load_checkpoint(run)
+    assert all(np.isfinite(v.numpy()).all() for v in state["model"].values())
