@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60, help="length of the training run")
     parser.add_argument("--warmup", type=float, default=20, help="seconds of training not measured")
     parser.add_argument("--frame_skip", type=int, default=4)
+    parser.add_argument("--label", default="default", help="names the results file (e.g. the config tried)")
     parser.add_argument("--extra", default="", help="extra herd flags in one string, e.g. --extra='--batch_size=8'")
     args = parser.parse_args()
     extra = shlex.split(args.extra)
@@ -78,7 +79,7 @@ def main() -> None:
         ["env-only ceiling (random actions)", f"{ceiling_steps:,.0f}", f"{ceiling_fps:,.0f}", "100%"],
         ["herd training", f"{herd_steps:,.0f}", f"{herd_fps:,.0f}", f"{100 * ratio:.1f}%"],
     ])
-    record(f"throughput_{args.env}_{args.workers}x{args.envs}", {
+    record(f"throughput_{args.env}_{args.workers}x{args.envs}_{args.label}", {
         "env": args.env, "workers": args.workers, "envs_per_worker": args.envs, "herd_args": herd_args,
         "exit_code": code, "ceiling_fps": round(ceiling_fps), "herd_fps": round(herd_fps), "ratio": round(ratio, 4)})
     print(f"herd_fps={herd_fps:.0f} ceiling_fps={ceiling_fps:.0f} ratio={ratio:.3f}")
