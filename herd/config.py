@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import torch
+
 
 class ConfigError(ValueError):
     """A bad option: the message is one line that says what is wrong and how to fix it."""
@@ -44,7 +46,7 @@ class GeneralConfig:
     seed: Optional[int] = opt(None, "random seed (random when unset; the chosen seed is saved with the run)")
     reproducible: bool = opt(False, "deterministic mode: seeded everything and deterministic torch kernels")
     results_dir: str = opt("results", "folder that holds one sub-folder per run")
-    device: str = opt("cpu", "learner device: cpu (GPU paths come with the throughput issue)", ("cpu", "auto", "cuda"))
+    device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda; actors act on the CPU", ("cpu", "auto", "cuda"))
 
 
 @dataclass
@@ -442,6 +444,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("--rho_const and --c_const must be > 0 and --kl_div_threshold >= 0")
     if cfg.env.max_episode_steps is not None and cfg.env.max_episode_steps < 1:
         raise ConfigError(f"--max_episode_steps must be >= 1, got {cfg.env.max_episode_steps}")
+    if cfg.general.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device=cuda but no CUDA GPU is visible: use --device=cpu or auto")
     if cfg.general.op_mode in ("train_w_load", "test") and not cfg.general.load_model_url:
         raise ConfigError(f"--op_mode={cfg.general.op_mode} needs --load_model_url=<run folder or checkpoint file>")
     specs = cfg.replays

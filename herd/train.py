@@ -39,7 +39,8 @@ def loss_weights(cfg) -> ImpalaLossWeights:
 def build_session(plan, run_dir: Path) -> TrainingSession:
     cfg = plan.cfg
     torch.set_num_threads(cfg.train.learner_thread_count)
-    device = torch.device("cpu")
+    use_cuda = cfg.general.device == "cuda" or (cfg.general.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
     model = build_model(**plan.model_kwargs).to(device)
     optimizer = build_optimizer(cfg.train.optimizer, model.parameters(), cfg.train.lr, cfg.train.rmsprop_eps)
     scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps)

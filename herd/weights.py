@@ -13,7 +13,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 class SharedWeights:
     def __init__(self, model: torch.nn.Module, context=None):
         context = context or mp.get_context("spawn")
-        self.flat = parameters_to_vector(model.parameters()).detach().clone().share_memory_()
+        self.flat = parameters_to_vector(model.parameters()).detach().cpu().clone().share_memory_()
         self._version = context.Value("q", 0, lock=False)
         self._lock = context.Lock()
 
@@ -24,7 +24,7 @@ class SharedWeights:
     def publish(self, model: torch.nn.Module, version: int | None = None) -> int:
         """Copies the model's parameters in and bumps (or sets) the version."""
         with torch.no_grad():
-            vector = parameters_to_vector(model.parameters()).detach()
+            vector = parameters_to_vector(model.parameters()).detach().cpu()  # off the GPU before locking
         with self._lock:
             self.flat.copy_(vector)
             self._version.value = self._version.value + 1 if version is None else version

@@ -164,7 +164,7 @@ class TrainingSession:
         return path
 
     def load_state_dict(self, state: dict, load_optimizer: bool) -> None:
-        self.learner.model.load_state_dict(state["model"])
+        self.learner.model.load_state_dict(state["model"])  # copies onto the model's device
         if load_optimizer:
             self.learner.optimizer.load_state_dict(state["optimizer"])
             self.learner.scheduler.load_state_dict(state["scheduler"])
