@@ -1,0 +1,31 @@
+"""Several experiments in sequence, each with its own overridden options and run folder
+(the seed's multi_train.py). Edit EXPERIMENTS, then: python multi_train.py [--flag=value ...]
+
+Precedence: flags given here on the command line win over an experiment's overrides,
+which win over a resumed checkpoint's config and the defaults. A failing experiment is
+logged and the rest go on; the exit code is 1 if any failed. `herd multi FILE` does the
+same with experiments in a JSON or YAML file."""
+import sys
+
+from herd.cli import build_seed_parser, explicit_options, report_error
+from herd.config import ConfigError
+from herd.run import run_multi
+
+EXPERIMENTS = [
+    {"env": "CartPole-v1", "lr": 0.001},
+    {"env": "CartPole-v1", "lr": 0.0005},
+    {"env": "CartPole-v1", "replay_parameters":
+        '[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "standard", "capacity": 500, "sample_ratio": 0.5}]'},
+]
+
+
+def main(argv=None) -> int:
+    try:
+        command_line = explicit_options(build_seed_parser().parse_args(sys.argv[1:] if argv is None else argv))
+    except ConfigError as err:
+        return report_error(err)
+    return run_multi(EXPERIMENTS, command_line)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
