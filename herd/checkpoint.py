@@ -106,6 +106,8 @@ def find_checkpoint(url: str | os.PathLike) -> Path:
 
 def load_checkpoint(url: str | os.PathLike) -> tuple[dict, Path]:
     path = find_checkpoint(url)
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut or foreign file is not one
+        raise CheckpointError(f"checkpoint '{path}' is truncated or corrupt (not a torch checkpoint archive)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
