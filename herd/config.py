@@ -46,6 +46,7 @@ class GeneralConfig:
     seed: Optional[int] = opt(None, "random seed (random when unset; the chosen seed is saved with the run)")
     reproducible: bool = opt(False, "deterministic mode: seeded everything and deterministic torch kernels")
     results_dir: str = opt("results", "folder that holds one sub-folder per run")
+    save_replay: bool = opt(True, "save the replays' contents (LZ4-packed) with every checkpoint; turn off for very large buffers")
     device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda; actors act on the CPU", ("cpu", "auto", "cuda"))
 
 

@@ -62,7 +62,7 @@ def build_session(plan, run_dir: Path) -> TrainingSession:
         log_interval=max(1, min(cfg.stats.verbose_learner_out_int, 50)), device=device,
         checkpoint_extra={"config": cfg.to_flat(), "env_spec": env_spec_dict(cfg, plan.env_spec),
                           "model_signature": model_signature(model), "run_dir": str(run_dir)},
-        max_bad_updates=cfg.train.max_bad_updates)
+        max_bad_updates=cfg.train.max_bad_updates, save_replay=cfg.general.save_replay)
     progress = ProgressLine(cfg.train.environment_max_steps, enabled=cfg.stats.basic_verbose)
     session = TrainingSession(plan.layout, learner, batches, EpisodeStats(cfg.stats.avg_buff_size),
                               RunMetrics(run_dir, cfg.stats.tensorboard), progress, run_dir, options)

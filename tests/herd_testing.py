@@ -34,3 +34,15 @@ def wait_for(predicate, timeout: float, interval: float = 0.2) -> bool:
             return True
         time.sleep(interval)
     return False
+
+
+def any_alive(processes) -> bool:
+    """True while any of the psutil processes still runs (zombies count as gone)."""
+    import psutil
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            continue
+    return False

@@ -58,11 +58,16 @@ class TrajectoryStorage:
         return sum(a.nbytes for a in self.arrays.values()) + packed
 
     def state_dict(self, filled: int) -> dict:
-        state = {"arrays": {name: a[:, :filled].copy() for name, a in self.arrays.items()},
+        """The first `filled` positions; observations always LZ4-packed (checkpoints stay small),
+        as uint8 arrays: a checkpoint holds tensors, nothing that needs unpickling."""
+        state = {"arrays": {name: a[:, :filled].copy() for name, a in self.arrays.items() if name != "obs"},
                  "version": self.version[:filled].copy()}
         if self.compress_obs:
-            # bytes as uint8 arrays: a checkpoint holds tensors, nothing that needs unpickling
-            state["packed_obs"] = [np.frombuffer(p, dtype=np.uint8).copy() for p in self.packed_obs[:filled]]
+            packed = self.packed_obs[:filled]
+        else:
+            packed = [lz4.frame.compress(np.ascontiguousarray(self.arrays["obs"][:, p]).tobytes())
+                      for p in range(filled)]
+        state["packed_obs"] = [np.frombuffer(p, dtype=np.uint8).copy() for p in packed]
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -79,9 +84,3 @@ class TrajectoryStorage:
         else:
             for position, packed in enumerate(state.get("packed_obs", [])):
                 self.packed_obs[position] = packed.tobytes()
-            # A checkpoint saved without compression carries plain observations: pack them.
-            if "obs" in state["arrays"]:
-                plain = state["arrays"]["obs"]
-                for position in range(plain.shape[1]):
-                    self.packed_obs[position] = lz4.frame.compress(
-                        np.ascontiguousarray(plain[:, position]).tobytes(), compression_level=self.compression_level)

@@ -9,7 +9,7 @@ import numpy as np
 import psutil
 import pytest
 
-from herd_testing import only_run, run_cli, start_cli, wait_for
+from herd_testing import any_alive, only_run, run_cli, start_cli, wait_for
 from herd.checkpoint import list_checkpoints, load_checkpoint
 
 REPLAY = '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, ' \
@@ -32,7 +32,7 @@ def test_ctrl_c_saves_and_resume_continues(tmp_path):
     os.killpg(process.pid, signal.SIGINT)          # Ctrl+C in a terminal signals the whole group
     _, err = process.communicate(timeout=30)
     assert process.returncode == 0, err[-2000:]
-    assert wait_for(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children), 10)
+    assert wait_for(lambda: not any_alive(children), 10)
     run = only_run(results)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["ended"] == "stopped"
@@ -48,6 +48,10 @@ def test_ctrl_c_saves_and_resume_continues(tmp_path):
     assert again["counters"]["env_steps"] == steps and again["counters"]["updates"] == updates
     for name, array in state["replay"]["replays"][1]["storage"]["arrays"].items():
         np.testing.assert_array_equal(array, again["replay"]["replays"][1]["storage"]["arrays"][name])
+    packed_before = state["replay"]["replays"][1]["storage"]["packed_obs"]
+    packed_after = again["replay"]["replays"][1]["storage"]["packed_obs"]
+    assert len(packed_before) == len(packed_after) > 0
+    assert all(np.array_equal(a, b) for a, b in zip(packed_before, packed_after))
     assert json.loads((only_run(same) / "config.json").read_text())["continues_from"].startswith(str(run))
 
     # Resuming with a budget continues the counters from where the old run stopped.
@@ -77,7 +81,7 @@ def test_kill_9_while_checkpointing_leaves_a_loadable_checkpoint(tmp_path):
         state, path = load_checkpoint(only_run(results))    # the newest surviving checkpoint loads
         assert state["counters"]["updates"] >= 1
         # Actors notice their learner is gone and exit by themselves.
-        assert wait_for(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children), 15)
+        assert wait_for(lambda: not any_alive(children), 15)
 
 
 def test_a_killed_actor_is_replaced_and_the_run_completes(tmp_path):

@@ -59,3 +59,13 @@ def test_state_round_trip_between_compressed_and_plain():
     packed = TrajectoryStorage(LAYOUT, 3, compress_obs=True)
     packed.load_state_dict(plain.state_dict(3))
     np.testing.assert_array_equal(packed.read(np.array([0]))["obs"][:, 0], trajs[0]["obs"])
+
+
+def test_checkpoint_state_packs_observations():
+    rng = np.random.default_rng(2)
+    storage = TrajectoryStorage(LAYOUT, capacity=4)
+    for position in range(4):
+        storage.write(position, trajectory(rng, position), position)
+    state = storage.state_dict(4)
+    assert "obs" not in state["arrays"] and len(state["packed_obs"]) == 4
+    assert sum(p.nbytes for p in state["packed_obs"]) < storage.arrays["obs"].nbytes / 4
