@@ -5,7 +5,7 @@ import os
 import psutil
 import torch
 
-from herd_testing import only_run, run_cli
+from herd_testing import any_alive, only_run, run_cli, start_cli, wait_for
 from herd.checkpoint import load_checkpoint
 
 
@@ -15,17 +15,21 @@ def shm_files() -> set:
 
 def test_cartpole_run_fills_its_folder_and_cleans_up(tmp_path):
     before = shm_files()
-    result = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=6000", "--worker_count=2",
-                      "--envs_per_worker=4", "--batch_size=4", "--r_f_steps=16", "--save_model_period=20", "--seed=3"],
-                     tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
+    process = start_cli(["train", "--env=CartPole-v1", "--environment_max_steps=30000", "--worker_count=2",
+                         "--envs_per_worker=4", "--batch_size=4", "--r_f_steps=16", "--save_model_period=20",
+                         "--seed=3"], tmp_path)
+    children = []
+    wait_for(lambda: len(children.extend(psutil.Process(process.pid).children()) or children) >= 2, 30, 0.05)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err[-2000:]
+    assert len(children) >= 2
     run = only_run(tmp_path)
     assert run.name.startswith("CartPole-v1_")
     for name in ("config.json", "log.txt", "episodes.csv", "train.csv", "summary.json"):
         assert (run / name).is_file(), name
     assert any((run / "tensorboard").iterdir())
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["environment_steps"] >= 6000 and summary["training_steps"] > 0
+    assert summary["environment_steps"] >= 30000 and summary["training_steps"] > 0
     assert summary["episodes"] > 0 and summary["ended"] == "finished"
     config = json.loads((run / "config.json").read_text())
     assert config["seed"] == 3 and config["optimizer"] == "adam"
@@ -38,7 +42,7 @@ def test_cartpole_run_fills_its_folder_and_cleans_up(tmp_path):
     assert len(train_rows) > 1 and "policy_lag" in train_rows[0]
     # No leaked shared memory and no orphaned actor processes.
     assert shm_files() <= before
-    assert not [p for p in psutil.process_iter(["cmdline"]) if "herd-actor" in " ".join(p.info["cmdline"] or [])]
+    assert wait_for(lambda: not any_alive(children), 5)
 
 
 def test_seed_pong_command_runs_verbatim(tmp_path):
