@@ -3,8 +3,9 @@
 
 Precedence: flags given here on the command line win over an experiment's overrides,
 which win over a resumed checkpoint's config and the defaults. A failing experiment is
-logged and the rest go on; the exit code is 1 if any failed. `herd multi FILE` does the
-same with experiments in a JSON or YAML file."""
+logged and the rest go on; the exit code is 1 if any failed. Ctrl+C stops the running
+experiment cleanly (checkpoint and summary saved) and the sequence with it (exit code 130).
+`herd multi FILE` does the same with experiments in a JSON or YAML file."""
 import sys
 
 from herd.cli import build_seed_parser, explicit_options, report_error

@@ -1,10 +1,16 @@
 """Test mode: play `test_episode_count` episodes with a saved policy and report the
-whole-game scores (mean, std, min, max). With --render, show a window where a display
-exists, otherwise record an MP4 of the first episodes into the run folder."""
+whole-game scores (mean, std, min, max, and every score). With --render, show a window
+where a display exists, otherwise record an MP4 of the first episodes into the run folder.
+
+Rendering runs in its own process with its own environment, so a window paced at the
+game's speed, or the video encoder, does not hold back the games that make the statistics."""
 from __future__ import annotations
 
 import logging
+import logging.handlers
+import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -12,34 +18,40 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from herd.envs import make_env
+from herd.envs import env_kind, make_env
 from herd.models import build_model
 
 log = logging.getLogger("herd")
 
 VIDEO_EPISODES = 3
 VIDEO_MAX_FRAMES = 5000
+MAX_TEST_ENVS = 8
+ATARI_FPS = 60          # the emulator's frame rate; one agent step is `skipped_frames` of them
 
 
 class ProgressBar:
-    """`episodes done/total` on stderr: redrawn on a terminal, a line every 5 s otherwise."""
+    """`episodes done/total` on stderr: redrawn in place on a terminal, a line every 5 s
+    otherwise (a log file or CI output must not fill with carriage returns)."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, stream=None):
         self.total = total
-        self.tty = sys.stderr.isatty()
-        self.last = 0.0
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.start = self.last = time.monotonic()
+        self.done = 0
 
-    def update(self, done: int, force: bool = False) -> None:
+    def update(self, scores: list[float], force: bool = False) -> None:
+        self.done = done = len(scores)
         now = time.monotonic()
         if not force and now - self.last < (0.2 if self.tty else 5.0):
             return
         self.last = now
         filled = int(30 * done / self.total)
-        line = f"test [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total} episodes"
-        sys.stderr.write(("\r" + line) if self.tty else line + "\n")
-        if self.tty and force:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+        mean = f", mean {np.mean(scores):.1f}" if scores else ""
+        line = (f"test [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total} episodes{mean}, "
+                f"{now - self.start:.0f}s")
+        self.stream.write(("\r" + line + ("\n" if force else "")) if self.tty else line + "\n")
+        self.stream.flush()
 
 
 def act(model, obs: np.ndarray) -> np.ndarray:
@@ -49,25 +61,36 @@ def act(model, obs: np.ndarray) -> np.ndarray:
         return torch.multinomial(torch.softmax(logits, -1), 1).squeeze(1).numpy()
 
 
+def split_episodes(episodes: int, num_envs: int) -> list[int]:
+    """Each env's fixed share of the episodes. Keeping the first N games to end instead
+    would over-count short games (for CartPole, the failures) and bias the mean."""
+    num_envs = max(1, min(num_envs, episodes))
+    return [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]
+
+
 def play_episodes(model, env_id: str, env_kwargs: dict, episodes: int, num_envs: int, seed: int,
                   progress: ProgressBar | None = None) -> list[float]:
-    """Whole-game scores of `episodes` episodes, played by `num_envs` envs in lockstep."""
-    envs = [make_env(env_id, seed=seed + i, **env_kwargs) for i in range(num_envs)]
-    obs = np.stack([env.reset()[0] for env in envs])
+    """Whole-game scores (info["episode_score"]) of `episodes` games, played by up to
+    `num_envs` envs in lockstep so that one forward pass serves all of them."""
+    left = split_episodes(episodes, num_envs)
+    envs = [make_env(env_id, seed=seed + i, **env_kwargs) for i in range(len(left))]
     scores: list[float] = []
-    while len(scores) < episodes:
-        actions = act(model, obs)
-        for e, env in enumerate(envs):
-            o, _, terminated, truncated, info = env.step(int(actions[e]))
-            if "episode_score" in info and len(scores) < episodes:
-                scores.append(float(info["episode_score"]))
-                if progress:
-                    progress.update(len(scores))
-            if terminated or truncated:
-                o, _ = env.reset()
-            obs[e] = o
-    for env in envs:
-        env.close()
+    try:
+        obs = [env.reset()[0] for env in envs]
+        while active := [i for i, n in enumerate(left) if n > 0]:
+            actions = act(model, np.stack([obs[i] for i in active]))
+            for i, action in zip(active, actions):
+                obs[i], _, terminated, truncated, info = envs[i].step(int(action))
+                if "episode_score" in info:          # the real game ended (not just a life)
+                    scores.append(float(info["episode_score"]))
+                    left[i] -= 1
+                    if progress:
+                        progress.update(scores)
+                if (terminated or truncated) and left[i] > 0:
+                    obs[i], _ = envs[i].reset()
+    finally:
+        for env in envs:
+            env.close()
     return scores
 
 
@@ -75,38 +98,145 @@ def has_display() -> bool:
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
-def render_episodes(model, env_id: str, env_kwargs: dict, seed: int, video_path: Path) -> Path | None:
-    """Shows the first episodes in a window, or records them to an MP4 without a display.
-    Returns the video's path, or None when nothing was recorded."""
-    mode = "human" if has_display() else "rgb_array"
-    try:
-        env = make_env(env_id, seed=seed, render_mode=mode, **env_kwargs)
-        obs, _ = env.reset()
-        first = env.render()
-    except Exception as err:  # e.g. a renderer whose optional dependency is not installed
-        log.warning("cannot render %s (%s): playing without video", env_id, str(err).splitlines()[0])
+def first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def open_render_env(env_id: str, env_kwargs: dict, seed: int):
+    """(env, mode, first observation, first frame): a window where a display exists,
+    otherwise (or when the window cannot open) frames for a video. None if neither works,
+    e.g. CartPole's renderer without pygame; that costs one warning line, not the test."""
+    failures = []
+    for mode in (["human"] if has_display() else []) + ["rgb_array"]:
+        env = None
+        try:
+            env = make_env(env_id, seed=seed, render_mode=mode, **env_kwargs)
+            obs, _ = env.reset()
+            frame = env.render() if mode == "rgb_array" else None
+            if mode == "rgb_array" and frame is None:
+                raise RuntimeError("the environment returned no frame")
+            if failures:
+                log.warning("no window (%s): recording a video instead", failures[0])
+            return env, mode, obs, frame
+        except Exception as err:  # a missing renderer or display must not stop the test
+            failures.append(f"{mode}: {first_line(err)}")
+            if env is not None:
+                env.close()
+    log.warning("cannot render %s (%s): playing without video", env_id, "; ".join(failures))
+    return None
+
+
+def even_sized(frame) -> np.ndarray:
+    """H.264 in yuv420p needs even sides: pad by one black row/column where needed."""
+    frame = np.asarray(frame, dtype=np.uint8)
+    pad = [(0, frame.shape[0] % 2), (0, frame.shape[1] % 2)] + [(0, 0)] * (frame.ndim - 2)
+    return np.pad(frame, pad) if any(p[1] for p in pad[:2]) else frame
+
+
+def render_episodes(model, env_id: str, env_kwargs: dict, seed: int, video_path: Path,
+                    scoring_done=None) -> Path | None:
+    """Records the first VIDEO_EPISODES games (at most VIDEO_MAX_FRAMES steps) to `video_path`,
+    or shows them in a window; a window closes once `scoring_done` is set and it has shown one
+    whole game, since it plays at the game's speed. Returns the video's path, or None."""
+    opened = open_render_env(env_id, env_kwargs, seed)
+    if opened is None:
         return None
+    env, mode, obs, frame = opened
     writer = None
-    if mode == "rgb_array":
-        import imageio.v2 as imageio
-        writer = imageio.get_writer(video_path, fps=30, macro_block_size=1)
-        writer.append_data(np.asarray(first))
     episodes = frames = 0
     try:
+        if mode == "rgb_array":
+            import imageio.v2 as imageio
+            fps = (ATARI_FPS / env_kwargs.get("skipped_frames", 4) if env_kind(env_id) == "atari"
+                   else env.metadata.get("render_fps") or 30)
+            writer = imageio.get_writer(video_path, fps=fps, macro_block_size=1)
+            writer.append_data(even_sized(frame))
         while episodes < VIDEO_EPISODES and frames < VIDEO_MAX_FRAMES:
+            if writer is None and episodes and scoring_done is not None and scoring_done.is_set():
+                break
             obs, _, terminated, truncated, info = env.step(int(act(model, obs[None])[0]))
-            frame = env.render()
             frames += 1
             if writer is not None:
-                writer.append_data(np.asarray(frame))
+                writer.append_data(even_sized(env.render()))   # human mode draws inside step()
             episodes += "episode_score" in info
             if terminated or truncated:
                 obs, _ = env.reset()
-    finally:
+    except Exception as err:  # e.g. the encoder failing: the scores still matter more
+        log.warning("rendering stopped (%s)", first_line(err))
         if writer is not None:
             writer.close()
+            video_path.unlink(missing_ok=True)   # a half-written MP4 is not a video
+        return None
+    finally:
         env.close()
-    return video_path if writer is not None else None
+    if writer is None:
+        return None
+    writer.close()
+    return video_path
+
+
+def render_process(log_queue, result_conn, model_kwargs: dict, weights: dict, env_id: str, env_kwargs: dict,
+                   seed: int, video_path: Path, scoring_done) -> None:
+    """The render process's body; its warnings reach the parent's log through `log_queue`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl+C reaches the whole group; the parent ends us
+    log.handlers[:] = [logging.handlers.QueueHandler(log_queue)]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    torch.set_num_threads(1)
+    model = build_model(**model_kwargs)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    model.eval()
+    try:
+        result = render_episodes(model, env_id, env_kwargs, seed, video_path, scoring_done)
+    except Exception as err:  # never let the window or video take the test down
+        log.warning("rendering failed (%s)", first_line(err))
+        result = None
+    result_conn.send(str(result) if result else None)
+
+
+class Renderer:
+    """render_episodes in its own process, beside the scoring games. A process, not a thread:
+    ALE paces its window inside native code that holds the GIL, which stalled the scoring."""
+
+    def __init__(self, model_kwargs: dict, state_dict: dict, env_id: str, env_kwargs: dict, seed: int,
+                 video_path: Path):
+        context = mp.get_context("spawn")   # as herd's actors: no fork of a process running torch threads
+        self.video_path = video_path
+        self.log_queue = context.Queue()
+        self.listener = logging.handlers.QueueListener(self.log_queue, *log.handlers)
+        self.result_conn, child_conn = context.Pipe(duplex=False)
+        self.scoring_done = context.Event()
+        weights = {k: v.detach().cpu().numpy() for k, v in state_dict.items()}
+        self.process = context.Process(target=render_process, name="herd-render", daemon=True,
+                                       args=(self.log_queue, child_conn, model_kwargs, weights, env_id,
+                                             env_kwargs, seed, video_path, self.scoring_done))
+        self.listener.start()
+        self.process.start()
+        child_conn.close()   # so that recv() sees EOF if the child dies without answering
+
+    def finish(self) -> Path | None:
+        """Waits for the video (or the window's first game); returns the video's path or None."""
+        self.scoring_done.set()
+        result = None
+        try:
+            result = self.result_conn.recv()
+        except EOFError:
+            log.warning("the render process ended without a result (exit code %s)", self.process.exitcode)
+        self.process.join()
+        self.listener.stop()
+        return Path(result) if result else None
+
+    def abort(self) -> None:
+        self.process.terminate()
+        self.process.join()
+        self.listener.stop()
+        self.video_path.unlink(missing_ok=True)
+
+
+def summarize(scores: list[float]) -> dict:
+    return {"episode_count": len(scores), "mean": float(np.mean(scores)), "std": float(np.std(scores)),
+            "min": float(np.min(scores)), "max": float(np.max(scores)), "episodes": scores}
 
 
 def test_policy(plan, run_dir: Path) -> int:
@@ -118,15 +248,29 @@ def test_policy(plan, run_dir: Path) -> int:
     torch.set_num_threads(max(1, cfg.train.learner_thread_count or 1))
     count = cfg.test.test_episode_count
     kwargs = env_kwargs(cfg)
-    video = render_episodes(model, cfg.env.env, kwargs, cfg.general.seed, run_dir / "test_video.mp4") \
-        if cfg.test.render else None
+    # Its own seed: the rendered games are extra, not among the scored ones.
+    renderer = Renderer(plan.model_kwargs, plan.checkpoint["model"], cfg.env.env, kwargs,
+                        cfg.general.seed + MAX_TEST_ENVS, run_dir / "test_video.mp4") if cfg.test.render else None
     progress = ProgressBar(count)
-    scores = play_episodes(model, cfg.env.env, kwargs, count, min(8, count), cfg.general.seed, progress)
-    progress.update(len(scores), force=True)
-    result = {"episodes": len(scores), "mean": float(np.mean(scores)), "std": float(np.std(scores)),
-              "min": float(np.min(scores)), "max": float(np.max(scores)), "checkpoint": str(plan.checkpoint_path),
-              "video": str(video) if video else None, "scores": scores}
+    try:
+        scores = play_episodes(model, cfg.env.env, kwargs, count, MAX_TEST_ENVS, cfg.general.seed, progress)
+    except BaseException as err:
+        if renderer is not None:
+            renderer.abort()      # failing or interrupted: do not wait for the rendered games
+        if isinstance(err, KeyboardInterrupt):
+            log.warning("test interrupted after %d of %d games: no results written", progress.done, count)
+            return 130
+        raise
+    progress.update(scores, force=True)
+    video = None
+    if renderer is not None:
+        try:
+            video = renderer.finish()
+        except KeyboardInterrupt:  # the scores are complete: keep them, drop the unfinished video
+            renderer.abort()
+            log.warning("rendering interrupted: results saved without a video")
+    result = {**summarize(scores), "checkpoint": str(plan.checkpoint_path), "video": str(video) if video else None}
     write_json(run_dir / "test_results.json", result)
-    print(f"test: {result['episodes']} episodes, mean {result['mean']:.2f} ± {result['std']:.2f}, "
+    print(f"test: {len(scores)} episodes, mean {result['mean']:.2f} ± {result['std']:.2f}, "
           f"min {result['min']:.2f}, max {result['max']:.2f}" + (f"; video {video}" if video else ""))
     return 0

@@ -21,6 +21,7 @@ from herd.checkpoint import CheckpointError, check_compatible, load_checkpoint
 from herd.config import Config, ConfigError, resolve
 from herd.envs import EnvError, describe_env, env_kind
 from herd.models import build_model, model_signature
+from herd.replay.replay import AVAILABLE_TYPES
 from herd.trajectory import TrajectoryLayout
 
 log = logging.getLogger("herd")
@@ -63,6 +64,10 @@ def prepare(options: dict, overrides: dict | None = None) -> Plan:
     if cfg.general.seed is None:
         cfg.general.seed = random.randrange(2**31)
     cfg.validate()
+    missing = sorted({spec.type for spec in cfg.replays} - set(AVAILABLE_TYPES))
+    if missing:
+        raise ConfigError(f"replay type {', '.join(missing)} (elite/attentive replay) is not available in this "
+                          f"version of herd yet: use {' or '.join(AVAILABLE_TYPES)}")
     spec = describe_env(cfg.env.env, **{k: v for k, v in env_kwargs(cfg).items() if k != "max_episode_steps"})
     model_kwargs = dict(network=cfg.network.network, obs_shape=tuple(spec.obs_shape), obs_dtype=spec.obs_dtype,
                         num_actions=spec.num_actions, feature_size=cfg.network.feature_out_layer_size,
@@ -112,7 +117,9 @@ def make_run_dir(cfg: Config) -> Path:
 
 
 def setup_logging(run_dir: Path, debug: bool) -> None:
-    log.handlers.clear()
+    for handler in list(log.handlers):  # a previous experiment's log file (herd multi)
+        handler.close()
+        log.removeHandler(handler)
     log.setLevel(logging.DEBUG if debug else logging.INFO)
     log.propagate = False
     file_handler = logging.FileHandler(run_dir / "log.txt")
@@ -128,8 +135,8 @@ def seed_everything(cfg: Config) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    if cfg.general.reproducible:
-        torch.use_deterministic_algorithms(True)
+    # Set either way: in `herd multi` one experiment's choice must not leak into the next.
+    torch.use_deterministic_algorithms(cfg.general.reproducible)
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -172,26 +179,61 @@ def load_experiments(path: str) -> list[dict]:
     return experiments
 
 
+def summaries(command_line: dict, overrides: dict) -> set[Path]:
+    """The summary.json files now in the experiment's results folder."""
+    try:
+        results = Path(resolve(command_line, overrides).general.results_dir)
+    except ConfigError:
+        return set()
+    return set(results.glob("*/summary.json"))
+
+
+def stopped_by_signal(code: int, before: set[Path], after: set[Path]) -> bool:
+    """Ctrl+C or SIGTERM: a training run stops cleanly and exits 0, but says so in its summary."""
+    if code == 130:
+        return True
+    for path in after - before:
+        try:
+            if json.loads(path.read_text()).get("ended") == "stopped":
+                return True
+        except (OSError, ValueError):  # another process's half-visible file: not ours to judge
+            continue
+    return False
+
+
 def run_multi(experiments: list[dict], command_line: dict) -> int:
-    """Runs experiments in sequence; a failing one is logged and the rest go on.
-    Returns 0 when all succeeded, 1 otherwise."""
-    failures = 0
-    for index, overrides in enumerate(experiments):
-        print(f"[herd] experiment {index + 1}/{len(experiments)}: {json.dumps(overrides)}", file=sys.stderr)
+    """Runs experiments in sequence; a failing one is logged and the rest go on, but a stop
+    request (Ctrl+C, SIGTERM) ends the sequence. Returns 0 when all succeeded, 1 when any
+    failed, 130 when stopped."""
+    failed = []
+    for index, overrides in enumerate(experiments, start=1):
+        print(f"[herd] experiment {index}/{len(experiments)}: {json.dumps(overrides)}", file=sys.stderr)
+        before = summaries(command_line, overrides)
         try:
             code = run_experiment(command_line, overrides)
         except Exception as err:  # one broken experiment must not stop the others
-            print(f"[herd] experiment {index + 1} failed: {type(err).__name__}: {err}", file=sys.stderr)
+            print(f"[herd] experiment {index} raised {type(err).__name__}: {err}", file=sys.stderr)
             code = 1
+        if stopped_by_signal(code, before, summaries(command_line, overrides)):
+            print(f"[herd] stopped during experiment {index}; experiments {index + 1}..{len(experiments)} "
+                  "were not run", file=sys.stderr)
+            return 130
         if code != 0:
-            failures += 1
-    print(f"[herd] {len(experiments) - failures}/{len(experiments)} experiments succeeded", file=sys.stderr)
-    return 0 if failures == 0 else 1
+            # Named here too: the experiment's own error line may be far up in a long log.
+            print(f"[herd] experiment {index} failed (exit code {code}): {json.dumps(overrides)}", file=sys.stderr)
+            failed.append(index)
+    print(f"[herd] {len(experiments) - len(failed)}/{len(experiments)} experiments succeeded"
+          + (f"; failed: {', '.join(map(str, failed))}" if failed else ""), file=sys.stderr)
+    return 0 if not failed else 1
 
 
 def run_multi_file(path: str, command_line: dict) -> int:
+    import yaml
     try:
         experiments = load_experiments(path)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"cannot read experiments from '{path}': {err}") from None
+    except ConfigError:
+        raise
+    except (OSError, ValueError, yaml.YAMLError) as err:  # YAMLError is no ValueError
+        reason = " ".join(str(err).split())                # YAML's messages span lines
+        raise ConfigError(f"cannot read experiments from '{path}': {reason}") from None
     return run_multi(experiments, command_line)

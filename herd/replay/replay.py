@@ -40,6 +40,9 @@ class Replay:
         self.sampler.load_state_dict(state["sampler"])
 
 
+AVAILABLE_TYPES = ("queue", "standard")  # "custom" (elite/attentive) is parsed but not built yet
+
+
 def build_replay(spec, layout: TrajectoryLayout, share: int, rollout_size: int) -> Replay:
     """One replay from its --replay_parameters entry.
 

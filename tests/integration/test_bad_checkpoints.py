@@ -1,0 +1,100 @@
+"""Checkpoints that must be refused: one line on stderr, exit code 2, no new run folder,
+and the run being loaded is unchanged byte for byte."""
+import hashlib
+import os
+import shutil
+
+import pytest
+import torch
+
+from herd_testing import only_run, run_cli
+from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints
+
+
+class Payload:
+    """Unpickling this runs a shell command: what a malicious checkpoint would carry."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """A small CartPole run and, beside it, every kind of bad checkpoint."""
+    base = tmp_path_factory.mktemp("bad_checkpoints")
+    result = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=3000", "--worker_count=1",
+                      "--tensorboard=False"], base / "results")
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = only_run(base / "results")
+    assert list_checkpoints(run / CHECKPOINT_DIR)
+
+    truncated = base / "truncated_run"                      # a copy: the trained run stays whole
+    shutil.copytree(run, truncated)
+    newest = list_checkpoints(truncated / CHECKPOINT_DIR)[0]
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+
+    no_checkpoint = base / "no_checkpoint_run"
+    shutil.copytree(run, no_checkpoint)
+    shutil.rmtree(no_checkpoint / CHECKPOINT_DIR)
+
+    garbage = base / "random.pt"
+    garbage.write_bytes(os.urandom(50_000))
+
+    malicious = base / "malicious.pt"
+    marker = tmp_path_factory.mktemp("payload") / "payload_ran"   # outside the hashed tree
+    torch.save({"format_version": 1, "model": Payload(marker)}, malicious)
+    return {"base": base, "run": run, "truncated": truncated, "no_checkpoint": no_checkpoint,
+            "garbage": garbage, "malicious": malicious, "marker": marker}
+
+
+CASES = {
+    # name: (--load_model_url, extra flags, words of the error line)
+    "missing path": (lambda s: s["base"] / "no_such_run", [], "does not exist"),
+    "folder with no checkpoint": (lambda s: s["no_checkpoint"], [], "no checkpoint"),
+    "truncated checkpoint": (lambda s: s["truncated"], [], "truncated or corrupt"),
+    "random bytes": (lambda s: s["garbage"], [], "truncated or corrupt"),
+    "malicious pickle": (lambda s: s["malicious"], [], "cannot be loaded safely"),
+    # The command line's env wins over the checkpoint's config, and its spaces differ.
+    "another environment": (lambda s: s["run"], ["--env=Acrobot-v1"], "made for CartPole-v1"),
+    "another network": (lambda s: s["run"], ["--hidden_sizes=32,32"], "another network"),
+}
+
+
+def tree_hashes(folder):
+    return {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command", ["main.py --op_mode=train_w_load", "herd test"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_checkpoint_is_refused_and_changes_nothing(sources, tmp_path, case, command):
+    url_of, extra, words = CASES[case]
+    url = url_of(sources)
+    before = tree_hashes(sources["base"])
+    results = tmp_path / "results"
+    if command == "herd test":
+        result = run_cli(["test", str(url), "--render=False", *extra], results, timeout=120)
+    else:
+        result = run_cli(["--op_mode=train_w_load", f"--load_model_url={url}", *extra], results, entry="main",
+                         timeout=120)
+    assert result.returncode == 2, (case, result.stderr[-2000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("herd: error:") and words in lines[0], (case, result.stderr)
+    assert not results.exists()                             # refused before any run folder is made
+    assert tree_hashes(sources["base"]) == before           # the loaded run and its copies: byte for byte
+    assert not sources["marker"].exists()                   # weights_only loading never ran the payload
+
+
+def test_the_malicious_payload_is_real(sources, tmp_path):
+    """The payload runs when unpickled without weights_only, so its refusal above means something."""
+    copy = tmp_path / "malicious.pt"
+    shutil.copy(sources["malicious"], copy)
+    marker = sources["marker"]
+    try:
+        torch.load(copy, weights_only=False)
+        assert marker.exists()
+    finally:
+        marker.unlink(missing_ok=True)

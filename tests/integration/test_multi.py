@@ -1,0 +1,118 @@
+"""Several experiments in sequence: `herd multi FILE` and multi_train.py."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from herd_testing import ROOT, start_cli, wait_for
+
+TINY = {"env": "CartPole-v1", "environment_max_steps": 2000, "tensorboard": False}
+
+
+def configs(results):
+    """The saved config of every run folder, oldest first (the folder names' timestamps increase)."""
+    runs = sorted(p for p in results.iterdir() if p.is_dir())
+    return [json.loads((run / "config.json").read_text()) for run in runs], runs
+
+
+def test_multi_file_runs_the_others_when_one_fails(tmp_path):
+    experiments = tmp_path / "experiments.yaml"
+    experiments.write_text(
+        "- {env: CartPole-v1, environment_max_steps: 2000, tensorboard: false, lr: 0.002}\n"
+        "- {env: NoSuchEnv-v0}\n"
+        "- {env: CartPole-v1, environment_max_steps: 2000, tensorboard: false, gamma: 0.9, envs_per_worker: 8}\n")
+    results = tmp_path / "results"
+    result = subprocess.run([sys.executable, "-m", "herd.cli", "multi", str(experiments), "--worker_count=1",
+                             "--envs_per_worker=4", "--seed=7", f"--results_dir={results}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "NoSuchEnv-v0" in result.stderr
+    assert "experiment 2 failed (exit code 2)" in result.stderr
+    assert "2/3 experiments succeeded; failed: 2" in result.stderr
+    saved, runs = configs(results)
+    assert len(runs) == 2 and all((run / "summary.json").exists() for run in runs)
+    assert all(json.loads((run / "summary.json").read_text())["ended"] == "finished" for run in runs)
+    # Precedence: the experiment's values over the defaults, the command line's over both.
+    assert [c["lr"] for c in saved] == [0.002, 0.001]
+    assert [c["gamma"] for c in saved] == [0.99, 0.9]
+    assert [c["envs_per_worker"] for c in saved] == [4, 4]
+    assert [c["worker_count"] for c in saved] == [1, 1] and [c["seed"] for c in saved] == [7, 7]
+
+
+def test_ctrl_c_stops_the_whole_sequence(tmp_path):
+    """A stopped training run exits 0 on its own; in a sequence the stop must end the sequence."""
+    experiments = tmp_path / "experiments.yaml"
+    experiments.write_text(json.dumps([{**TINY, "environment_max_steps": 5_000_000}, TINY]))
+    results = tmp_path / "results"
+    process = start_cli(["multi", str(experiments), "--worker_count=1"], results)
+    try:
+        def training():   # episodes recorded: the run is past its start-up and handles signals
+            return any(p.stat().st_size > 100 for p in results.glob("*/episodes.csv"))
+        assert wait_for(training, timeout=90)
+        os.killpg(process.pid, signal.SIGINT)
+        _, stderr = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, stderr[-3000:]
+    assert "stopped during experiment 1; experiments 2..2 were not run" in stderr
+    saved, runs = configs(results)
+    assert len(runs) == 1
+    assert json.loads((runs[0] / "summary.json").read_text())["ended"] == "stopped"
+
+
+@pytest.mark.parametrize("text, words", [
+    ("- {env: CartPole-v1\n  lr: [", "cannot read experiments"),       # not YAML
+    ("env: CartPole-v1\n", "must hold a list of experiments"),          # a dict, not a list
+])
+def test_multi_file_that_is_not_a_list_of_experiments_is_one_line(tmp_path, text, words):
+    experiments = tmp_path / "experiments.yaml"
+    experiments.write_text(text)
+    results = tmp_path / "results"
+    result = subprocess.run([sys.executable, "-m", "herd.cli", "multi", str(experiments), f"--results_dir={results}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], result.stderr
+    assert not results.exists()
+
+
+def test_multi_train_main_runs_its_experiments_with_command_line_precedence(tmp_path):
+    """multi_train.main with a small EXPERIMENTS list in place of the real one."""
+    experiments = [{**TINY, "lr": 0.003}, {**TINY, "lr": 0.004, "gamma": 0.9}]
+    results = tmp_path / "results"
+    script = ("import json, sys, multi_train; multi_train.EXPERIMENTS[:] = json.loads(sys.argv[1]); "
+              "sys.exit(multi_train.main(sys.argv[2:]))")
+    result = subprocess.run([sys.executable, "-c", script, json.dumps(experiments), "--gamma=0.95", "--worker_count=1",
+                             f"--results_dir={results}"], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2/2 experiments succeeded" in result.stderr
+    saved, runs = configs(results)
+    assert [c["lr"] for c in saved] == [0.003, 0.004]
+    assert [c["gamma"] for c in saved] == [0.95, 0.95]      # the command line wins over an experiment
+    assert all((run / "summary.json").exists() for run in runs)
+
+
+def test_multi_train_bad_flag_is_one_line():
+    result = subprocess.run([sys.executable, "multi_train.py", "--no_such_flag=1"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "no_such_flag" in result.stderr
+
+
+def test_multi_train_experiments_are_valid_and_distinct():
+    """The shipped EXPERIMENTS pass every check a run makes before it starts."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import multi_train
+    finally:
+        sys.path.remove(str(ROOT))
+    from herd.run import prepare
+
+    assert 2 <= len(multi_train.EXPERIMENTS) and all(isinstance(e, dict) for e in multi_train.EXPERIMENTS)
+    assert len({json.dumps(e, sort_keys=True) for e in multi_train.EXPERIMENTS}) == len(multi_train.EXPERIMENTS)
+    for experiment in multi_train.EXPERIMENTS:
+        prepare({}, experiment)                            # raises ConfigError / EnvError if one is wrong

