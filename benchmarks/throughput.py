@@ -18,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 from common import print_table, read_csv, record, run_herd
 

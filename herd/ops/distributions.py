@@ -8,7 +8,6 @@ Shapes: logits are [..., A] (usually [T, B, A]); results drop the action axis ([
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 

@@ -7,7 +7,6 @@ import signal
 
 import numpy as np
 import psutil
-import pytest
 
 from herd_testing import any_alive, only_run, run_cli, start_cli, wait_for
 from herd.checkpoint import list_checkpoints, load_checkpoint

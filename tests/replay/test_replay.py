@@ -1,6 +1,5 @@
 """Replay storage, samplers and the mixer on hand-built trajectories."""
 import numpy as np
-import pytest
 
 from herd.config import parse_replay_parameters
 from herd.replay.mixer import ReplayMixer
