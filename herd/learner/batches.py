@@ -30,6 +30,7 @@ class DirectBatches:
         return True
 
     def put(self, trajectories: list, version: int) -> None:
+        """Writes into the replays now (one copy, out of the slot)."""
         for trajectory in trajectories:
             self.mixer.add(trajectory, version)
 
@@ -80,7 +81,9 @@ class PrefetchedBatches:
     def put(self, trajectories: list, version: int) -> None:
         if self.error is not None:
             raise RuntimeError("batch preparation failed") from self.error
-        self.writer.offer((trajectories, version))
+        # Copied now: the slot goes back to its actor as soon as this returns.
+        copies = [{name: array.copy() for name, array in trajectory.items()} for trajectory in trajectories]
+        self.writer.offer((copies, version))
 
     def work(self) -> None:
         try:

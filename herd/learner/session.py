@@ -85,8 +85,8 @@ class TrainingSession:
     def ingest(self, views: dict[str, np.ndarray], version: int, steps: int, episodes: list) -> None:
         """One finished rollout: views field -> [time, E, ...] (copied out, the slot may be reused)."""
         envs = views["action"].shape[1]
-        # Copies: the slot goes back to its actor as soon as this returns.
-        self.batches.put([{name: view[:, e].copy() for name, view in views.items()} for e in range(envs)], version)
+        # Views into the slot: the batch source copies what it keeps before this returns.
+        self.batches.put([{name: view[:, e] for name, view in views.items()} for e in range(envs)], version)
         self.counters.env_steps += steps
         self.counters.rollouts += 1
         for score, length in episodes:
