@@ -56,11 +56,3 @@ class WriterQueue:
     def pop(self):
         with self.lock:
             return self.items.popleft()
-
-    def take_all(self, timeout: float) -> list:
-        """Everything waiting (possibly nothing after `timeout` seconds)."""
-        self.wait_for_item(timeout)
-        with self.lock:
-            items = list(self.items)
-            self.items.clear()
-            return items
