@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from herd.replay.elite import EliteSampler, model_scorers
 from herd.replay.samplers import FifoSampler, UniformSampler
 from herd.replay.storage import TrajectoryStorage
 from herd.trajectory import TrajectoryLayout
@@ -32,6 +34,16 @@ class Replay:
         positions = self.sampler.sample(n, rng)
         return self.storage.read(positions), self.storage.version[positions]
 
+    def attach_model(self, model: torch.nn.Module, device) -> None:
+        """Gives an elite/attentive replay the learner's model to score trajectories with
+        (see herd/replay/elite.py); every other replay ignores it. Call once, before the
+        replay fills: the scorers keep a reference, so later weight updates are seen."""
+        if isinstance(self.sampler, EliteSampler):
+            off_policy, attentive = model_scorers(self.storage, model, torch.device(device),
+                                                  self.sampler.dist_function, self.sampler.p)
+            self.sampler.set_scorer(off_policy)
+            self.sampler.set_attentive_scorer(attentive)
+
     def state_dict(self) -> dict:
         return {"storage": self.storage.state_dict(self.sampler.stored()), "sampler": self.sampler.state_dict()}
 
@@ -40,17 +52,36 @@ class Replay:
         self.sampler.load_state_dict(state["sampler"])
 
 
-AVAILABLE_TYPES = ("queue", "standard")  # "custom" (elite/attentive) is parsed but not built yet
+# "custom" is built below, but runs must not offer it until train.py passes
+# anneal_rounds_base and calls Replay.attach_model: add it here together with that wiring.
+AVAILABLE_TYPES = ("queue", "standard")
 
 
-def build_replay(spec, layout: TrajectoryLayout, share: int, rollout_size: int) -> Replay:
+def build_replay(spec, layout: TrajectoryLayout, share: int, rollout_size: int, *,
+                 anneal_rounds_base: int = 10000, seed: int = 0) -> Replay:
     """One replay from its --replay_parameters entry.
 
     The queue's capacity is raised to hold one batch share plus one actor rollout, so
-    that fresh trajectories are never overwritten before the learner has used them."""
+    that fresh trajectories are never overwritten before the learner has used them.
+    A custom replay anneals its candidate multiplier over anneal_rounds_base (the run's
+    lr_scheduler_steps) * alfa_annealing_factor sample calls; `seed` drives its elite
+    insertion. It needs Replay.attach_model before use when it has a strategy."""
     if spec.type == "queue":
         capacity = max(spec.capacity, share + rollout_size)
         return Replay("queue", TrajectoryStorage(layout, capacity), FifoSampler(capacity), on_policy=True)
     if spec.type == "standard":
         return Replay("standard", TrajectoryStorage(layout, spec.capacity), UniformSampler(spec.capacity), on_policy=False)
+    if spec.type == "custom":
+        sampler = EliteSampler(
+            spec.capacity,
+            sample_strategy=spec.option("sample_strategy"),
+            insert_strategy=spec.option("insert_strategy"),
+            elite_sampling_strategy=spec.option("elite_sampling_strategy", "strategy3"),
+            lambda_batch_multiplier=spec.option("lambda_batch_multiplier", 1),
+            anneal_rounds=round(anneal_rounds_base * spec.option("alfa_annealing_factor", 1.0)),
+            elite_batch_size=spec.option("elite_batch_size", 20),
+            dist_function=spec.option("dist_function", "ln_norm"),
+            p=spec.option("p", 2),
+            seed=seed)
+        return Replay("custom", TrajectoryStorage(layout, spec.capacity), sampler, on_policy=False)
     raise ValueError(f"replay type '{spec.type}' is not available yet")
