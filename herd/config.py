@@ -289,6 +289,7 @@ CUSTOM_KEYS = {
     "alfa_annealing_factor": None,
     "elite_sampling_strategy": ("strategy1", "strategy2", "strategy3", "strategy4"),
     "elite_batch_size": None,
+    "score_steps": None,  # herd's own: time steps per candidate scored (int >= 1 or "all"); see herd/replay/elite.py
 }
 
 
@@ -367,6 +368,9 @@ def check_custom_options(where: str, extra: dict) -> None:
     p = extra.get("p", 2)
     if isinstance(p, bool) or not isinstance(p, (int, float)) or p <= 0:
         raise ConfigError(f"{where}: p must be a number > 0, got {p!r}")
+    steps = extra.get("score_steps", 1)
+    if steps != "all" and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ConfigError(f"{where}: score_steps must be an integer >= 1 or \"all\", got {steps!r}")
     elite_batch = extra.get("elite_batch_size", 20)
     if isinstance(elite_batch, bool) or not isinstance(elite_batch, int) or elite_batch < 1:
         raise ConfigError(f"{where}: elite_batch_size must be an integer >= 1, got {elite_batch!r}")

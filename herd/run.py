@@ -21,7 +21,6 @@ from herd.checkpoint import CheckpointError, check_compatible, load_checkpoint
 from herd.config import Config, ConfigError, resolve
 from herd.envs import EnvError, describe_env, env_kind
 from herd.models import build_model, model_signature
-from herd.replay.replay import AVAILABLE_TYPES
 from herd.trajectory import TrajectoryLayout
 
 log = logging.getLogger("herd")
@@ -64,10 +63,6 @@ def prepare(options: dict, overrides: dict | None = None) -> Plan:
     if cfg.general.seed is None:
         cfg.general.seed = random.randrange(2**31)
     cfg.validate()
-    missing = sorted({spec.type for spec in cfg.replays} - set(AVAILABLE_TYPES))
-    if missing:
-        raise ConfigError(f"replay type {', '.join(missing)} (elite/attentive replay) is not available in this "
-                          f"version of herd yet: use {' or '.join(AVAILABLE_TYPES)}")
     spec = describe_env(cfg.env.env, **{k: v for k, v in env_kwargs(cfg).items() if k != "max_episode_steps"})
     model_kwargs = dict(network=cfg.network.network, obs_shape=tuple(spec.obs_shape), obs_dtype=spec.obs_dtype,
                         num_actions=spec.num_actions, feature_size=cfg.network.feature_out_layer_size,

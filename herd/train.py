@@ -47,10 +47,14 @@ def build_session(plan, run_dir: Path) -> TrainingSession:
     learner = Learner(model, optimizer, scheduler, loss_weights(cfg), cfg.train.gradient_clip_by_norm_threshold)
     specs = cfg.replays
     shares = batch_shares(specs, cfg.train.batch_size)
-    replays = [build_replay(spec, plan.layout, share, cfg.parallel.envs_per_worker)
-               for spec, share in zip(specs, shares)]
-    mixer = ReplayMixer(replays, shares, cfg.replay.training_fill_in_factor, seed=cfg.general.seed)
     r = cfg.replay
+    replays = [build_replay(spec, plan.layout, share, cfg.parallel.envs_per_worker, compress=r.use_replay_compression,
+                            compression_level=r.lz4_compression_level, anneal_rounds_base=cfg.train.lr_scheduler_steps,
+                            seed=cfg.general.seed + index)
+               for index, (spec, share) in enumerate(zip(specs, shares))]
+    for replay in replays:
+        replay.attach_model(model, device)  # elite/attentive replays score with the learner's model
+    mixer = ReplayMixer(replays, shares, cfg.replay.training_fill_in_factor, seed=cfg.general.seed)
     if r.caching:
         batches = PrefetchedBatches(mixer, device, r.caching_threads, r.cache_sample_size, r.cache_output_buffer_size,
                                     r.replay_writer_queue_size, r.discarding_strategy)

@@ -3,12 +3,20 @@
 The sampler stays pure numpy: it never sees the model. Distances come from scorers that
 `Replay.attach_model` builds (`model_scorers` below) and hands over with `set_scorer` /
 `set_attentive_scorer`; tests pass fake ones. A scorer maps stored positions [C] to
-distances [C], smaller = closer:
-    off-policy scorer  fn(positions) -> distance between the current model's features
+distances [C], smaller = closer (`rng` picks the time steps it looks at, see score_steps):
+    off-policy scorer  fn(positions, rng) -> distance between the current model's features
                        of each trajectory and the behaviour features stored with it
-    attentive scorer   fn(positions, anchor) -> distance between each trajectory's
+    attentive scorer   fn(positions, anchor, rng) -> distance between each trajectory's
                        current-model features (mean over its steps) and the current-model
                        features of the last observation of trajectory `anchor`
+
+Cost. Scoring is a forward pass of the current model over candidates x steps frames, next
+to a learner step over batch x (T+1) frames forward and backward (about 3x a forward). With
+all T steps, lambda 6 and half the batch replayed that is as much work as the learner step
+itself. `score_steps` (a herd key of the custom replay) scores k random steps per round
+instead of all T: the mean over k uniformly drawn steps is an unbiased estimate of the mean
+over all T, and the same k steps are used for every candidate of a round, so the ranking
+compares like with like. benchmarks/replay_sampling.py measures the cost.
 
 Sampling (`sample_strategy`):
     None                uniform, like the standard replay (counters are still kept)
@@ -25,7 +33,10 @@ calls; with lambda_t * n <= stored every candidate is taken, so no scoring is do
 
 Insertion (`insert_strategy`): ring order by default; with elite_insertion, once the buffer
 is full, `elite_batch_size` random positions are scored and the most off-policy one (largest
-distance) is overwritten instead of the oldest.
+distance) is overwritten instead of the oldest. One scored candidate set serves several
+insertions (each takes the farthest candidate left) until half of it is used or the next
+sample() call, after which the model has moved on and the set is scored afresh: an actor
+rollout of E trajectories then costs one forward pass, not E.
 
 A NaN distance (features never written, a diverged model) counts as infinitely far: never
 preferred by sampling, first to go on insertion.
@@ -41,12 +52,15 @@ import torch
 from herd.replay.distances import distance
 from herd.replay.samplers import RingPositions
 
-Scorer = Callable[[np.ndarray], np.ndarray]
-AttentiveScorer = Callable[[np.ndarray, int], np.ndarray]
+Scorer = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+AttentiveScorer = Callable[[np.ndarray, int, np.random.Generator], np.ndarray]
 
 SAMPLE_STRATEGIES = (None, "elite_sampling", "attentive_sampling")
 INSERT_STRATEGIES = (None, "elite_insertion")
 ELITE_STRATEGIES = ("strategy1", "strategy2", "strategy3", "strategy4")
+# Time steps per candidate that elite/attentive scoring looks at, unless the replay's
+# score_steps key says otherwise ("all" = every step). Chosen by benchmarks/replay_sampling.py.
+DEFAULT_SCORE_STEPS = 2
 
 
 def _finite(distances: np.ndarray) -> np.ndarray:
@@ -78,7 +92,7 @@ class EliteSampler:
     def __init__(self, capacity: int, sample_strategy: Optional[str] = None, insert_strategy: Optional[str] = None,
                  elite_sampling_strategy: str = "strategy3", lambda_batch_multiplier: int = 1,
                  anneal_rounds: int = 10000, elite_batch_size: int = 20, dist_function: str = "ln_norm",
-                 p: float = 2, seed: int = 0):
+                 p: float = 2, score_steps: Optional[int] = None, seed: int = 0):
         if sample_strategy not in SAMPLE_STRATEGIES:
             raise ValueError(f"unknown sample_strategy '{sample_strategy}'")
         if insert_strategy not in INSERT_STRATEGIES:
@@ -92,13 +106,16 @@ class EliteSampler:
         self.lambda_batch_multiplier = int(lambda_batch_multiplier)
         self.anneal_rounds = int(anneal_rounds)
         self.elite_batch_size = int(elite_batch_size)
-        self.dist_function, self.p = dist_function, p  # read by model_scorers, not here
+        # Read by model_scorers, not here. score_steps None: every step of a trajectory.
+        self.dist_function, self.p, self.score_steps = dist_function, p, score_steps
         self.counts = np.zeros(capacity, dtype=np.int64)  # times each position was sampled
         self.rounds = 0                                   # sample() calls so far
         self.newest = -1                                  # last inserted position (attentive anchor)
         # insert_position() gets no rng from its caller, so elite insertion keeps its own
         # (saved with the checkpoint, like the mixer's).
         self.rng = np.random.default_rng(seed)
+        self.eviction_order: list[int] = []               # scored candidates, nearest first
+        self.eviction_budget = 0                          # insertions the scored set may still serve
         self.scorer: Optional[Scorer] = None
         self.attentive_scorer: Optional[AttentiveScorer] = None
 
@@ -120,17 +137,17 @@ class EliteSampler:
         value = start + (1 - start) * self.rounds / self.anneal_rounds
         return max(1, math.floor(value + 0.5))
 
-    def _off_policy(self, positions: np.ndarray) -> np.ndarray:
+    def _off_policy(self, positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         if self.scorer is None:
             raise RuntimeError("this custom replay scores trajectories with the model: call "
                                "Replay.attach_model(model, device) before it fills or samples")
-        return _finite(self.scorer(positions))
+        return _finite(self.scorer(positions, rng))
 
-    def _attentive(self, positions: np.ndarray) -> np.ndarray:
+    def _attentive(self, positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         if self.attentive_scorer is None:
             raise RuntimeError("attentive_sampling scores trajectories with the model: call "
                                "Replay.attach_model(model, device) before sampling")
-        return _finite(self.attentive_scorer(positions, self.newest))
+        return _finite(self.attentive_scorer(positions, self.newest, rng))
 
     # -- the sampler interface --------------------------------------------------------
 
@@ -138,8 +155,13 @@ class EliteSampler:
         capacity = self.ring.capacity
         if self.insert_strategy is None or self.ring.filled < capacity:
             return self.ring.advance()  # ring order; fills 0, 1, ... before any eviction
-        candidates = self.rng.choice(capacity, size=min(self.elite_batch_size, capacity), replace=False)
-        return int(candidates[np.argmax(self._off_policy(candidates))])
+        if self.eviction_budget <= 0 or not self.eviction_order:
+            candidates = self.rng.choice(capacity, size=min(self.elite_batch_size, capacity), replace=False)
+            distances = self._off_policy(candidates, self.rng)
+            self.eviction_order = [int(c) for c in candidates[np.argsort(distances, kind="stable")]]
+            self.eviction_budget = max(1, len(candidates) // 2)
+        self.eviction_budget -= 1
+        return self.eviction_order.pop()  # the farthest candidate left
 
     def inserted(self, position: int) -> None:
         self.counts[position] = 0  # a new trajectory: never sampled yet
@@ -164,17 +186,19 @@ class EliteSampler:
                 # Fewer stored than n (not reached once the mixer's fill-in holds) repeats some.
                 positions = np.resize(candidates, n)
             else:
-                scored = self._attentive(candidates) if self.sample_strategy == "attentive_sampling" \
-                    else self._off_policy(candidates)
+                scored = self._attentive(candidates, rng) if self.sample_strategy == "attentive_sampling" \
+                    else self._off_policy(candidates, rng)
                 positions = candidates[choose(scored, self.counts[candidates], n, self.elite_sampling_strategy)]
         positions = positions.astype(np.int64)
         np.add.at(self.counts, positions, 1)
         self.rounds += 1
+        self.eviction_budget = 0  # the model has moved on: score eviction candidates afresh
         return positions
 
     def state_dict(self) -> dict:
         return {"ring": self.ring.state_dict(), "counts": self.counts.copy(), "rounds": self.rounds,
-                "newest": self.newest, "rng": self.rng.bit_generator.state}
+                "newest": self.newest, "rng": self.rng.bit_generator.state,
+                "eviction_order": np.array(self.eviction_order, dtype=np.int64), "eviction_budget": self.eviction_budget}
 
     def load_state_dict(self, state: dict) -> None:
         self.ring.load_state_dict(state["ring"])
@@ -184,36 +208,45 @@ class EliteSampler:
         self.rounds = int(state["rounds"])
         self.newest = int(state["newest"])
         self.rng.bit_generator.state = state["rng"]
+        self.eviction_order = [int(p) for p in np.asarray(state.get("eviction_order", []), dtype=np.int64)]
+        self.eviction_budget = int(state.get("eviction_budget", 0))
 
 
 def model_scorers(storage, model: torch.nn.Module, device: torch.device, dist_function: str,
-                  p: float = 2) -> tuple[Scorer, AttentiveScorer]:
+                  p: float = 2, score_steps: Optional[int] = None) -> tuple[Scorer, AttentiveScorer]:
     """The two scorers over `storage` (a TrajectoryStorage) with the current `model`.
 
     The learner trains `model` in another thread: the forward passes run under no_grad
     (thread-local, so the learner's autograd is untouched) and never switch train/eval
-    mode. The networks are per-step feed-forward, which is what lets the attentive scorer
-    fold time into the batch axis."""
+    mode. The networks are per-step feed-forward, which is what lets both scorers fold the
+    chosen steps into the batch axis of one forward pass."""
+    T = storage.unroll_length
+
+    def steps_of(rng: np.random.Generator) -> np.ndarray:
+        """The time steps [k] scored this round: all T, or score_steps of them at random."""
+        if score_steps is None or score_steps >= T:
+            return np.arange(T)
+        return np.sort(rng.choice(T, size=score_steps, replace=False))
 
     def features_of(obs: np.ndarray) -> torch.Tensor:
-        """obs [T, B, ...] (numpy) -> current-model features [T, B, F] on `device`."""
+        """obs [k, C, ...] (numpy) -> current-model features [k, C, F] on `device`."""
         with torch.no_grad():
             return model(torch.from_numpy(obs).to(device)).features.float()
 
-    def off_policy(positions: np.ndarray) -> np.ndarray:
-        data = storage.read(positions)                       # obs [T+1, C, ...], features [T, C, F]
-        current = features_of(data["obs"][:-1])              # [T, C, F], one forward pass
+    def off_policy(positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        data = storage.read_steps(positions, steps_of(rng), ("obs", "features"))  # obs [k, C, ...], features [k, C, F]
+        current = features_of(data["obs"])                                      # [k, C, F], one forward pass
         stored = torch.from_numpy(data["features"]).to(device)
         return distance(dist_function, current, stored, p).cpu().numpy().astype(np.float64)  # [C]
 
-    def attentive(positions: np.ndarray, anchor: int) -> np.ndarray:
-        obs = storage.read(positions)["obs"][:-1]            # [T, C, ...]
-        T, C = obs.shape[:2]
-        last = storage.read(np.array([anchor]))["obs"][-1]   # [1, ...]: the anchor's last state
-        flat = np.concatenate([obs.reshape(T * C, *obs.shape[2:]), last])[None]  # [1, T*C+1, ...]
-        features = features_of(flat)[0]                      # [T*C+1, F], one forward pass
-        candidates = features[:-1].reshape(T, C, -1).mean(dim=0, keepdim=True)  # [1, C, F]
-        anchor_features = features[-1].expand_as(candidates)                  # [1, C, F]
+    def attentive(positions: np.ndarray, anchor: int, rng: np.random.Generator) -> np.ndarray:
+        obs = storage.read_steps(positions, steps_of(rng), ("obs",))["obs"]     # [k, C, ...]
+        k, C = obs.shape[:2]
+        last = storage.read_steps(np.array([anchor]), np.array([T]), ("obs",))["obs"][0]  # [1, ...]: anchor's last state
+        flat = np.concatenate([obs.reshape(k * C, *obs.shape[2:]), last])[None]  # [1, k*C+1, ...]
+        features = features_of(flat)[0]                                          # [k*C+1, F], one forward pass
+        candidates = features[:-1].reshape(k, C, -1).mean(dim=0, keepdim=True)   # [1, C, F]
+        anchor_features = features[-1].expand_as(candidates)                     # [1, C, F]
         return distance(dist_function, candidates, anchor_features, p).cpu().numpy().astype(np.float64)
 
     return off_policy, attentive

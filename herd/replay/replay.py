@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from herd.replay.elite import EliteSampler, model_scorers
+from herd.replay.elite import DEFAULT_SCORE_STEPS, EliteSampler, model_scorers
 from herd.replay.samplers import FifoSampler, UniformSampler
 from herd.replay.storage import TrajectoryStorage
 from herd.trajectory import TrajectoryLayout
@@ -40,7 +40,7 @@ class Replay:
         replay fills: the scorers keep a reference, so later weight updates are seen."""
         if isinstance(self.sampler, EliteSampler):
             off_policy, attentive = model_scorers(self.storage, model, torch.device(device),
-                                                  self.sampler.dist_function, self.sampler.p)
+                                                  self.sampler.dist_function, self.sampler.p, self.sampler.score_steps)
             self.sampler.set_scorer(off_policy)
             self.sampler.set_attentive_scorer(attentive)
 
@@ -52,25 +52,23 @@ class Replay:
         self.sampler.load_state_dict(state["sampler"])
 
 
-# "custom" is built below, but runs must not offer it until train.py passes
-# anneal_rounds_base and calls Replay.attach_model: add it here together with that wiring.
-AVAILABLE_TYPES = ("queue", "standard")
-
-
-def build_replay(spec, layout: TrajectoryLayout, share: int, rollout_size: int, *,
-                 anneal_rounds_base: int = 10000, seed: int = 0) -> Replay:
+def build_replay(spec, layout: TrajectoryLayout, share: int, rollout_size: int, *, compress: bool = False,
+                 compression_level: int = 0, anneal_rounds_base: int = 10000, seed: int = 0) -> Replay:
     """One replay from its --replay_parameters entry.
 
     The queue's capacity is raised to hold one batch share plus one actor rollout, so
-    that fresh trajectories are never overwritten before the learner has used them.
+    that fresh trajectories are never overwritten before the learner has used them; its
+    observations are never compressed (each is read once, soon: packing would only cost).
+    The off-policy replays store observations LZ4-packed with `compress`.
     A custom replay anneals its candidate multiplier over anneal_rounds_base (the run's
     lr_scheduler_steps) * alfa_annealing_factor sample calls; `seed` drives its elite
     insertion. It needs Replay.attach_model before use when it has a strategy."""
     if spec.type == "queue":
         capacity = max(spec.capacity, share + rollout_size)
         return Replay("queue", TrajectoryStorage(layout, capacity), FifoSampler(capacity), on_policy=True)
+    storage = TrajectoryStorage(layout, spec.capacity, compress_obs=compress, compression_level=compression_level)
     if spec.type == "standard":
-        return Replay("standard", TrajectoryStorage(layout, spec.capacity), UniformSampler(spec.capacity), on_policy=False)
+        return Replay("standard", storage, UniformSampler(spec.capacity), on_policy=False)
     if spec.type == "custom":
         sampler = EliteSampler(
             spec.capacity,
@@ -82,6 +80,7 @@ def build_replay(spec, layout: TrajectoryLayout, share: int, rollout_size: int, 
             elite_batch_size=spec.option("elite_batch_size", 20),
             dist_function=spec.option("dist_function", "ln_norm"),
             p=spec.option("p", 2),
+            score_steps=None if spec.option("score_steps") == "all" else spec.option("score_steps", DEFAULT_SCORE_STEPS),
             seed=seed)
-        return Replay("custom", TrajectoryStorage(layout, spec.capacity), sampler, on_policy=False)
-    raise ValueError(f"replay type '{spec.type}' is not available yet")
+        return Replay("custom", storage, sampler, on_policy=False)
+    raise ValueError(f"unknown replay type '{spec.type}'")

@@ -22,6 +22,7 @@ class TrajectoryStorage:
         self.compression_level = compression_level
         fields = layout.fields()
         self.obs_shape, self.obs_dtype = fields["obs"]              # [T+1, *obs_shape]
+        self.unroll_length = layout.unroll_length                    # T
         self.arrays: dict[str, np.ndarray] = {}
         for name, (shape, dtype) in fields.items():
             if name == "obs" and compress_obs:
@@ -51,6 +52,17 @@ class TrajectoryStorage:
         if self.compress_obs:
             batch["obs"] = np.stack([self.unpack_obs(p) for p in positions], axis=1)
         return batch
+
+    def read_steps(self, positions: np.ndarray, steps: np.ndarray, names: tuple) -> dict[str, np.ndarray]:
+        """Only the time steps `steps` [k] of the fields `names`: field -> [k, C, ...] for
+        positions [C]. What elite scoring reads: a few steps of many trajectories."""
+        out = {}
+        for name in names:
+            if name == "obs" and self.compress_obs:
+                out[name] = np.stack([self.unpack_obs(p)[steps] for p in positions], axis=1)
+            else:
+                out[name] = self.arrays[name][np.ix_(steps, positions)]
+        return out
 
     def nbytes(self) -> int:
         """Memory held by the stored data (what compression saves)."""

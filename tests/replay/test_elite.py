@@ -25,7 +25,7 @@ def filled_sampler(capacity=8, **kwargs) -> EliteSampler:
     """A sampler holding `capacity` trajectories, scored by DIST (fake scorer)."""
     kwargs = {"sample_strategy": "elite_sampling", "lambda_batch_multiplier": 10, "anneal_rounds": 10_000, **kwargs}
     sampler = EliteSampler(capacity, **kwargs)
-    sampler.set_scorer(lambda positions: DIST[positions])
+    sampler.set_scorer(lambda positions, rng: DIST[positions])
     for _ in range(capacity):
         sampler.inserted(sampler.insert_position())
     return sampler
@@ -128,7 +128,7 @@ def test_inserting_resets_the_counter():
 def test_elite_insertion_fills_in_order_then_evicts_the_farthest():
     calls = []
     sampler = EliteSampler(4, insert_strategy="elite_insertion", elite_batch_size=4)
-    sampler.set_scorer(lambda positions: (calls.append(positions), np.array([1.0, 9.0, 3.0, 2.0])[positions])[1])
+    sampler.set_scorer(lambda positions, rng: (calls.append(positions), np.array([1.0, 9.0, 3.0, 2.0])[positions])[1])
     order = []
     for _ in range(4):
         order.append(sampler.insert_position())
@@ -186,7 +186,7 @@ def test_scorer_finds_the_trajectory_the_model_itself_made(dist_function):
         obs = rng.normal(size=(T + 1, 2))
         features = own_features(model, obs) if position == 4 else rng.normal(size=(T, F))
         replay.add(trajectory(obs, features), version=position)
-    scored = replay.sampler.scorer(np.arange(6))
+    scored = replay.sampler.scorer(np.arange(6), rng)
     assert scored.shape == (6,) and scored[4] == pytest.approx(0.0, abs=1e-5) and np.all(scored[np.arange(6) != 4] > 1e-3)
     data, versions = replay.sample(1, rng)
     assert versions.tolist() == [4] and data["obs"].shape == (T + 1, 1, 2)
@@ -208,7 +208,7 @@ def test_attentive_ranks_by_closeness_to_the_newest_last_state():
             obs[-1] = anchor                   # the newest: its last state is the anchor
         replay.add(trajectory(obs, rng.normal(size=(T, F))), version=position)
     assert replay.sampler.newest == 4
-    scored = replay.sampler.attentive_scorer(np.arange(5), 4)
+    scored = replay.sampler.attentive_scorer(np.arange(5), 4, rng)
     assert scored[2] == pytest.approx(0.0, abs=1e-5) and int(np.argmin(scored)) == 2
     _, versions = replay.sample(1, rng)
     assert versions.tolist() == [2]
@@ -218,7 +218,7 @@ def test_attentive_sampler_passes_the_newest_as_anchor():
     seen = []
     sampler = EliteSampler(6, sample_strategy="attentive_sampling", elite_sampling_strategy="strategy1",
                            lambda_batch_multiplier=6)
-    sampler.set_attentive_scorer(lambda positions, anchor: (seen.append(anchor), DIST[positions])[1])
+    sampler.set_attentive_scorer(lambda positions, anchor, rng: (seen.append(anchor), DIST[positions])[1])
     for _ in range(6):
         sampler.inserted(sampler.insert_position())
     assert draw(sampler, 2) == {3, 5} and seen == [5]
@@ -258,3 +258,67 @@ def test_state_dict_round_trip_reproduces_samples():
     rng.bit_generator.state, data_rng.bit_generator.state = rng_state, data_state
     assert run(restored, rng, data_rng) == expected
     assert restored.sampler.rounds == replay.sampler.rounds == 11
+
+
+# -- cost controls: one scored set serves several insertions; a few steps per candidate ----
+
+def test_one_scored_set_serves_half_its_size_of_insertions_farthest_first():
+    calls = []
+    distances = np.array([5.0, 3.0, 8.0, 1.0, 7.0, 2.0, 6.0, 4.0])
+    sampler = EliteSampler(8, insert_strategy="elite_insertion", elite_batch_size=8)
+    sampler.set_scorer(lambda positions, rng: (calls.append(1), distances[positions])[1])
+    for _ in range(8):
+        sampler.inserted(sampler.insert_position())
+    evicted = [sampler.insert_position() for _ in range(4)]
+    assert evicted == [2, 4, 6, 0] and len(calls) == 1      # farthest first, one forward pass for four
+    sampler.insert_position()
+    assert len(calls) == 2                                  # half the set used: scored afresh
+    sampler.sample(2, np.random.default_rng(0))             # uniform sampling: no scorer call
+    sampler.insert_position()
+    assert len(calls) == 3                                  # after a sample the model has changed
+
+
+def test_storage_reads_chosen_steps_with_and_without_compression():
+    from herd.replay.storage import TrajectoryStorage
+    rng = np.random.default_rng(0)
+    for compress in (False, True):
+        storage = TrajectoryStorage(LAYOUT, capacity=4, compress_obs=compress)
+        for position in range(4):
+            storage.write(position, trajectory(rng.normal(size=(T + 1, 2)), rng.normal(size=(T, F))), version=0)
+        positions, steps = np.array([3, 1]), np.array([0, 2])
+        full = storage.read(positions)
+        part = storage.read_steps(positions, steps, ("obs", "features"))
+        assert part["obs"].shape == (2, 2, 2) and part["features"].shape == (2, 2, F)
+        assert np.array_equal(part["obs"], full["obs"][steps]) and np.array_equal(part["features"], full["features"][steps])
+
+
+def test_score_steps_gives_an_unbiased_estimate_of_the_mean_over_steps():
+    """Stored features match the model's own at every step but the last, where they are
+    off by 3 in one coordinate: the all-steps distance is 3/T. Scoring one random step per
+    round gives 0 or 3, and averages to 3/T."""
+    model = tiny_model()
+    obs = np.random.default_rng(2).normal(size=(T + 1, 2))
+    features = own_features(model, obs)
+    features[T - 1, 0] += 3.0
+    values = {}
+    for steps in (1, "all"):
+        replay = custom_replay(2, sample_strategy="elite_sampling", lambda_batch_multiplier=2, score_steps=steps)
+        replay.attach_model(model, "cpu")
+        replay.add(trajectory(obs, features), version=0)
+        rng = np.random.default_rng(5)
+        values[steps] = np.array([replay.sampler.scorer(np.array([0]), rng)[0] for _ in range(600)])
+    assert np.allclose(values["all"], 3.0 / T, atol=1e-5)
+    one = values[1]
+    assert np.all(np.isclose(one, 0.0, atol=1e-5) | np.isclose(one, 3.0, atol=1e-5))
+    assert one.mean() == pytest.approx(3.0 / T, rel=0.2)
+
+
+def test_score_steps_must_be_a_positive_integer_or_all():
+    from herd.config import ConfigError
+    base = {"type": "custom", "capacity": 5, "sample_ratio": 1, "dist_function": "ln_norm"}
+    for bad in (0, -1, 1.5, "some", True):
+        with pytest.raises(ConfigError, match="score_steps"):
+            parse_replay_parameters(json.dumps([{**base, "score_steps": bad}]))
+    assert parse_replay_parameters(json.dumps([{**base, "score_steps": "all"}]))[0].option("score_steps") == "all"
+    replay = build_replay(parse_replay_parameters(json.dumps([{**base, "score_steps": "all"}]))[0], LAYOUT, 1, 1)
+    assert replay.sampler.score_steps is None

@@ -1,0 +1,94 @@
+"""Elite and attentive replay in real Pong runs: the seed's elite command verbatim, every
+strategy and both sampling kinds, and the custom replay's state across a resume."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from herd_testing import ROOT, only_run, run_cli, wait_for
+from herd.checkpoint import load_checkpoint
+
+SEED_ELITE = ["--op_mode=train", "--env=PongNoFrameskip-v4", "--environment_max_steps=1000000",
+              '--replay_parameters=[{"type": "custom", "capacity": 1000, "sample_ratio": 0.5, "dist_function":"ln_norm", '
+              '"sample_strategy":"elite_sampling", "lambda_batch_multiplier":6, "alfa_annealing_factor":2.0} ,'
+              '{"type": "queue", "capacity": 1, "sample_ratio": 0.5}]']
+
+
+def custom_sampler_state(state: dict) -> dict:
+    return state["replay"]["replays"][0]["sampler"]
+
+
+def test_seed_elite_command_runs_verbatim_and_resumes_its_replay(tmp_path):
+    # Verbatim: no flag added; the run folder lands in results/ under the working directory.
+    process = subprocess.Popen([sys.executable, str(ROOT / "main.py"), *SEED_ELITE], cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    results = tmp_path / "results"
+    try:
+        assert wait_for(lambda: results.exists() and any(results.iterdir()), 60)
+        time.sleep(40)                 # start-up, 2,000 steps of warm-up (200 trajectories), then updates
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, err[-2000:]
+    run = only_run(results)
+    state, _ = load_checkpoint(run)
+    updates = state["counters"]["updates"]
+    assert updates > 0, "no update within 40 s"
+    sampler = custom_sampler_state(state)
+    # Every update drew 50 elite-sampled trajectories (prefetched batches may add a few rounds);
+    # a trajectory overwritten by a newer one takes its sample count with it.
+    assert sampler["rounds"] >= updates and 0 < sampler["counts"].sum() <= 50 * sampler["rounds"]
+    assert state["replay"]["replays"][0]["sampler"]["ring"]["filled"] >= 200
+    config = json.loads((run / "config.json").read_text())
+    assert config["lr_scheduler_steps"] == 10000 and config["batch_size"] == 100
+
+    # Resuming with no budget left restores the replay's contents, counters and RNG exactly.
+    again = tmp_path / "again"
+    result = run_cli(["resume", str(run), f"--environment_max_steps={state['counters']['env_steps']}"], again)
+    assert result.returncode == 0, result.stderr[-2000:]
+    resumed, _ = load_checkpoint(only_run(again))
+    before, after = custom_sampler_state(state), custom_sampler_state(resumed)
+    assert before["rounds"] == after["rounds"] and before["newest"] == after["newest"]
+    np.testing.assert_array_equal(before["counts"], after["counts"])
+    assert before["rng"] == after["rng"]
+    for name, array in state["replay"]["replays"][0]["storage"]["arrays"].items():
+        np.testing.assert_array_equal(array, resumed["replay"]["replays"][0]["storage"]["arrays"][name])
+
+
+CUSTOM_VARIANTS = {
+    "strategy1-elite-ln_norm-p1": {"dist_function": "ln_norm", "p": 1, "sample_strategy": "elite_sampling",
+                                   "elite_sampling_strategy": "strategy1"},
+    "strategy2-attentive-cos_dist": {"dist_function": "cos_dist", "sample_strategy": "attentive_sampling",
+                                     "elite_sampling_strategy": "strategy2"},
+    "strategy4-elite-kl_div-insertion": {"dist_function": "kl_div", "sample_strategy": "elite_sampling",
+                                         "elite_sampling_strategy": "strategy4", "insert_strategy": "elite_insertion",
+                                         "elite_batch_size": 8},
+    "strategy3-attentive-insertion-all-steps": {"dist_function": "ln_norm", "sample_strategy": "attentive_sampling",
+                                                "insert_strategy": "elite_insertion", "score_steps": "all"},
+}
+
+
+@pytest.mark.parametrize("name", list(CUSTOM_VARIANTS))
+def test_every_strategy_and_sampling_kind_trains_pong(tmp_path, name):
+    custom = {"type": "custom", "capacity": 40, "sample_ratio": 0.5, "lambda_batch_multiplier": 4,
+              "alfa_annealing_factor": 0.5, **CUSTOM_VARIANTS[name]}
+    replays = json.dumps([custom, {"type": "queue", "capacity": 1, "sample_ratio": 0.5}])
+    result = run_cli(["--op_mode=train", "--env=PongNoFrameskip-v4", "--environment_max_steps=1500",
+                      "--worker_count=1", "--envs_per_worker=4", "--batch_size=8", "--r_f_steps=5",
+                      "--training_fill_in_factor=0.5", "--lr_scheduler_steps=24", "--seed=1",
+                      f"--replay_parameters={replays}"], tmp_path, entry="main")
+    assert result.returncode == 0, result.stderr[-2000:]
+    state, _ = load_checkpoint(only_run(tmp_path))
+    updates = state["counters"]["updates"]
+    sampler = custom_sampler_state(state)
+    assert updates >= 24                                  # past the annealing horizon of 24 * 0.5 rounds
+    assert sampler["rounds"] >= updates and 0 < sampler["counts"].sum() <= 4 * sampler["rounds"]
+    assert sampler["ring"]["filled"] == 40                # 1,500 steps / 5 = 300 trajectories went through it
+    assert state["replay"]["replays"][0]["storage"]["arrays"]["action"].min() >= 0  # no sentinel left
