@@ -47,7 +47,8 @@ class GeneralConfig:
     reproducible: bool = opt(False, "deterministic mode: seeded everything and deterministic torch kernels")
     results_dir: str = opt("results", "folder that holds one sub-folder per run")
     save_replay: bool = opt(True, "save the replays' contents (LZ4-packed) with every checkpoint; turn off for very large buffers")
-    device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda; actors act on the CPU", ("cpu", "auto", "cuda"))
+    device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda", ("cpu", "auto", "cuda"))
+    actor_inference: str = opt("auto", "who chooses the actors' actions: local (each actor runs the model on its CPU), server (one batched inference server on --device for all actors), auto (server when the device is cuda)", ("auto", "local", "server"))
 
 
 @dataclass
@@ -64,6 +65,8 @@ class TrainingConfig:
     environment_max_steps: Optional[int] = opt(None, "stop after this many environment (agent) steps in total")
     learner_thread_count: Optional[int] = opt(None, "torch threads of the learner (Atari: one per CPU core, vector tasks 1)")
     max_bad_updates: int = opt(10, "non-finite losses in a row after which the run stops (each one skips its update)")
+    max_policy_lag: Optional[int] = opt(None, "drop fresh rollouts made by a policy more than N updates older than the learner's (default: no bound; train.csv logs the lag)")
+    learner_precision: str = opt("fp32", "learner arithmetic: fp32, or bf16 (autocast; about 2x faster on CPUs with AMX and on recent GPUs)", ("fp32", "bf16"))
 
 
 @dataclass
@@ -86,6 +89,9 @@ class ParallelConfig:
     envs_per_worker: Optional[int] = opt(None, "environments per actor, stepped together (Atari 5, vector tasks 16)")
     multiprocessing_backend: str = opt("python_native", "python_native (local processes) or ray", ("python_native", "ray"))
     shared_queue_size: Optional[int] = opt(None, "trajectory slots per actor in shared memory, bounding how far actors run ahead (Atari 16, vector tasks 4)")
+    env_backend: str = opt("auto", "how actors step environments: gymnasium (per-process, any env), ale_vector (ale-py's C++ vector env, Atari), auto (ale_vector for Atari)", ("auto", "gymnasium", "ale_vector"))
+    env_threads: int = opt(1, "ale_vector: threads stepping each actor's environments")
+    env_batch_size: int = opt(0, "ale_vector: environments per batch; 0 = all (synchronous), fewer = asynchronous (envs step while the policy acts on the previous batch)")
     actor_timeout: float = opt(60.0, "seconds without a rollout after which an actor counts as hung and is restarted")
     max_actor_restarts: int = opt(20, "actor restarts allowed in one run before it stops with an error")
 
@@ -424,6 +430,7 @@ def _positive(cfg: Config) -> dict[str, Any]:
         "caching_threads": cfg.replay.caching_threads, "cache_output_buffer_size": cfg.replay.cache_output_buffer_size,
         "verbose_learner_out_int": cfg.stats.verbose_learner_out_int,
         "replay_writer_queue_size": cfg.replay.replay_writer_queue_size, "cache_sample_size": cfg.replay.cache_sample_size,
+        "env_threads": cfg.parallel.env_threads,
     }
 
 
@@ -447,6 +454,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--frame_scale_resolution must be two positive integers height,width, got {cfg.env.frame_scale_resolution}")
     if lo.rho_const <= 0 or lo.c_const <= 0 or lo.kl_div_threshold < 0:
         raise ConfigError("--rho_const and --c_const must be > 0 and --kl_div_threshold >= 0")
+    p = cfg.parallel
+    if not 0 <= p.env_batch_size <= p.envs_per_worker:
+        raise ConfigError(f"--env_batch_size must be between 0 (all, synchronous) and --envs_per_worker="
+                          f"{p.envs_per_worker}, got {p.env_batch_size}")
+    if t.max_policy_lag is not None and t.max_policy_lag < 0:
+        raise ConfigError(f"--max_policy_lag must be >= 0 (updates), got {t.max_policy_lag}")
     if cfg.env.max_episode_steps is not None and cfg.env.max_episode_steps < 1:
         raise ConfigError(f"--max_episode_steps must be >= 1, got {cfg.env.max_episode_steps}")
     if cfg.general.device == "cuda" and not torch.cuda.is_available():

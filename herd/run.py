@@ -20,6 +20,7 @@ import torch
 from herd.checkpoint import CheckpointError, check_compatible, load_checkpoint
 from herd.config import Config, ConfigError, resolve
 from herd.envs import EnvError, describe_env, env_kind
+from herd.envs.actor_envs import resolve_env_backend
 from herd.models import build_model, model_signature
 from herd.trajectory import TrajectoryLayout
 
@@ -63,6 +64,7 @@ def prepare(options: dict, overrides: dict | None = None) -> Plan:
     if cfg.general.seed is None:
         cfg.general.seed = random.randrange(2**31)
     cfg.validate()
+    cfg.parallel.env_backend = resolve_env_backend(cfg.parallel.env_backend, cfg.env.env)  # saved as it ran
     spec = describe_env(cfg.env.env, **{k: v for k, v in env_kwargs(cfg).items() if k != "max_episode_steps"})
     model_kwargs = dict(network=cfg.network.network, obs_shape=tuple(spec.obs_shape), obs_dtype=spec.obs_dtype,
                         num_actions=spec.num_actions, feature_size=cfg.network.feature_out_layer_size,

@@ -44,7 +44,8 @@ def build_session(plan, run_dir: Path) -> TrainingSession:
     model = build_model(**plan.model_kwargs).to(device)
     optimizer = build_optimizer(cfg.train.optimizer, model.parameters(), cfg.train.lr, cfg.train.rmsprop_eps)
     scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps)
-    learner = Learner(model, optimizer, scheduler, loss_weights(cfg), cfg.train.gradient_clip_by_norm_threshold)
+    learner = Learner(model, optimizer, scheduler, loss_weights(cfg), cfg.train.gradient_clip_by_norm_threshold,
+                      precision=cfg.train.learner_precision)
     specs = cfg.replays
     shares = batch_shares(specs, cfg.train.batch_size)
     r = cfg.replay
@@ -66,7 +67,8 @@ def build_session(plan, run_dir: Path) -> TrainingSession:
         log_interval=max(1, min(cfg.stats.verbose_learner_out_int, 50)), device=device,
         checkpoint_extra={"config": cfg.to_flat(), "env_spec": env_spec_dict(cfg, plan.env_spec),
                           "model_signature": model_signature(model), "run_dir": str(run_dir)},
-        max_bad_updates=cfg.train.max_bad_updates, save_replay=cfg.general.save_replay)
+        max_bad_updates=cfg.train.max_bad_updates, save_replay=cfg.general.save_replay,
+        max_policy_lag=cfg.train.max_policy_lag)
     progress = ProgressLine(cfg.train.environment_max_steps, enabled=cfg.stats.basic_verbose)
     session = TrainingSession(plan.layout, learner, batches, EpisodeStats(cfg.stats.avg_buff_size),
                               RunMetrics(run_dir, cfg.stats.tensorboard), progress, run_dir, options)
@@ -80,9 +82,10 @@ def build_session(plan, run_dir: Path) -> TrainingSession:
 def actor_spec(plan) -> ActorSpec:
     from herd.run import env_kwargs
     cfg = plan.cfg
+    p = cfg.parallel
     return ActorSpec(env_id=cfg.env.env, env_kwargs=env_kwargs(cfg), model_kwargs=plan.model_kwargs,
-                     envs_per_worker=cfg.parallel.envs_per_worker, unroll_length=cfg.train.r_f_steps,
-                     seed=cfg.general.seed)
+                     envs_per_worker=p.envs_per_worker, unroll_length=cfg.train.r_f_steps, seed=cfg.general.seed,
+                     env_backend=p.env_backend, env_threads=p.env_threads, env_batch_size=p.env_batch_size)
 
 
 def train(plan, run_dir: Path) -> int:

@@ -1,19 +1,23 @@
-"""The actor loop: step `envs_per_worker` environments together with a local copy of the
-policy, write `unroll_length`-step rollouts into shared-memory slots, hand the slot
-index to the learner, pull newer weights between rollouts."""
+"""The actor loop: receive a batch of observations from the actor's environments, let the
+policy act on it, send the actions back, and write every step into shared-memory slots
+whose indices go to the learner. Where observations come from (per-process gymnasium
+envs, ale-py's C++ vector env) and who acts (the actor's own CPU model, a batched
+inference server) are the two seams of herd/actors/interfaces.py."""
 from __future__ import annotations
 
 import multiprocessing
 import queue
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from herd.envs import make_env
-from herd.models import build_model
+from herd.actors.interfaces import ActorEnvs, ActorPolicy
+from herd.actors.policy import LocalPolicy
+from herd.actors.rollout import ActorStopped, RolloutWriter
+from herd.envs.actor_envs import make_actor_envs
 from herd.trajectory import TrajectorySlots
 from herd.weights import SharedWeights
 
@@ -28,102 +32,77 @@ class ActorSpec:
     unroll_length: int
     seed: int
     torch_threads: int = 1
+    env_backend: str = "gymnasium"          # herd.envs.actor_envs.ENV_BACKENDS
+    env_threads: int = 1                    # C++ backend: stepping threads of this actor
+    env_batch_size: int = 0                 # C++ backend: rows per batch, 0 = all (synchronous)
 
 
 class Rollout(NamedTuple):
     """Message from an actor to the learner: slot `slot` holds a finished rollout."""
     slot: int
     actor_id: int
-    version: int                           # policy version that acted
+    version: int                           # oldest policy version that acted in it
     steps: int                             # environment (agent) steps in the rollout
     episodes: list                         # (score, length) of whole episodes that ended
 
 
-@dataclass
-class EnvGroup:
-    """The actor's environments, stepped together, with automatic reset."""
-    envs: list
-    obs: np.ndarray = field(init=False)     # [E, *obs_shape]
-
-    def __post_init__(self):
-        self.obs = np.stack([env.reset()[0] for env in self.envs])
-
-    def step(self, actions: np.ndarray):
-        """-> rewards [E], dones [E], truncated final observations {e: obs}, finished episodes."""
-        E = len(self.envs)
-        rewards = np.zeros(E, dtype=np.float32)
-        dones = np.zeros(E, dtype=np.bool_)
-        truncated_final: dict[int, np.ndarray] = {}
-        finished = []
-        for e, env in enumerate(self.envs):
-            obs, reward, terminated, truncated, info = env.step(int(actions[e]))
-            rewards[e] = reward
-            if "episode_score" in info:
-                finished.append((float(info["episode_score"]), int(info["episode_length"])))
-            if terminated or truncated:
-                dones[e] = True
-                if truncated and not terminated:
-                    truncated_final[e] = obs
-                obs, _ = env.reset()
-            self.obs[e] = obs
-        return rewards, dones, truncated_final, finished
-
-
-def collect_rollout(model, group: EnvGroup, views: dict[str, np.ndarray], unroll_length: int) -> tuple[int, list]:
-    """Fills one slot's views ([time, E, ...]) by acting for `unroll_length` steps."""
-    finished_all = []
-    for t in range(unroll_length):
-        views["obs"][t] = group.obs
-        with torch.no_grad():
-            out = model(torch.from_numpy(group.obs).unsqueeze(0))          # [1, E, ...]
-            logits = out.logits[0]                                          # [E, A]
-            actions = torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(1)
-        views["action"][t] = actions.numpy()
-        views["behaviour_logits"][t] = logits.numpy()
-        views["behaviour_value"][t] = out.value[0].numpy()
-        views["features"][t] = out.features[0].numpy()
-        rewards, dones, truncated_final, finished = group.step(actions.numpy())
-        views["reward"][t] = rewards
-        views["done"][t] = dones
-        views["trunc_value"][t] = 0.0
-        if truncated_final:
+def act_and_collect(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter, send_rollout, stop) -> None:
+    """The loop itself; returns when `stop` is set (or raises ActorStopped)."""
+    batch = envs.start()
+    writer.observe(batch)
+    while not stop.is_set():
+        out = policy.act(batch.obs)                                       # [n] rows of the batch
+        writer.record_action(batch.env_ids, out)
+        envs.send(out.actions)
+        batch = envs.recv()
+        truncated = {}
+        if batch.truncated_obs:
             # A truncated episode bootstraps from the value of its last state.
-            finals = torch.from_numpy(np.stack(list(truncated_final.values()))).unsqueeze(0)
-            with torch.no_grad():
-                values = model(finals).value[0].numpy()
-            views["trunc_value"][t, list(truncated_final)] = values
-        finished_all.extend(finished)
-    views["obs"][unroll_length] = group.obs
-    return unroll_length * len(group.envs), finished_all
+            rows = list(batch.truncated_obs)
+            values = policy.value(np.stack([batch.truncated_obs[r] for r in rows]))
+            truncated = dict(zip(rows, values.tolist()))
+        delivered = writer.record_outcome(batch, truncated)
+        for delivery in delivered:
+            send_rollout(delivery)
+        if delivered:
+            policy.refresh()
 
 
 def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots, rollouts,
-              weights: SharedWeights, stop) -> None:
+              weights: SharedWeights, stop, inference=None) -> None:
     """Process entry point. `free_slots`: this actor's queue of slot indices it may fill;
-    `rollouts`: the write end of this actor's pipe to the learner; `stop`: an Event."""
+    `rollouts`: the write end of this actor's pipe to the learner; `stop`: an Event;
+    `inference`: channels of a batched inference server (None: act with a local model)."""
     # Ctrl+C reaches the whole process group: the main process alone decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(spec.torch_threads)
     torch.manual_seed(spec.seed)
-    envs = [make_env(spec.env_id, seed=spec.seed + i, **spec.env_kwargs) for i in range(spec.envs_per_worker)]
-    group = EnvGroup(envs)
-    model = build_model(**spec.model_kwargs)
-    model.eval()
-    version = weights.pull(model, have_version=-1)
-    try:
-        parent = multiprocessing.parent_process()
+    parent = multiprocessing.parent_process()
+
+    def acquire() -> int:
         while not stop.is_set():
             if parent is not None and not parent.is_alive():
                 break  # the learner was killed (kill -9): no one will ever read our rollouts
             try:
-                slot = free_slots.get(timeout=0.2)
+                return free_slots.get(timeout=0.2)
             except queue.Empty:
                 continue
-            version = weights.pull(model, version)
-            steps, finished = collect_rollout(model, group, slots.views(slot), spec.unroll_length)
-            rollouts.send(Rollout(slot, actor_id, version, steps, finished))
-    except (BrokenPipeError, EOFError):
-        pass  # the learner is gone
+        raise ActorStopped
+
+    def send_rollout(delivery) -> None:
+        rollouts.send(Rollout(delivery.slot, actor_id, delivery.version, delivery.steps, delivery.episodes))
+
+    envs = make_actor_envs(spec.env_backend, spec.env_id, spec.envs_per_worker, seed=spec.seed,
+                           threads=spec.env_threads, batch_size=spec.env_batch_size, env_kwargs=spec.env_kwargs)
+    if inference is None:
+        policy = LocalPolicy(spec.model_kwargs, weights, seed=spec.seed)
+    else:
+        policy = inference.client(actor_id)
+    writer = RolloutWriter(slots.views, acquire, spec.unroll_length, spec.envs_per_worker)
+    try:
+        act_and_collect(envs, policy, writer, send_rollout, stop)
+    except (ActorStopped, BrokenPipeError, EOFError):
+        pass  # asked to stop, or the learner is gone
     finally:
-        for env in envs:
-            env.close()
+        policy.close()
+        envs.close()

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from herd.losses.impala import ImpalaLossWeights, impala_loss
+from herd.models import ModelOutput
 
 
 def build_optimizer(name: str, params, lr: float, rmsprop_eps: float) -> torch.optim.Optimizer:
@@ -46,8 +47,14 @@ def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch
 
 class Learner:
     def __init__(self, model: torch.nn.Module, optimizer, scheduler, weights: ImpalaLossWeights,
-                 grad_clip_norm: float):
+                 grad_clip_norm: float, precision: str = "fp32"):
+        """precision "bf16": the forward pass runs under bfloat16 autocast (the backward
+        follows it); parameters, optimizer state and the loss stay float32."""
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"unknown learner precision '{precision}' (use fp32 or bf16)")
         self.model = model
+        self.bf16 = precision == "bf16"
+        self.device_type = next(model.parameters()).device.type
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.weights = weights
@@ -58,7 +65,9 @@ class Learner:
         """One update. batch["obs"] is [T+1, B, ...]; returns metrics (floats).
         A non-finite loss skips the update and reports `skipped` = 1."""
         self.model.train()
-        out = self.model(batch["obs"])                                    # logits [T+1, B, A]
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
+            out = self.model(batch["obs"])                                # logits [T+1, B, A]
+        out = ModelOutput(*(field.float() for field in out))              # the loss in float32
         loss, metrics = impala_loss(batch, out, self.weights)
         if not math.isfinite(metrics["loss"]):
             self.optimizer.zero_grad(set_to_none=True)

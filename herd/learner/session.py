@@ -31,6 +31,7 @@ class Counters:
     updates: int = 0
     rollouts: int = 0
     skipped_updates: int = 0
+    stale_rollouts: int = 0       # fresh rollouts dropped for a policy lag above max_policy_lag
     wall_time: float = 0.0        # training seconds over all resumed parts of the run
 
     def state_dict(self) -> dict:
@@ -50,6 +51,7 @@ class SessionOptions:
     checkpoint_extra: dict = field(default_factory=dict)   # config, env spec, model signature
     save_replay: bool = True
     max_bad_updates: int = 10
+    max_policy_lag: int | None = None                      # drop rollouts older than this many updates
 
 
 class TrainingSession:
@@ -85,8 +87,12 @@ class TrainingSession:
     def ingest(self, views: dict[str, np.ndarray], version: int, steps: int, episodes: list) -> None:
         """One finished rollout: views field -> [time, E, ...] (copied out, the slot may be reused)."""
         envs = views["action"].shape[1]
-        # Views into the slot: the batch source copies what it keeps before this returns.
-        self.batches.put([{name: view[:, e] for name, view in views.items()} for e in range(envs)], version)
+        lag = self.counters.updates - version
+        if self.options.max_policy_lag is not None and lag > self.options.max_policy_lag:
+            self.counters.stale_rollouts += 1  # too far off-policy to train on; its steps and games still count
+        else:
+            # Views into the slot: the batch source copies what it keeps before this returns.
+            self.batches.put([{name: view[:, e] for name, view in views.items()} for e in range(envs)], version)
         self.counters.env_steps += steps
         self.counters.rollouts += 1
         for score, length in episodes:
@@ -186,6 +192,7 @@ class TrainingSession:
             "training_steps": self.counters.updates,
             "environment_steps": self.counters.env_steps,
             "skipped_updates": self.counters.skipped_updates,
+            "stale_rollouts_dropped": self.counters.stale_rollouts,
             "last_lr": self.learner.optimizer.param_groups[0]["lr"],
             "total_time_s": round(self.elapsed, 2),
             "optimizer": type(self.learner.optimizer).__name__,

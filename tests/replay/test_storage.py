@@ -69,3 +69,21 @@ def test_checkpoint_state_packs_observations():
     state = storage.state_dict(4)
     assert "obs" not in state["arrays"] and len(state["packed_obs"]) == 4
     assert sum(p.nbytes for p in state["packed_obs"]) < storage.arrays["obs"].nbytes / 4
+
+
+def test_checkpoints_saved_with_one_frame_per_trajectory_still_load():
+    """Checkpoints written before per-step packing hold one LZ4 frame per trajectory."""
+    import lz4.frame
+    rng = np.random.default_rng(3)
+    trajs = [trajectory(rng, t) for t in range(2)]
+    source = TrajectoryStorage(LAYOUT, 2)
+    for position, traj in enumerate(trajs):
+        source.write(position, traj, position)
+    state = source.state_dict(2)
+    del state["packed_offsets"]
+    state["packed_obs"] = [np.frombuffer(lz4.frame.compress(t["obs"].tobytes()), dtype=np.uint8) for t in trajs]
+    for target in (TrajectoryStorage(LAYOUT, 2, compress_obs=True), TrajectoryStorage(LAYOUT, 2)):
+        target.load_state_dict(state)
+        np.testing.assert_array_equal(target.read(np.array([1, 0]))["obs"][:, 0], trajs[1]["obs"])
+        np.testing.assert_array_equal(target.read_steps(np.array([0]), np.array([3]), ("obs",))["obs"][0, 0],
+                                      trajs[0]["obs"][3])

@@ -1,0 +1,75 @@
+"""Time to solve Pong: the average score of the last 100 games against wall time from
+launch and emulator frames, until it reaches the target (20 by default) or time runs out.
+
+Meant for a GPU machine (the README's headline): `python benchmarks/pong.py --minutes 5`
+runs `herd train` with the configuration below (the batched inference server on the GPU,
+the C++ vector env backend, one actor per core). `--extra` adds or overrides herd flags.
+On a CPU-only machine the same command runs, but Pong takes hours there, not minutes.
+Writes benchmarks/results/pong_<device>.json with the curve and the run's log tail.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import tempfile
+from collections import deque
+from pathlib import Path
+
+from common import print_table, read_csv, record, run_herd
+
+FRAME_SKIP = 4
+
+
+def gpu_config(workers: int) -> list[str]:
+    """On-policy IMPALA as in the paper's Pong runs, sized for one GPU and `workers` cores."""
+    return ["--env=PongNoFrameskip-v4", "--device=auto", "--actor_inference=auto", "--env_backend=ale_vector",
+            f"--worker_count={workers}", "--envs_per_worker=8", "--env_batch_size=4", "--env_threads=1",
+            "--batch_size=32", "--r_f_steps=20", "--optimizer=adam", "--lr=0.0006", "--entropy_loss_weight=0.01",
+            '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
+            "--lr_scheduler_steps=100000", "--learner_precision=bf16"]
+
+
+def curve(episodes: list[dict], launch: float, window: int = 100) -> list[dict]:
+    """The moving average after every game: seconds from launch, frames, average."""
+    scores: deque = deque(maxlen=window)
+    points = []
+    for row in episodes:
+        scores.append(row["score"])
+        points.append({"seconds": round(row["unix_time"] - launch, 1), "frames": int(row["env_step"]) * FRAME_SKIP,
+                       "average": round(sum(scores) / len(scores), 2), "games": len(scores)})
+    return points
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--minutes", type=float, default=5.0, help="stop the run after this long")
+    parser.add_argument("--target", type=float, default=20.0)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--extra", default="", help="extra herd flags in one string")
+    args = parser.parse_args()
+    herd_args = ["train", *gpu_config(args.workers), "--environment_max_steps=100000000", "--basic_verbose=False",
+                 "--tensorboard=False", *shlex.split(args.extra)]
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir, launch, code = run_herd(herd_args, Path(tmp), stop_after=args.minutes * 60,
+                                         timeout=args.minutes * 60 + 300)
+        points = curve(read_csv(run_dir / "episodes.csv"), launch)
+        log_tail = (run_dir / "log.txt").read_text().splitlines()[-20:]
+        config = (run_dir / "config.json").read_text()
+    full = [p for p in points if p["games"] == 100]
+    reached = next((p for p in full if p["average"] >= args.target), None)
+    marks = [p for i, p in enumerate(full) if i % max(1, len(full) // 12) == 0][-12:]
+    print_table(["seconds from launch", "frames", "avg of last 100 games"],
+                [[p["seconds"], f"{p['frames']:,}", p["average"]] for p in marks])
+    best = max((p["average"] for p in full), default=None)
+    verdict = (f"reached {args.target} after {reached['seconds']} s and {reached['frames']:,} frames" if reached
+               else f"did not reach {args.target} in {args.minutes} min (best 100-game average {best})")
+    print(verdict)
+    device = "cuda" if '"device": "cuda"' in config else "cpu"
+    record(f"pong_{device}", {"command": "python benchmarks/pong.py " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
+                              "herd_args": herd_args, "exit_code": code, "target": args.target,
+                              "reached": reached, "best_average": best, "curve": points[::10], "log_tail": log_tail})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Assembles an actor's trajectories in its shared-memory slots, one column per environment.
+
+A slot holds one trajectory of T steps for each of the actor's E environments
+(`[T+1, E, ...]`, see herd/trajectory.py). Every environment fills its own column at its
+own pace, so asynchronous env backends, which return a different subset of environments
+in each batch, need no lock-step: environment e's k-th trajectory goes into the k-th slot
+the actor opened. A slot is delivered once all E columns are complete; in synchronous
+mode exactly one slot is open at a time, in asynchronous mode an environment that runs
+ahead opens the next one early.
+
+An asynchronous backend may hand out an environment's first observation in any batch,
+not only in start()'s: a row of an environment the writer has not seen yet is a first
+observation, with no outcome to record.
+
+Per environment and step t the writer stores obs[t] when the observation arrives,
+action / logits / value / features[t] when the policy has acted, and reward / done /
+trunc_value[t] when the outcome arrives; obs[T] of one trajectory is obs[0] of the next.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from herd.actors.interfaces import EnvBatch, PolicyStep
+
+
+class ActorStopped(Exception):
+    """No slot will come: the actor is asked to stop."""
+
+
+@dataclass
+class OpenSlot:
+    index: int
+    views: dict                     # field -> numpy view [time, E, ...] of shared memory
+    complete: int = 0               # columns (environments) whose trajectory is finished
+    version: int = 2**62            # the oldest policy version that acted in it
+
+
+@dataclass
+class Delivery:
+    """A completed slot, with what the learner needs to know about it."""
+    slot: int
+    version: int                    # oldest acting policy version
+    steps: int                      # environment steps it holds (T * E)
+    episodes: list = field(default_factory=list)   # (score, length) of games that ended
+
+
+class RolloutWriter:
+    def __init__(self, views_of: Callable[[int], dict], acquire: Callable[[], int], unroll_length: int,
+                 num_envs: int):
+        """views_of(slot) -> the slot's numpy views; acquire() -> a free slot index of this
+        actor (blocking; raises ActorStopped when the actor must stop)."""
+        self.views_of, self.acquire = views_of, acquire
+        self.T, self.E = unroll_length, num_envs
+        self.step = np.zeros(num_envs, dtype=np.int64)   # per env: t of the step awaiting its outcome
+        self.traj = np.zeros(num_envs, dtype=np.int64)   # per env: index k of its current trajectory
+        self.seen = np.zeros(num_envs, dtype=np.bool_)   # per env: its first observation arrived
+        self.open: deque[OpenSlot] = deque()
+        self.base = 0                                     # trajectory index held by open[0]
+        self.episodes: list = []                          # finished games not yet reported
+
+    # -- slots ---------------------------------------------------------------------------
+    def slot_for(self, env: int) -> OpenSlot:
+        offset = int(self.traj[env]) - self.base
+        while offset >= len(self.open):
+            index = self.acquire()
+            self.open.append(OpenSlot(index, self.views_of(index)))
+        return self.open[offset]
+
+    def groups(self, env_ids: np.ndarray, rows: np.ndarray | None = None):
+        """Rows (of the batch; all of them by default) that share a slot and a step:
+        (rows, envs, slot, t). One group in sync mode."""
+        rows = np.arange(len(env_ids)) if rows is None else rows
+        keys = (self.traj[env_ids[rows]] - self.base) * (self.T + 1) + self.step[env_ids[rows]]
+        for key in np.unique(keys):
+            group = rows[keys == key]
+            envs = env_ids[group]
+            yield group, envs, self.slot_for(int(envs[0])), int(self.step[envs[0]])
+
+    # -- the three writes ----------------------------------------------------------------
+    def observe(self, batch: EnvBatch) -> None:
+        """obs[t] of the batch's environments (after start(), or after record_outcome)."""
+        for rows, envs, slot, t in self.groups(batch.env_ids):
+            slot.views["obs"][t, envs] = batch.obs[rows]
+        self.seen[batch.env_ids] = True
+
+    def record_action(self, env_ids: np.ndarray, out: PolicyStep) -> None:
+        for rows, envs, slot, t in self.groups(env_ids):
+            views = slot.views
+            views["action"][t, envs] = out.actions[rows]
+            views["behaviour_logits"][t, envs] = out.logits[rows]
+            views["behaviour_value"][t, envs] = out.value[rows]
+            views["features"][t, envs] = out.features[rows]
+            slot.version = min(slot.version, out.version)
+
+    def record_outcome(self, batch: EnvBatch, truncated_values: dict) -> list[Delivery]:
+        """The outcome of the last step of the batch's environments, then their next
+        observation. truncated_values: row -> the policy's value of that row's final
+        observation (episodes cut by a time limit). Returns the slots completed now."""
+        stepped = np.flatnonzero(self.seen[batch.env_ids])        # the other rows are first observations
+        for rows, envs, slot, t in self.groups(batch.env_ids, stepped):
+            views = slot.views
+            views["reward"][t, envs] = batch.reward[rows]
+            views["done"][t, envs] = batch.done[rows]
+            views["trunc_value"][t, envs] = [truncated_values.get(int(r), 0.0) for r in rows]
+            if t + 1 == self.T:
+                views["obs"][self.T, envs] = batch.obs[rows]   # bootstrap observation
+                slot.complete += len(envs)
+        ids = batch.env_ids[stepped]
+        self.step[ids] += 1
+        wrapped = ids[self.step[ids] == self.T]
+        self.step[wrapped] = 0
+        self.traj[wrapped] += 1
+        self.episodes.extend(batch.finished)
+        delivered = self.deliver_complete()
+        self.observe(batch)                                      # obs[t+1], or obs[0] of the next slot
+        return delivered
+
+    def deliver_complete(self) -> list[Delivery]:
+        delivered = []
+        while self.open and self.open[0].complete == self.E:
+            slot = self.open.popleft()
+            self.base += 1
+            delivered.append(Delivery(slot.index, slot.version, self.T * self.E, self.episodes))
+            self.episodes = []
+        return delivered

@@ -1,0 +1,35 @@
+"""Which environment backend an actor steps: the one place that maps `--env_backend` to
+an `ActorEnvs` implementation (herd/actors/interfaces.py)."""
+from __future__ import annotations
+
+from herd.envs.registry import EnvError, env_kind
+
+# gymnasium:  E envs built by make_env, stepped one by one in the actor's process (any env).
+# ale_vector: ale-py's C++ AtariVectorEnv, E envs stepped by `threads` threads, optionally
+#             asynchronous (batch_size < E); Atari only.
+ENV_BACKENDS = ("gymnasium", "ale_vector")
+
+
+def resolve_env_backend(requested: str, env_id: str) -> str:
+    """`auto` -> ale_vector for Atari, gymnasium otherwise; a backend that cannot run
+    `env_id` raises EnvError with one line."""
+    kind = env_kind(env_id)
+    if requested == "auto":
+        return "gymnasium"  # TODO(merge): ale_vector for Atari once herd/envs/ale_vector.py lands
+    if requested == "ale_vector" and kind != "atari":
+        raise EnvError(f"--env_backend=ale_vector runs Atari games only, not '{env_id}': use gymnasium or auto")
+    if requested not in ENV_BACKENDS:
+        raise EnvError(f"unknown --env_backend '{requested}' (use auto, {', '.join(ENV_BACKENDS)})")
+    return requested
+
+
+def make_actor_envs(backend: str, env_id: str, num_envs: int, *, seed: int, threads: int = 1,
+                    batch_size: int = 0, env_kwargs: dict):
+    """An ActorEnvs of `num_envs` environments; env i is seeded with seed + i."""
+    if backend == "gymnasium":
+        from herd.envs.gym_envs import GymEnvs
+        return GymEnvs(env_id, num_envs, seed=seed, **env_kwargs)
+    if backend == "ale_vector":
+        from herd.envs.ale_vector import AleVectorEnvs
+        return AleVectorEnvs(env_id, num_envs, seed=seed, batch_size=batch_size, num_threads=threads, **env_kwargs)
+    raise EnvError(f"unknown env backend '{backend}'")
