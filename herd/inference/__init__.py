@@ -1,0 +1,35 @@
+"""Batched inference server: actors send observations through shared memory to one process
+that runs the policy for all of them (on the GPU where there is one), the Sample Factory /
+SEED design.
+
+Public API (everything else is internal):
+
+    channels = InferenceChannels.for_model(model_kwargs, num_clients, max_rows, mechanism="semaphore")
+        # or InferenceChannels(num_clients, max_rows, obs_shape, obs_dtype, num_actions, feature_size, ...)
+        # Build in the main process before starting any process; pass to children as an argument.
+
+    Process(target=run_inference_server,
+            args=(channels, model_kwargs, weights, device, stop),
+            kwargs=dict(torch_threads=1, seed=0, batch_wait_us=0.0))
+        # weights: herd.weights.SharedWeights; device: "cpu" or "cuda[:i]"; stop: an Event.
+        # Exits when `stop` is set or its parent dies; ignores SIGINT.
+
+    policy = InferenceClient(channels, index, stop=None, seed=0)   # in actor process `index`
+        policy.act(obs [n, *obs_shape]) -> PolicyStep   # n <= max_rows
+        policy.value(obs [n, *obs_shape]) -> value [n] float32
+        policy.refresh() -> version the server acts with now
+        policy.close()
+        # implements herd.actors.interfaces.ActorPolicy; raises InferenceServerGone within
+        # about poll_interval (0.1 s) once the server died or exited or `stop` is set.
+
+Protocol and its guarantees: see channels.py (shared memory, sequence numbers),
+doorbells.py (wake-ups), client.py (sampling, dead-server detection), server.py (batching).
+A restarted actor builds a new InferenceClient with the same index: it skips every
+sequence number its predecessor used, so it never takes an answer meant for it.
+"""
+from herd.inference.channels import InferenceChannels
+from herd.inference.client import InferenceClient, InferenceServerGone
+from herd.inference.doorbells import MECHANISMS
+from herd.inference.server import run_inference_server
+
+__all__ = ["InferenceChannels", "InferenceClient", "InferenceServerGone", "MECHANISMS", "run_inference_server"]

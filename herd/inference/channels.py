@@ -1,0 +1,88 @@
+"""The shared memory between actor processes (clients) and the inference server.
+
+Built once in the main process, before any process starts, and handed to every child as
+an argument (torch shares the tensors by file descriptor under spawn, like
+TrajectorySlots). C clients, each with a fixed index and room for R rows:
+
+    obs        [C, R, *obs_shape]  uint8 frames or float32 vectors    client writes
+    uniforms   [C, R]      float32 in [0, 1), one per row, to sample with   client writes
+    actions    [C, R]      int64                                        server writes
+    logits     [C, R, A]   float32                                      server writes
+    value      [C, R]      float32                                      server writes
+    features   [C, R, F]   float32                                      server writes
+    header     [C, 5]      int64: REQUEST_SEQ, ROWS, KIND, ANSWER_SEQ, VERSION
+    server     [3]         int64: server pid, state (NOT_STARTED/RUNNING/EXITED), version loaded
+
+A request is pending while header[c, REQUEST_SEQ] != header[c, ANSWER_SEQ]. The client
+writes obs, uniforms, ROWS and KIND first and REQUEST_SEQ last; the server answers by
+writing the outputs and VERSION first and ANSWER_SEQ = the sequence number it read last.
+Each side writes only its own fields, so no lock is needed, and a client waits for exactly
+its own sequence number, so an answer meant for someone else (a dead predecessor with
+the same index) is never taken. The doorbell (doorbells.py) only wakes the other side.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+
+from herd.inference.doorbells import make_doorbell
+
+# header columns
+REQUEST_SEQ, ROWS, KIND, ANSWER_SEQ, VERSION = range(5)
+HEADER_FIELDS = 5
+# request kinds
+ACT, VALUE = 1, 2
+# server columns and states
+SERVER_PID, SERVER_STATE, SERVER_VERSION = range(3)
+NOT_STARTED, RUNNING, EXITED = 0, 1, 2
+
+
+def shared(shape: tuple, dtype: torch.dtype, fill) -> torch.Tensor:
+    return torch.full(shape, fill, dtype=dtype).share_memory_()
+
+
+class InferenceChannels:
+    """Request and response areas for `num_clients` clients of up to `max_rows` rows each,
+    plus the doorbell of the chosen `mechanism` (see doorbells.py).
+
+    One set of channels serves one server's lifetime: once that server has exited, its
+    clients raise InferenceServerGone. Clients may come and go (same index, one at a time)."""
+
+    def __init__(self, num_clients: int, max_rows: int, obs_shape: tuple, obs_dtype: str, num_actions: int,
+                 feature_size: int, mechanism: str = "semaphore", context=None):
+        if num_clients < 1 or max_rows < 1:
+            raise ValueError(f"inference channels need at least one client and one row, got "
+                             f"num_clients={num_clients}, max_rows={max_rows}")
+        if np.dtype(obs_dtype) not in (np.dtype(np.uint8), np.dtype(np.float32)):
+            raise ValueError(f"inference observations are uint8 frames or float32 vectors, got {obs_dtype}")
+        context = context or mp.get_context("spawn")
+        C, R = num_clients, max_rows
+        self.num_clients, self.max_rows = C, R
+        self.obs_shape, self.obs_dtype = tuple(int(d) for d in obs_shape), str(np.dtype(obs_dtype))
+        self.num_actions, self.feature_size = int(num_actions), int(feature_size)
+        self.mechanism = mechanism
+        obs_torch = torch.from_numpy(np.zeros(0, dtype=self.obs_dtype)).dtype
+        self.obs = shared((C, R, *self.obs_shape), obs_torch, 0)
+        self.uniforms = shared((C, R), torch.float32, 0.0)
+        # Outputs start as sentinels (-1, NaN): a row the server never wrote cannot pass as data.
+        self.actions = shared((C, R), torch.int64, -1)
+        self.logits = shared((C, R, self.num_actions), torch.float32, float("nan"))
+        self.value = shared((C, R), torch.float32, float("nan"))
+        self.features = shared((C, R, self.feature_size), torch.float32, float("nan"))
+        self.header = shared((C, HEADER_FIELDS), torch.int64, 0)
+        self.server = shared((3,), torch.int64, 0)
+        self.doorbell = make_doorbell(mechanism, C, context)
+
+    @classmethod
+    def for_model(cls, model_kwargs: dict, num_clients: int, max_rows: int, mechanism: str = "semaphore",
+                  context=None) -> "InferenceChannels":
+        """Channels sized for the network `build_model(**model_kwargs)` builds (its feature
+        size is probed, since feature_size=None means the torso's own)."""
+        from herd.models import build_model
+        model = build_model(**model_kwargs)
+        obs_shape, obs_dtype = tuple(model_kwargs["obs_shape"]), model_kwargs["obs_dtype"]
+        with torch.no_grad():
+            out = model(torch.zeros((1, 1, *obs_shape), dtype=torch.from_numpy(np.zeros(0, obs_dtype)).dtype))
+        return cls(num_clients, max_rows, obs_shape, obs_dtype, out.logits.shape[-1], out.features.shape[-1],
+                   mechanism, context)

@@ -1,0 +1,152 @@
+"""The actor's side of the inference server: an `ActorPolicy` whose model runs elsewhere.
+
+Sampling: the server samples every row of a batch in one batched operation on its device
+(inverse CDF: the first action whose cumulative probability exceeds u), and the uniform u
+of each row is drawn here, by the client, from the client's own seeded generator. So an
+actor's actions depend only on its seed and its logits, never on which other clients
+happened to share its batch, and a restarted actor (new seed) starts a fresh stream without
+the server keeping any per-client state. The server itself draws no random numbers.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import psutil
+
+from herd.actors.interfaces import PolicyStep
+from herd.inference.channels import (ACT, ANSWER_SEQ, EXITED, KIND, NOT_STARTED, REQUEST_SEQ, ROWS, SERVER_PID,
+                                     SERVER_STATE, SERVER_VERSION, VALUE, VERSION, InferenceChannels)
+
+
+class InferenceServerGone(RuntimeError):
+    """The inference server will not answer: it died, exited, never started, or a stop was requested."""
+
+
+class InferenceClient:
+    """One per actor process, for client slot `index` of `channels`.
+
+    `stop`: the run's stop Event (optional); once set, a waiting act() raises.
+    `seed`: seeds the uniforms the server samples actions with (see the module docstring).
+    `poll_interval`: how often (s) a waiting client checks that the server is still there,
+    so a dead server is noticed within about that long.
+    `start_timeout`: how long (s) to wait for a server that has not started yet.
+
+    At most one live client per index: a new client with the index of a dead one takes
+    over its slot and ignores whatever was meant for its predecessor."""
+
+    def __init__(self, channels: InferenceChannels, index: int, stop=None, seed: int = 0,
+                 poll_interval: float = 0.1, start_timeout: float = 120.0):
+        if not 0 <= index < channels.num_clients:
+            raise ValueError(f"client index {index} out of range: the channels have {channels.num_clients} clients")
+        self.channels, self.index, self.stop = channels, index, stop
+        self.poll_interval, self.start_timeout = poll_interval, start_timeout
+        self.rng = np.random.default_rng(seed)
+        # numpy views of this client's areas: numpy item access costs far less than torch's.
+        self.header = channels.header.numpy()[index]
+        self.server = channels.server.numpy()
+        self.obs = channels.obs[index].numpy()                # [R, *obs_shape]
+        self.uniforms = channels.uniforms[index].numpy()      # [R]
+        self.actions = channels.actions[index].numpy()        # [R]
+        self.logits = channels.logits[index].numpy()          # [R, A]
+        self.value_out = channels.value[index].numpy()        # [R]
+        self.features = channels.features[index].numpy()      # [R, F]
+        self.doorbell = channels.doorbell
+        # Continue after every number a predecessor used, so none of its answers can match.
+        self.seq = int(max(self.header[REQUEST_SEQ], self.header[ANSWER_SEQ]))
+        self.doorbell.forget_client(index)
+        self.server_process: psutil.Process | None = None
+        self.closed = False
+
+    def act(self, obs: np.ndarray) -> PolicyStep:
+        """obs [n, *obs_shape] -> actions [n] int64, logits [n, A], value [n], features [n, F]."""
+        n = self._write(obs)
+        if n == 0:
+            return self._empty_step()
+        self.rng.random(n, dtype=np.float32, out=self.uniforms[:n])
+        version = self._ask(n, ACT)
+        # Copies: the areas are overwritten by the next request.
+        return PolicyStep(self.actions[:n].copy(), self.logits[:n].copy(), self.value_out[:n].copy(),
+                          self.features[:n].copy(), version)
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """obs [n, *obs_shape] -> value [n] float32 (bootstraps truncated episodes)."""
+        n = self._write(obs)
+        if n == 0:
+            return np.zeros(0, dtype=np.float32)
+        self._ask(n, VALUE)
+        return self.value_out[:n].copy()
+
+    def refresh(self) -> int:
+        """The server pulls newer weights itself (before every batch and when idle); this
+        returns the version it acts with now. Each PolicyStep carries the exact version."""
+        return int(self.server[SERVER_VERSION])
+
+    def close(self) -> None:
+        """The shared memory belongs to the channels' creator; a closed client only refuses work."""
+        self.closed = True
+
+    # -- protocol -----------------------------------------------------------------------
+
+    def _write(self, obs: np.ndarray) -> int:
+        if self.closed:
+            raise RuntimeError("this InferenceClient was closed")
+        obs = np.asarray(obs)
+        if obs.shape[1:] != self.obs.shape[1:]:
+            raise ValueError(f"observations must be [n, {', '.join(map(str, self.obs.shape[1:]))}], got "
+                             f"{tuple(obs.shape)}")
+        n = obs.shape[0]
+        if n > self.obs.shape[0]:
+            raise ValueError(f"{n} observations in one request, but the inference channels hold at most "
+                             f"{self.obs.shape[0]} per client (raise max_rows)")
+        np.copyto(self.obs[:n], obs, casting="same_kind")
+        return n
+
+    def _ask(self, n: int, kind: int) -> int:
+        """Publishes the request written so far and waits for its answer; returns its version."""
+        return self._wait(self._publish(n, kind))
+
+    def _publish(self, n: int, kind: int) -> int:
+        self.seq += 1
+        self.header[ROWS] = n
+        self.header[KIND] = kind
+        self.header[REQUEST_SEQ] = self.seq  # last: from here on the server may read the request
+        self.doorbell.ring_server(self.index)
+        return self.seq
+
+    def _wait(self, seq: int) -> int:
+        """Waits until the answer to request `seq` (and no other) is in; returns its version."""
+        header, started = self.header, time.monotonic()
+        ready = lambda: header[ANSWER_SEQ] == seq  # noqa: E731
+        while header[ANSWER_SEQ] != seq:
+            self.doorbell.wait_client(self.index, ready, self.poll_interval)
+            if header[ANSWER_SEQ] != seq:
+                self._check_server(started)  # woken without our answer: timeout or a stale ring
+        return int(header[VERSION])
+
+    def _check_server(self, started: float) -> None:
+        if self.stop is not None and self.stop.is_set():
+            raise InferenceServerGone("stop requested while waiting for the inference server")
+        state, pid = int(self.server[SERVER_STATE]), int(self.server[SERVER_PID])
+        if state == EXITED:
+            raise InferenceServerGone(f"the inference server (pid {pid}) has exited")
+        if state == NOT_STARTED:
+            if time.monotonic() - started > self.start_timeout:
+                raise InferenceServerGone(f"no inference server started within {self.start_timeout:.0f} s")
+            return
+        if not self._alive(pid):
+            raise InferenceServerGone(f"the inference server (pid {pid}) died")
+
+    def _alive(self, pid: int) -> bool:
+        try:
+            if self.server_process is None or self.server_process.pid != pid:
+                self.server_process = psutil.Process(pid)
+            # is_running() also notices a reused pid; a killed, unreaped server is a zombie.
+            return self.server_process.is_running() and self.server_process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def _empty_step(self) -> PolicyStep:
+        A, F = self.logits.shape[1], self.features.shape[1]
+        return PolicyStep(np.zeros(0, np.int64), np.zeros((0, A), np.float32), np.zeros(0, np.float32),
+                          np.zeros((0, F), np.float32), self.refresh())
