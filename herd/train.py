@@ -88,6 +88,15 @@ def actor_spec(plan) -> ActorSpec:
                      env_backend=p.env_backend, env_threads=p.env_threads, env_batch_size=p.env_batch_size)
 
 
+def inference_device(cfg, device: torch.device) -> str | None:
+    """Where the batched inference server runs, or None when every actor acts on its own
+    CPU (--actor_inference: auto means a server exactly when the learner is on a GPU)."""
+    mode = cfg.general.actor_inference
+    if mode == "server" or (mode == "auto" and device.type == "cuda"):
+        return device.type
+    return None
+
+
 def train(plan, run_dir: Path) -> int:
     from herd.run import write_json
     cfg = plan.cfg
@@ -97,7 +106,8 @@ def train(plan, run_dir: Path) -> int:
     reason, code = "failed", 1
     try:
         reason = train_local(session, actor_spec(plan), cfg.parallel.worker_count, cfg.parallel.shared_queue_size, stop,
-                             cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts)
+                             cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts,
+                             inference_device=inference_device(cfg, session.options.device))
         code = 0
     except (TrainingDiverged, ActorFailure) as err:
         reason = "diverged" if isinstance(err, TrainingDiverged) else "actors failed"

@@ -18,6 +18,7 @@ from herd.actors.interfaces import ActorEnvs, ActorPolicy
 from herd.actors.policy import LocalPolicy
 from herd.actors.rollout import ActorStopped, RolloutWriter
 from herd.envs.actor_envs import make_actor_envs
+from herd.inference import InferenceClient, InferenceServerGone
 from herd.trajectory import TrajectorySlots
 from herd.weights import SharedWeights
 
@@ -97,12 +98,12 @@ def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots
     if inference is None:
         policy = LocalPolicy(spec.model_kwargs, weights, seed=spec.seed)
     else:
-        policy = inference.client(actor_id)
+        policy = InferenceClient(inference, actor_id, stop=stop, seed=spec.seed)
     writer = RolloutWriter(slots.views, acquire, spec.unroll_length, spec.envs_per_worker)
     try:
         act_and_collect(envs, policy, writer, send_rollout, stop)
-    except (ActorStopped, BrokenPipeError, EOFError):
-        pass  # asked to stop, or the learner is gone
+    except (ActorStopped, BrokenPipeError, EOFError, InferenceServerGone):
+        pass  # asked to stop, or the learner (or its inference server) is gone
     finally:
         policy.close()
         envs.close()

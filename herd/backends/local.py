@@ -7,6 +7,12 @@
         +---- free slot index (actor i's own queue) <--+
         +---- versioned weights (SharedWeights) <------ publish after each update
 
+and, with `inference_device` set, a batched inference server between actors and weights:
+
+    actor i --observations (shared memory)--> inference server (process, on the device)
+        ^                                        |   pulls SharedWeights between batches
+        +---- actions, logits, values, features -+
+
 Each actor has its own pipe and queue, so an actor killed mid-write (kill -9, a crashed
 env) can only break its own channels: the pool replaces them with the actor."""
 from __future__ import annotations
@@ -21,6 +27,7 @@ from multiprocessing.connection import wait
 import torch.multiprocessing as mp
 
 from herd.actors.actor import ActorSpec, run_actor
+from herd.inference import InferenceChannels, run_inference_server
 from herd.learner.session import TrainingSession
 from herd.trajectory import TrajectorySlots
 from herd.weights import SharedWeights
@@ -45,14 +52,16 @@ class ActorPool:
     ones with fresh environments; stops them all."""
 
     def __init__(self, spec: ActorSpec, count: int, slots: TrajectorySlots, slots_per_actor: int,
-                 weights: SharedWeights, context, timeout: float, max_restarts: int):
+                 weights: SharedWeights, context, timeout: float, max_restarts: int,
+                 inference: InferenceChannels | None = None, stop_event=None):
         self.spec, self.count, self.slots, self.weights = spec, count, slots, weights
+        self.inference = inference  # None: every actor acts with its own CPU model
         self.slots_per_actor = slots_per_actor
         self.context = context
         self.timeout = timeout
         self.max_restarts = max_restarts
         self.restarts = 0
-        self.stop_event = context.Event()
+        self.stop_event = stop_event if stop_event is not None else context.Event()
         self.actors: list[ActorHandle | None] = [None] * count
 
     def owned_slots(self, actor_id: int) -> range:
@@ -73,7 +82,7 @@ class ActorPool:
         spec = ActorSpec(**{**self.spec.__dict__, "seed": seed})
         process = self.context.Process(
             target=run_actor, name=f"herd-actor-{actor_id}", daemon=True,
-            args=(actor_id, spec, self.slots, free, sender, self.weights, self.stop_event))
+            args=(actor_id, spec, self.slots, free, sender, self.weights, self.stop_event, self.inference))
         process.start()
         sender.close()  # the child holds the write end; EOF then means the actor is gone
         self.actors[actor_id] = ActorHandle(process, free, receiver, time.monotonic())
@@ -154,14 +163,35 @@ def install_stop_signals(stop: threading.Event):
     return lambda: [signal.signal(sig, h) for sig, h in previous.items()]
 
 
+def start_inference_server(spec: ActorSpec, worker_count: int, weights: SharedWeights, device: str, stop,
+                           context) -> tuple[InferenceChannels, object]:
+    """The batched inference server process for `worker_count` actors, on `device`."""
+    rows = spec.env_batch_size or spec.envs_per_worker   # the most observations one actor sends at once
+    channels = InferenceChannels.for_model(spec.model_kwargs, worker_count, rows, context=context)
+    process = context.Process(target=run_inference_server, name="herd-inference", daemon=True,
+                              args=(channels, spec.model_kwargs, weights, device, stop),
+                              kwargs=dict(torch_threads=spec.torch_threads, seed=spec.seed))
+    process.start()
+    return channels, process
+
+
 def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, slots_per_actor: int,
-                stop_requested: threading.Event, actor_timeout: float = 60.0, max_restarts: int = 20) -> str:
-    """Runs actors and the learner until the step budget or a stop request; returns why it ended."""
+                stop_requested: threading.Event, actor_timeout: float = 60.0, max_restarts: int = 20,
+                inference_device: str | None = None) -> str:
+    """Runs actors and the learner until the step budget or a stop request; returns why it ended.
+    inference_device: run a batched inference server there ("cpu", "cuda") instead of a
+    model in every actor."""
     context = mp.get_context("spawn")
     slots = TrajectorySlots(session.layout, worker_count * slots_per_actor, spec.envs_per_worker)
     weights = SharedWeights(session.learner.model, context)
     weights.publish(session.learner.model, version=session.counters.updates)
-    pool = ActorPool(spec, worker_count, slots, slots_per_actor, weights, context, actor_timeout, max_restarts)
+    channels = server = None
+    stop_actors = context.Event()
+    if inference_device is not None:
+        channels, server = start_inference_server(spec, worker_count, weights, inference_device, stop_actors, context)
+        log.info("inference server started on %s (pid %d) for %d actors", inference_device, server.pid, worker_count)
+    pool = ActorPool(spec, worker_count, slots, slots_per_actor, weights, context, actor_timeout, max_restarts,
+                     inference=channels, stop_event=stop_actors)
     pool.start()
     publish = lambda version: weights.publish(session.learner.model, version)  # noqa: E731
     last_health_check = time.monotonic()
@@ -179,9 +209,15 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
                 if session.done or stop_requested.is_set():
                     break
             if time.monotonic() - last_health_check > 1.0:
+                if server is not None and not server.is_alive():
+                    raise ActorFailure(f"the inference server died (exit code {server.exitcode}); see the log")
                 pool.check_health()
                 last_health_check = time.monotonic()
                 session.show_progress()
     finally:
         pool.stop()
+        if server is not None:
+            server.join(5.0)
+            if server.is_alive():
+                server.terminate()
     return "stopped" if stop_requested.is_set() else "finished"

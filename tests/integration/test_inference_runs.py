@@ -1,0 +1,51 @@
+"""The GPU path run on the CPU: actors act through the batched inference server
+(`--actor_inference=server --device=cpu`), learn, and fail cleanly if the server dies."""
+import json
+import os
+import re
+import signal
+
+from herd_testing import only_run, run_cli, start_cli, wait_for
+from herd.checkpoint import load_checkpoint
+
+
+def test_cartpole_learns_through_the_inference_server(tmp_path):
+    result = run_cli(["train", "--env=CartPole-v1", "--actor_inference=server", "--device=cpu",
+                      "--environment_max_steps=150000", "--seed=1", "--basic_verbose=False"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = only_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ended"] == "finished" and summary["environment_steps"] >= 150000
+    # A random policy averages about 22: only actions chosen by the learned policy get here.
+    assert summary["max_average_score"] >= 100, summary
+    assert json.loads((run / "config.json").read_text())["actor_inference"] == "server"
+
+
+def server_pid(results) -> int | None:
+    runs = [r for r in results.iterdir() if (r / "log.txt").exists()] if results.exists() else []
+    for line in (runs[0] / "log.txt").read_text().splitlines() if runs else []:
+        match = re.search(r"inference server started on cpu \(pid (\d+)\)", line)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def test_a_dead_inference_server_ends_the_run_with_a_checkpoint(tmp_path):
+    process = start_cli(["train", "--env=CartPole-v1", "--actor_inference=server", "--device=cpu",
+                         "--environment_max_steps=100000000", "--seed=2", "--basic_verbose=False",
+                         "--verbose_learner_out_int=1"], tmp_path)
+    try:
+        # Trained a little: train.csv has rows beyond its header.
+        assert wait_for(lambda: server_pid(tmp_path) and len((only_run(tmp_path) / "train.csv").read_text()
+                                                             .splitlines()) > 3, 90)
+        os.kill(server_pid(tmp_path), signal.SIGKILL)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 1, err[-2000:]
+    assert "inference server died" in err
+    run = only_run(tmp_path)
+    assert json.loads((run / "summary.json").read_text())["ended"] == "actors failed"
+    state, _ = load_checkpoint(run)
+    assert state["counters"]["updates"] > 0
