@@ -15,7 +15,7 @@ def resolve_env_backend(requested: str, env_id: str) -> str:
     `env_id` raises EnvError with one line."""
     kind = env_kind(env_id)
     if requested == "auto":
-        return "gymnasium"  # TODO(merge): ale_vector for Atari once herd/envs/ale_vector.py lands
+        return "ale_vector" if kind == "atari" else "gymnasium"
     if requested == "ale_vector" and kind != "atari":
         raise EnvError(f"--env_backend=ale_vector runs Atari games only, not '{env_id}': use gymnasium or auto")
     if requested not in ENV_BACKENDS:
