@@ -15,6 +15,13 @@ CASES = [
      "GiB"),
     (["--env=CartPole-v1", "--lr=fast"], "not a valid float"),
     (["--env=CartPole-v1", "--no_such_option=1"], "no_such_option"),
+    (["--env=CartPole-v1", "--env_backend=ale_vector"], "Atari games only"),
+    (["--env=PongNoFrameskip-v4", "--envs_per_worker=4", "--env_batch_size=5"], "--env_batch_size"),
+    (["--env=CartPole-v1", "--actor_inference=gpu"], "not one of"),
+    (["--env=PongNoFrameskip-v4", '--replay_parameters=[{"type": "custom", "capacity": 10, "sample_ratio": 1, '
+      '"dist_function": "ln_norm", "sample_strategy": "best"}]'], "sample_strategy"),
+    (["--env=PongNoFrameskip-v4", '--replay_parameters=[{"type": "custom", "capacity": 10, "sample_ratio": 1, '
+      '"dist_function": "ln_norm", "lambda": 6}]'], "unknown key 'lambda'"),
 ]
 
 
