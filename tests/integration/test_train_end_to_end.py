@@ -58,3 +58,15 @@ def test_seed_pong_command_runs_verbatim(tmp_path):
     state, _ = load_checkpoint(run)
     assert state["env_spec"]["obs_shape"] == [4, 84, 84] and state["env_spec"]["num_actions"] == 6
     assert "replay" in state
+
+
+def test_policy_lag_bound_drops_stale_rollouts_and_still_trains(tmp_path):
+    result = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=20000", "--worker_count=2",
+                      "--envs_per_worker=4", "--batch_size=4", "--r_f_steps=16", "--max_policy_lag=0", "--seed=4",
+                      "--basic_verbose=False"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
+    # Two actors with four slots each run ahead of the learner: some rollouts come from an
+    # older policy and are dropped, the others train.
+    assert summary["stale_rollouts_dropped"] > 0 and summary["training_steps"] > 0
+    assert summary["environment_steps"] >= 20000
