@@ -1,8 +1,23 @@
 """Peer benchmark: Sample Factory 2.1.1 (APPO) on Atari, measured beside herd.
 
-Sample Factory needs gymnasium<1.0, numpy<2 and ale-py==0.9.0 while herd uses
-gymnasium 1.x, numpy 2 and ale-py 0.12, so it runs from its own virtual environment
-(benchmarks/.peer-venv-sf/, built on first use) in a subprocess.
+Sample Factory (SF) needs gymnasium<1.0, numpy<2 and ale-py==0.9.0 while herd uses
+gymnasium 1.x, numpy 2 and ale-py 0.12, so SF runs from its own virtual environment
+(benchmarks/.peer-venv-sf/, built on first use in about a minute, reused after) in a
+subprocess: SF's own Atari example (sf_examples.atari.train_atari: its preprocessing, its
+PPO hyperparameters), CPU learner, the same number of workers and envs as herd.
+
+Unit: emulator frames per second, as in herd's throughput benchmark. SF's "Total num frames"
+is the number of samples its learner has trained on times env_frameskip (4), because the
+Atari example sets summaries_use_frameskip=True; agent steps/s = frames/s / 4.
+
+Modes (MODES below): "serial" is SF's fastest on this 2-core machine and the one herd's
+target is set against; "async" and "default" are for reference. Serial mode is also the
+most hurt by other processes on the cores (its torch threads wait for each other), so each
+result says how many cores SF got and how many other processes took in the window.
+
+  python benchmarks/peer_sample_factory.py --mode serial [--seconds 120 --workers 2 --envs 4]
+  python benchmarks/peer_sample_factory.py --mode all     # writes results/peer_sample_factory.json
+  from peer_sample_factory import run_peer; run_peer(mode="serial")["frames_per_s"]
 """
 from __future__ import annotations
 
@@ -10,11 +25,11 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import shlex
 import tempfile
 import time
 from datetime import datetime
@@ -105,14 +120,20 @@ if __name__ == "__main__":
 '''
 
 # The execution flags of each mode; the learning hyperparameters stay those of SF's Atari
-# example (sf_examples/atari/atari_params.py: PPO, rollout 128, 4 minibatches of 256, 4 epochs).
+# example (sf_examples/atari/atari_params.py: PPO, rollout 128, 4 minibatches of 256, 4 epochs;
+# it already sets async_rl=False, batched_sampling=False, worker_num_splits=1).
 MODES = {
-    # the Atari example's own defaults: separate rollout, inference and learner processes,
-    # synchronous PPO (collection waits for the learner)
+    # the example as shipped: rollout workers, an inference worker and a learner in separate
+    # processes, synchronous PPO (collection waits for the learner)
     "default": [],
-    # the same processes, collecting the next batch while the learner trains on the last one
-    "async": ["--async_rl=True"],
-    # everything in one process and one event loop; filled in from the measurements below
+    # the same processes, collecting the next batch while the learner trains on the last one.
+    # SF pins rollout worker i to core i by default; on 2 cores that leaves the learner and the
+    # inference worker fighting a pinned worker, and unpinned it was a little faster here.
+    "async": ["--async_rl=True", "--set_workers_cpu_affinity=False"],
+    # everything in one process, one event loop: no inter-process traffic, and the learner's
+    # torch uses both cores (SF limits it to 1 thread in its own process otherwise). Fastest
+    # here. Tried and not faster on this machine: --batched_sampling=True (1,140-1,180 frames/s
+    # against 1,180-1,320 without, same hour) and --worker_num_splits=2.
     "serial": ["--serial_mode=True"],
 }
 
@@ -152,7 +173,9 @@ def parse_fps(log_text: str, warmup: float) -> dict:
     if len(window) < 2 or window[-1][1] == window[0][1]:
         raise PeerError("Sample Factory's run was too short to measure after the warm-up: run longer (--seconds)")
     (t0, f0, _), (t1, f1, sf60) = window[0], window[-1]
-    return {"frames_per_s": (f1 - f0) / (t1 - t0), "window": (t0, t1), "window_s": round(t1 - t0, 1), "frames_in_window": f1 - f0,
+    step = min(b[1] - a[1] for a, b in zip(reports, reports[1:]) if b[1] > a[1])  # one training iteration
+    return {"frames_per_s": (f1 - f0) / (t1 - t0), "window": (t0, t1), "window_s": round(t1 - t0, 1),
+            "frames_in_window": f1 - f0, "frames_step": step, "resolution_fps": round(step / (t1 - t0)),
             "total_frames": f1, "sf_last_60s_fps": float(sf60) if sf60 != "nan" else None}
 
 
@@ -165,6 +188,11 @@ def _tree_cpu_seconds(pid: int) -> float:
                 times = p.cpu_times()
                 total += times.user + times.system
     return total
+
+
+def _machine_busy_seconds() -> float:
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
 def _stop(process: subprocess.Popen, grace: float = 30) -> None:
@@ -206,7 +234,7 @@ def _session_left(sid: int, wait: float = 10) -> list[int]:
         time.sleep(0.5)
 
 
-def run_peer(env_id: str = "PongNoFrameskip-v4", workers: int = 2, envs_per_worker: int = 4, seconds: float = 60,
+def run_peer(env_id: str = "PongNoFrameskip-v4", workers: int = 2, envs_per_worker: int = 4, seconds: float = 120,
              mode: str = "serial", extra_args: tuple | list = (), warmup: float = 15, venv: Path = VENV) -> dict:
     """Trains Sample Factory's Atari example for `seconds` (wall clock from launch, start-up
     included) and returns its steady-state emulator frames/s with the exact command and log tail."""
@@ -222,21 +250,21 @@ def run_peer(env_id: str = "PongNoFrameskip-v4", workers: int = 2, envs_per_work
         # herd's own environment must not leak into the peer's interpreter
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         log_path = Path(tmp) / "sf.log"
-        load_before = os.getloadavg()[0]  # other users of the cores make every number here smaller
         with open(log_path, "w") as log:
             # a new session: SF's processes form one group, killed together by _stop
             process = subprocess.Popen(command, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True)
-            cpu = []  # (time, CPU seconds of SF's processes): how much of the cores SF actually got
+            # (time, CPU seconds of SF's processes, busy CPU seconds of the whole machine): how much
+            # of the cores SF got, and how much other users of this shared machine took
+            cpu = []
             try:
                 deadline = time.time() + seconds
                 while time.time() < deadline and process.poll() is None:
-                    cpu.append((time.time(), _tree_cpu_seconds(process.pid)))
+                    cpu.append((time.time(), _tree_cpu_seconds(process.pid), _machine_busy_seconds()))
                     time.sleep(1)
                 early = process.poll() is not None  # SF ended by itself: a crash or a bad flag
             finally:
                 _stop(process)
-        load_after = os.getloadavg()[0]
         left = _session_left(process.pid)
         text = ANSI.sub("", log_path.read_text(errors="replace"))
     tail = text.strip().splitlines()[-40:]
@@ -244,13 +272,15 @@ def run_peer(env_id: str = "PongNoFrameskip-v4", workers: int = 2, envs_per_work
         error = next((l for l in reversed(tail) if "Error" in l or "error:" in l), tail[-1] if tail else "no output")
         raise PeerError(f"Sample Factory exited early with code {process.returncode}: {error.strip()}")
     result = parse_fps(text, warmup)
-    (t0, c0), (t1, c1) = (min(cpu, key=lambda s: abs(s[0] - t)) for t in result.pop("window"))
-    result["sf_cores_used"] = round((c1 - c0) / (t1 - t0), 2) if t1 > t0 else None
+    (t0, c0, b0), (t1, c1, b1) = (min(cpu, key=lambda s: abs(s[0] - t)) for t in result.pop("window"))
+    if t1 > t0:
+        result["sf_cores_used"] = round((c1 - c0) / (t1 - t0), 2)
+        result["other_cores_used"] = round(max(0.0, (b1 - b0 - (c1 - c0)) / (t1 - t0)), 2)
     return {"mode": mode, "mode_flags": MODES[mode], "extra_args": list(extra_args), "env_id": env_id,
             "workers": workers, "envs_per_worker": envs_per_worker, "seconds": seconds, "warmup": warmup,
             **result, "agent_steps_per_s": result["frames_per_s"] / 4,  # frameskip 4 (env_frameskip)
             "exit_code": process.returncode,  # 2 is SF's INTERRUPTED: stopped by our SIGINT
-            "leftover_processes": left, "load_avg_1min": [round(load_before, 2), round(load_after, 2)],
+            "leftover_processes": left,
             "command": " ".join(shlex.quote(c) for c in command), "log_tail": tail}
 
 
@@ -259,7 +289,7 @@ def main() -> None:
     parser.add_argument("--env", default="PongNoFrameskip-v4")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--envs", type=int, default=4, help="environments per worker")
-    parser.add_argument("--seconds", type=float, default=90, help="length of each run, start-up included")
+    parser.add_argument("--seconds", type=float, default=120, help="length of each run, start-up (~20 s) included")
     parser.add_argument("--warmup", type=float, default=15, help="seconds after the first trained frames not measured")
     parser.add_argument("--mode", default="serial", choices=[*MODES, "all"])
     parser.add_argument("--extra", default="", help="extra Sample Factory flags in one string")
@@ -274,9 +304,13 @@ def main() -> None:
     except PeerError as e:
         sys.exit(f"peer_sample_factory: {e}")
     print_table(["Sample Factory 2.1.1 mode", "emulator frames/s", "agent steps/s", "window s", "SF's 60 s fps",
-                 "cores SF got", "load avg"],
+                 "cores SF got", "cores others took"],
                 [[r["mode"], f"{r['frames_per_s']:,.0f}", f"{r['agent_steps_per_s']:,.0f}", r["window_s"],
-                  r["sf_last_60s_fps"], r["sf_cores_used"], r["load_avg_1min"]] for r in runs])
+                  r["sf_last_60s_fps"], r.get("sf_cores_used"), r.get("other_cores_used")] for r in runs])
+    for r in runs:
+        if (r.get("other_cores_used") or 0) > 0.25:  # serial mode loses most when another process holds a core
+            print(f"warning: other processes took {r['other_cores_used']} cores during the {r['mode']} run: "
+                  "its number is too low; rerun on a quiet machine")
     for r in runs:
         print(f"{r['mode']}: {r['command']}")
     name = "peer_sample_factory" + (f"_{args.label}" if args.label else "")

@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--extra", default="", help="extra herd flags in one string, e.g. --extra='--batch_size=8'")
     parser.add_argument("--peer", default="none", choices=["none", "serial", "async", "default"],
                         help="also run Sample Factory 2.1.1 in this mode (serial is its fastest here)")
-    parser.add_argument("--peer_seconds", type=float, default=90, help="length of the peer's run, start-up included")
+    parser.add_argument("--peer_seconds", type=float, default=120, help="length of the peer's run, start-up included")
     args = parser.parse_args()
     extra = shlex.split(args.extra)
 
