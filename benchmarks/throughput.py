@@ -5,9 +5,12 @@
 2. herd: `herd train` with the same workers and envs; its steady-state rate is read from
    train.csv after a warm-up, then the run is stopped with SIGINT.
 
+3. With --peer MODE: Sample Factory 2.1.1 with the same workers and envs, from its own venv
+   (peer_sample_factory.py), after herd, so the two never share the cores.
+
 Frames are emulator frames (agent steps x frame skip). Prints a table and a last line
-`herd_fps=<n> ceiling_fps=<n> ratio=<r>`, and records the numbers in results/.
-Usage: python benchmarks/throughput.py [--env PongNoFrameskip-v4] [--workers 2] [--envs 4] [--seconds 60]
+`herd_fps=<n> ceiling_fps=<n> ratio=<r>` (plus ` peer_fps=<n>` with --peer), and records the numbers in results/.
+Usage: python benchmarks/throughput.py [--env PongNoFrameskip-v4] [--workers 2] [--envs 4] [--seconds 60] [--peer serial]
 """
 from __future__ import annotations
 
@@ -62,6 +65,9 @@ def main() -> None:
     parser.add_argument("--frame_skip", type=int, default=4)
     parser.add_argument("--label", default="default", help="names the results file (e.g. the config tried)")
     parser.add_argument("--extra", default="", help="extra herd flags in one string, e.g. --extra='--batch_size=8'")
+    parser.add_argument("--peer", default="none", choices=["none", "serial", "async", "default"],
+                        help="also run Sample Factory 2.1.1 in this mode (serial is its fastest here)")
+    parser.add_argument("--peer_seconds", type=float, default=120, help="length of the peer's run, start-up included")
     args = parser.parse_args()
     extra = shlex.split(args.extra)
 
@@ -72,16 +78,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir, _, code = run_herd(herd_args, Path(tmp), stop_after=args.seconds)
         herd_steps = steady_state_rate(read_csv(run_dir / "train.csv"), args.warmup)
+    peer = None
+    if args.peer != "none":
+        from peer_sample_factory import PeerError, run_peer
+        try:
+            peer = run_peer(args.env, args.workers, args.envs, args.peer_seconds, args.peer)
+        except PeerError as e:
+            raise SystemExit(f"throughput: peer: {e}")
     ceiling_fps, herd_fps = ceiling_steps * args.frame_skip, herd_steps * args.frame_skip
     ratio = herd_fps / ceiling_fps
-    print_table(["what", "agent steps/s", "frames/s", "of ceiling"], [
-        ["env-only ceiling (random actions)", f"{ceiling_steps:,.0f}", f"{ceiling_fps:,.0f}", "100%"],
-        ["herd training", f"{herd_steps:,.0f}", f"{herd_fps:,.0f}", f"{100 * ratio:.1f}%"],
-    ])
+    rows = [["env-only ceiling (random actions)", f"{ceiling_steps:,.0f}", f"{ceiling_fps:,.0f}", "100%"],
+            ["herd training", f"{herd_steps:,.0f}", f"{herd_fps:,.0f}", f"{100 * ratio:.1f}%"]]
+    if peer:
+        rows.append([f"Sample Factory 2.1.1 ({args.peer})", f"{peer['agent_steps_per_s']:,.0f}",
+                     f"{peer['frames_per_s']:,.0f}", f"{100 * peer['frames_per_s'] / ceiling_fps:.1f}%"])
+    print_table(["what", "agent steps/s", "frames/s", "of ceiling"], rows)
     record(f"throughput_{args.env}_{args.workers}x{args.envs}_{args.label}", {
         "env": args.env, "workers": args.workers, "envs_per_worker": args.envs, "herd_args": herd_args,
-        "exit_code": code, "ceiling_fps": round(ceiling_fps), "herd_fps": round(herd_fps), "ratio": round(ratio, 4)})
-    print(f"herd_fps={herd_fps:.0f} ceiling_fps={ceiling_fps:.0f} ratio={ratio:.3f}")
+        "exit_code": code, "ceiling_fps": round(ceiling_fps), "herd_fps": round(herd_fps), "ratio": round(ratio, 4),
+        **({"peer": peer, "peer_fps": round(peer["frames_per_s"]),
+            "herd_over_peer": round(herd_fps / peer["frames_per_s"], 3)} if peer else {})})
+    print(f"herd_fps={herd_fps:.0f} ceiling_fps={ceiling_fps:.0f} ratio={ratio:.3f}"
+          + (f" peer_fps={peer['frames_per_s']:.0f}" if peer else ""))
 
 
 if __name__ == "__main__":
