@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 import torch
 
+from herd.devices import fast_bf16, learner_device
+
 
 class ConfigError(ValueError):
     """A bad option: the message is one line that says what is wrong and how to fix it."""
@@ -63,10 +65,11 @@ class TrainingConfig:
     lr_scheduler_steps: Optional[int] = opt(None, "polynomial (linear) LR decay horizon in learner updates (Atari 10000; vector tasks: the whole run)")
     lr_end_value: float = opt(0.00001, "learning rate at the end of the decay")
     environment_max_steps: Optional[int] = opt(None, "stop after this many environment (agent) steps in total")
-    learner_thread_count: Optional[int] = opt(None, "torch threads of the learner (Atari: one per CPU core, vector tasks 1)")
+    learner_thread_count: Optional[int] = opt(None, "torch threads of the learner (Atari: one per CPU core in fp32, one per two cores in bf16; vector tasks 1)")
     max_bad_updates: int = opt(10, "non-finite losses in a row after which the run stops (each one skips its update)")
     max_policy_lag: Optional[int] = opt(None, "drop fresh rollouts made by a policy more than N updates older than the learner's (default: no bound; train.csv logs the lag)")
-    learner_precision: str = opt("fp32", "learner arithmetic: fp32, or bf16 (autocast; about 2x faster on CPUs with AMX and on recent GPUs)", ("fp32", "bf16"))
+    learner_compile: bool = opt(False, "compile the learner's forward and backward with torch.compile (about 1.5-2x faster on a CPU; the first update then takes 20 s longer)")
+    learner_precision: Optional[str] = opt(None, "learner arithmetic: fp32 or bf16 (autocast: about 2x faster on CPUs with AMX and on GPUs with bf16); default: Atari bf16 where the hardware has it, else fp32", ("auto", "fp32", "bf16"))
 
 
 @dataclass
@@ -165,13 +168,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         lr=0.0008, batch_size=100, r_f_steps=10, optimizer="rmsprop", lr_scheduler_steps=10000,
         environment_max_steps=15_000_000, clip_rewards=True, envs_per_worker=5,
         replay_parameters=DEFAULT_REPLAY, feature_out_layer_size=512,
-        learner_thread_count=max(1, os.cpu_count() or 1), shared_queue_size=16, caching=True,
+        learner_precision="auto", shared_queue_size=16, caching=True,
     ),
     "vector": dict(
         lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam",
         environment_max_steps=500_000, clip_rewards=False, envs_per_worker=16,
         replay_parameters='[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
-        feature_out_layer_size=64, learner_thread_count=1, shared_queue_size=4, caching=False,
+        feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
     ),
 }
 
@@ -403,6 +406,13 @@ def apply_profile(cfg: Config, kind: str) -> Config:
             setattr(section, name, value)
     if cfg.parallel.worker_count is None:
         cfg.parallel.worker_count = max(1, os.cpu_count() or 1)
+    if cfg.train.learner_precision == "auto":
+        cfg.train.learner_precision = "bf16" if fast_bf16(learner_device(cfg.general.device)) else "fp32"
+    if cfg.train.learner_thread_count is None:
+        # Measured on 2 cores (benchmarks/throughput.py): a bf16 learner is fast enough that
+        # a second thread gains less than it takes from the actors; an fp32 one needs them all.
+        cores = max(1, os.cpu_count() or 1)
+        cfg.train.learner_thread_count = max(1, cores // 2) if cfg.train.learner_precision == "bf16" else cores
     specs = cfg.replays
     off_policy = any(spec.type != "queue" for spec in specs)
     if cfg.train.lr_scheduler_steps is None:

@@ -11,6 +11,7 @@ import torch
 from herd.actors.actor import ActorSpec
 from herd.backends.local import install_stop_signals, train_local
 from herd.config import batch_shares
+from herd.devices import learner_device
 from herd.learner.batches import DirectBatches, PrefetchedBatches
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.session import SessionOptions, TrainingDiverged, TrainingSession
@@ -39,13 +40,12 @@ def loss_weights(cfg) -> ImpalaLossWeights:
 def build_session(plan, run_dir: Path) -> TrainingSession:
     cfg = plan.cfg
     torch.set_num_threads(cfg.train.learner_thread_count)
-    use_cuda = cfg.general.device == "cuda" or (cfg.general.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda" if use_cuda else "cpu")
+    device = learner_device(cfg.general.device)
     model = build_model(**plan.model_kwargs).to(device)
     optimizer = build_optimizer(cfg.train.optimizer, model.parameters(), cfg.train.lr, cfg.train.rmsprop_eps)
     scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps)
     learner = Learner(model, optimizer, scheduler, loss_weights(cfg), cfg.train.gradient_clip_by_norm_threshold,
-                      precision=cfg.train.learner_precision)
+                      precision=cfg.train.learner_precision, compile_model=cfg.train.learner_compile)
     specs = cfg.replays
     shares = batch_shares(specs, cfg.train.batch_size)
     r = cfg.replay

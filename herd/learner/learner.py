@@ -2,6 +2,7 @@
 LR-scheduler step. Publishing weights and pacing live in the backend."""
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -9,6 +10,8 @@ import torch
 
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import ModelOutput
+
+log = logging.getLogger("herd")
 
 
 def build_optimizer(name: str, params, lr: float, rmsprop_eps: float) -> torch.optim.Optimizer:
@@ -47,26 +50,43 @@ def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch
 
 class Learner:
     def __init__(self, model: torch.nn.Module, optimizer, scheduler, weights: ImpalaLossWeights,
-                 grad_clip_norm: float, precision: str = "fp32"):
+                 grad_clip_norm: float, precision: str = "fp32", compile_model: bool = False):
         """precision "bf16": the forward pass runs under bfloat16 autocast (the backward
-        follows it); parameters, optimizer state and the loss stay float32."""
+        follows it); parameters, optimizer state and the loss stay float32.
+        compile_model: the training forward pass goes through torch.compile (compiled at
+        the first update; `model` itself stays a plain module, so checkpoints, weight
+        publishing and elite scoring see the usual parameter names)."""
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"unknown learner precision '{precision}' (use fp32 or bf16)")
         self.model = model
         self.bf16 = precision == "bf16"
         self.device_type = next(model.parameters()).device.type
+        self.forward = torch.compile(model) if compile_model else model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.weights = weights
         self.grad_clip_norm = grad_clip_norm
         self.trainable = [p for p in model.parameters() if p.requires_grad]
 
+    def run_model(self, obs: torch.Tensor):
+        """The training forward pass; a torch.compile that fails (no C compiler, an
+        unsupported op) falls back to the plain model once, with a warning."""
+        if self.forward is self.model:
+            return self.model(obs)
+        try:
+            return self.forward(obs)
+        except Exception as err:  # torch._dynamo / inductor raise many types
+            log.warning("torch.compile failed (%s: %s): the learner runs uncompiled", type(err).__name__,
+                        str(err).splitlines()[0][:200] if str(err) else "")
+            self.forward = self.model
+            return self.model(obs)
+
     def step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One update. batch["obs"] is [T+1, B, ...]; returns metrics (floats).
         A non-finite loss skips the update and reports `skipped` = 1."""
         self.model.train()
         with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
-            out = self.model(batch["obs"])                                # logits [T+1, B, A]
+            out = self.run_model(batch["obs"])                            # logits [T+1, B, A]
         out = ModelOutput(*(field.float() for field in out))              # the loss in float32
         loss, metrics = impala_loss(batch, out, self.weights)
         if not math.isfinite(metrics["loss"]):

@@ -1,0 +1,57 @@
+"""The learner's speed options change how it computes, not what: bf16 autocast follows
+the float32 gradient, torch.compile gives the same update and the same checkpoint keys."""
+import copy
+
+import torch
+
+from herd.learner.learner import Learner, build_optimizer, build_scheduler
+from herd.losses.impala import ImpalaLossWeights
+from herd.models import build_model
+
+T, B, A = 5, 4, 6
+
+
+def batch(obs_shape, obs_dtype) -> dict:
+    g = torch.Generator().manual_seed(0)
+    obs = (torch.randint(0, 255, (T + 1, B, *obs_shape), dtype=torch.uint8, generator=g) if obs_dtype == "uint8"
+           else torch.randn(T + 1, B, *obs_shape, generator=g))
+    return {"obs": obs, "action": torch.randint(0, A, (T, B), generator=g), "reward": torch.randn(T, B, generator=g),
+            "done": torch.zeros(T, B, dtype=torch.bool), "trunc_value": torch.zeros(T, B),
+            "behaviour_logits": torch.randn(T, B, A, generator=g), "behaviour_value": torch.randn(T, B, generator=g),
+            "replayed": torch.zeros(B, dtype=torch.bool)}
+
+
+def learner(model, **options) -> Learner:
+    optimizer = build_optimizer("rmsprop", model.parameters(), 0.0008, 0.01)
+    return Learner(model, optimizer, build_scheduler(optimizer, 0.0008, 1e-5, 100), ImpalaLossWeights(), 40.0, **options)
+
+
+def gradient(l: Learner, data) -> torch.Tensor:
+    before = copy.deepcopy(l.model.state_dict())
+    l.step(data)
+    after = l.model.state_dict()
+    return torch.cat([(after[k] - before[k]).flatten() for k in before if after[k].is_floating_point()])
+
+
+def test_bf16_update_follows_the_float32_update():
+    torch.manual_seed(0)
+    model = build_model("nature_cnn", (4, 84, 84), "uint8", A, None)
+    data = batch((4, 84, 84), "uint8")
+    fp32 = gradient(learner(copy.deepcopy(model)), data)
+    bf16 = learner(copy.deepcopy(model), precision="bf16")
+    step16 = gradient(bf16, data)
+    assert torch.nn.functional.cosine_similarity(fp32, step16, dim=0) > 0.99
+    assert 0.9 < step16.norm() / fp32.norm() < 1.1
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())   # weights stay float32
+
+
+def test_compiled_learner_gives_the_same_update_and_plain_checkpoint_keys():
+    torch.manual_seed(0)
+    model = build_model("mlp", (4,), "float32", A, 8, hidden_sizes=(16,))
+    data = batch((4,), "float32")
+    eager, compiled = learner(copy.deepcopy(model)), learner(copy.deepcopy(model), compile_model=True)
+    for _ in range(2):
+        metrics_eager, metrics_compiled = eager.step(data), compiled.step(data)
+        assert abs(metrics_eager["loss"] - metrics_compiled["loss"]) < 1e-4
+    for (name, a), (name_c, b) in zip(eager.model.state_dict().items(), compiled.model.state_dict().items()):
+        assert name == name_c and torch.allclose(a, b, atol=1e-5)
