@@ -1,49 +1,68 @@
-"""Training throughput against the environment-only ceiling, on this machine.
+"""Training throughput against the environment-only ceiling, on this machine, in one run.
 
-1. Ceiling: `workers` processes, each stepping `envs` environments with herd's own
-   preprocessing and random actions, nothing else.
-2. herd: `herd train` with the same workers and envs; its steady-state rate is read from
-   train.csv after a warm-up, then the run is stopped with SIGINT.
-
+1. Ceilings: `workers` processes, each stepping `envs` environments with random actions
+   and nothing else, once with each env backend: herd's own gymnasium preprocessing
+   (one env after another in Python) and ale-py's C++ vector env (one thread per process).
+2. herd: `herd train` with the same workers and envs, once per configuration in CONFIGS
+   (defaults; on-policy like Sample Factory's APPO, per env backend and inference path).
+   Each rate is the steady state read from train.csv after a warm-up; the run is then
+   stopped with SIGINT.
 3. With --peer MODE: Sample Factory 2.1.1 with the same workers and envs, from its own venv
-   (peer_sample_factory.py), after herd, so the two never share the cores.
+   (peer_sample_factory.py), after herd, so that the two never share the cores.
 
 Frames are emulator frames (agent steps x frame skip). Prints a table and a last line
-`herd_fps=<n> ceiling_fps=<n> ratio=<r>` (plus ` peer_fps=<n>` with --peer), and records the numbers in results/.
-Usage: python benchmarks/throughput.py [--env PongNoFrameskip-v4] [--workers 2] [--envs 4] [--seconds 60] [--peer serial]
+`herd_fps=<n> ceiling_fps=<n> ratio=<r>` for the headline configuration against the
+higher ceiling (plus ` peer_fps=<n>` with --peer), and records the numbers in results/.
+Usage: python benchmarks/throughput.py [--env PongNoFrameskip-v4] [--workers 2] [--envs 4] [--seconds 60]
+       [--configs on-policy,defaults,...] [--peer serial]
 """
 from __future__ import annotations
 
 import argparse
-import shlex
 import multiprocessing as mp
+import shlex
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 
 from common import print_table, read_csv, record, run_herd
 
+ON_POLICY = ["--replay_parameters=[{\"type\": \"queue\", \"capacity\": 1, \"sample_ratio\": 1}]",
+             "--batch_size=32", "--r_f_steps=20", "--learner_compile=True"]
+# name -> extra herd flags; the first is the headline. Everything not given is herd's default
+# (C++ vector envs, each actor acting with its own CPU model, bf16 learner where fast).
+CONFIGS = {
+    "on-policy": ON_POLICY,                                   # queue only, like Sample Factory's APPO
+    "on-policy-gymnasium-envs": [*ON_POLICY, "--env_backend=gymnasium"],
+    "on-policy-async-envs": [*ON_POLICY, "--env_batch_size=2"],
+    "on-policy-inference-server": [*ON_POLICY, "--actor_inference=server", "--device=cpu"],
+    "defaults": [],                                           # the seed's replay mix, batch 100, T 10
+}
 
-def random_steps(env_id: str, envs: int, seconds: float, seed: int) -> int:
-    from herd.envs import make_env
-    group = [make_env(env_id, seed=seed + i) for i in range(envs)]
-    for env in group:
-        env.reset()
+
+def random_steps(backend: str, env_id: str, envs: int, seconds: float, seed: int) -> int:
+    """Agent steps of one process in `seconds` of random play."""
+    from herd.envs import describe_env
+    from herd.envs.actor_envs import make_actor_envs
+    actions = describe_env(env_id).num_actions
+    group = make_actor_envs(backend, env_id, envs, seed=seed, threads=1, env_kwargs={})
+    rng = np.random.default_rng(seed)
+    batch = group.start()
     steps, deadline = 0, time.monotonic() + seconds
     while time.monotonic() < deadline:
-        for env in group:
-            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
-            if terminated or truncated:
-                env.reset()
-            steps += 1
+        group.send(rng.integers(actions, size=len(batch.env_ids)))
+        batch = group.recv()
+        steps += len(batch.env_ids)
+    group.close()
     return steps
 
 
-def ceiling(env_id: str, workers: int, envs: int, seconds: float) -> float:
+def ceiling(backend: str, env_id: str, workers: int, envs: int, seconds: float) -> float:
     """Agent steps per second of random play, all processes together."""
     with mp.get_context("spawn").Pool(workers) as pool:
-        counts = pool.starmap(random_steps, [(env_id, envs, seconds, 1000 * w) for w in range(workers)])
+        counts = pool.starmap(random_steps, [(backend, env_id, envs, seconds, 1000 * w) for w in range(workers)])
     return sum(counts) / seconds
 
 
@@ -60,24 +79,36 @@ def main() -> None:
     parser.add_argument("--env", default="PongNoFrameskip-v4")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--envs", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=60, help="length of the training run")
-    parser.add_argument("--warmup", type=float, default=20, help="seconds of training not measured")
+    parser.add_argument("--seconds", type=float, default=75, help="length of each training run")
+    parser.add_argument("--warmup", type=float, default=30, help="seconds of each run not measured (start-up, compile)")
     parser.add_argument("--frame_skip", type=int, default=4)
-    parser.add_argument("--label", default="default", help="names the results file (e.g. the config tried)")
-    parser.add_argument("--extra", default="", help="extra herd flags in one string, e.g. --extra='--batch_size=8'")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of CONFIGS to run")
+    parser.add_argument("--label", default="backends", help="names the results file")
+    parser.add_argument("--extra", default="", help="extra herd flags for every configuration")
     parser.add_argument("--peer", default="none", choices=["none", "serial", "async", "default"],
                         help="also run Sample Factory 2.1.1 in this mode (serial is its fastest here)")
     parser.add_argument("--peer_seconds", type=float, default=120, help="length of the peer's run, start-up included")
     args = parser.parse_args()
-    extra = shlex.split(args.extra)
+    names = [name.strip() for name in args.configs.split(",") if name.strip()]
+    unknown = [name for name in names if name not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"throughput: unknown configuration(s) {unknown}; known: {list(CONFIGS)}")
 
-    ceiling_steps = ceiling(args.env, args.workers, args.envs, seconds=15)
-    herd_args = ["train", f"--env={args.env}", f"--worker_count={args.workers}", f"--envs_per_worker={args.envs}",
-                 "--environment_max_steps=100000000", "--basic_verbose=False", "--verbose_learner_out_int=5",
-                 "--tensorboard=False", *extra]
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir, _, code = run_herd(herd_args, Path(tmp), stop_after=args.seconds)
-        herd_steps = steady_state_rate(read_csv(run_dir / "train.csv"), args.warmup)
+    ceilings = {backend: ceiling(backend, args.env, args.workers, args.envs, seconds=15) * args.frame_skip
+                for backend in ("gymnasium", "ale_vector")}
+    best_ceiling = max(ceilings.values())
+    runs = {}
+    for name in names:
+        herd_args = ["train", f"--env={args.env}", f"--worker_count={args.workers}", f"--envs_per_worker={args.envs}",
+                     "--environment_max_steps=100000000", "--basic_verbose=False", "--verbose_learner_out_int=5",
+                     "--tensorboard=False", *CONFIGS[name], *shlex.split(args.extra)]
+        with tempfile.TemporaryDirectory() as tmp:
+            run_dir, _, code = run_herd(herd_args, Path(tmp), stop_after=args.seconds)
+            rows = read_csv(run_dir / "train.csv")
+            lags = [r["policy_lag"] for r in rows if r["wall_time"] >= args.warmup and r["policy_lag"] == r["policy_lag"]]
+            runs[name] = {"herd_args": herd_args, "exit_code": code,
+                          "fps": round(steady_state_rate(rows, args.warmup) * args.frame_skip),
+                          "policy_lag": round(float(np.mean(lags)), 2) if lags else None}
     peer = None
     if args.peer != "none":
         from peer_sample_factory import PeerError, run_peer
@@ -85,20 +116,27 @@ def main() -> None:
             peer = run_peer(args.env, args.workers, args.envs, args.peer_seconds, args.peer)
         except PeerError as e:
             raise SystemExit(f"throughput: peer: {e}")
-    ceiling_fps, herd_fps = ceiling_steps * args.frame_skip, herd_steps * args.frame_skip
-    ratio = herd_fps / ceiling_fps
-    rows = [["env-only ceiling (random actions)", f"{ceiling_steps:,.0f}", f"{ceiling_fps:,.0f}", "100%"],
-            ["herd training", f"{herd_steps:,.0f}", f"{herd_fps:,.0f}", f"{100 * ratio:.1f}%"]]
+
+    table = [[f"env-only ceiling, {backend} (random actions)", f"{fps / args.frame_skip:,.0f}", f"{fps:,.0f}",
+              f"{100 * fps / best_ceiling:.0f}%", "", ""] for backend, fps in ceilings.items()]
+    for name, run in runs.items():
+        versus = f"{run['fps'] / peer['frames_per_s']:.2f}x" if peer else ""
+        table.append([f"herd: {name}", f"{run['fps'] / args.frame_skip:,.0f}", f"{run['fps']:,}",
+                      f"{100 * run['fps'] / best_ceiling:.1f}%", run["policy_lag"], versus])
     if peer:
-        rows.append([f"Sample Factory 2.1.1 ({args.peer})", f"{peer['agent_steps_per_s']:,.0f}",
-                     f"{peer['frames_per_s']:,.0f}", f"{100 * peer['frames_per_s'] / ceiling_fps:.1f}%"])
-    print_table(["what", "agent steps/s", "frames/s", "of ceiling"], rows)
+        table.append([f"Sample Factory 2.1.1 ({args.peer})", f"{peer['agent_steps_per_s']:,.0f}",
+                      f"{peer['frames_per_s']:,.0f}", f"{100 * peer['frames_per_s'] / best_ceiling:.1f}%", "", "1.00x"])
+    print_table(["what", "agent steps/s", "frames/s", "of ceiling", "policy lag", "vs peer"], table)
+    headline = names[0]
+    herd_fps = runs[headline]["fps"]
     record(f"throughput_{args.env}_{args.workers}x{args.envs}_{args.label}", {
-        "env": args.env, "workers": args.workers, "envs_per_worker": args.envs, "herd_args": herd_args,
-        "exit_code": code, "ceiling_fps": round(ceiling_fps), "herd_fps": round(herd_fps), "ratio": round(ratio, 4),
+        "env": args.env, "workers": args.workers, "envs_per_worker": args.envs, "seconds": args.seconds,
+        "warmup": args.warmup, "ceilings_fps": {k: round(v) for k, v in ceilings.items()}, "runs": runs,
+        "headline": headline, "herd_fps": herd_fps, "ceiling_fps": round(best_ceiling),
+        "ratio": round(herd_fps / best_ceiling, 4),
         **({"peer": peer, "peer_fps": round(peer["frames_per_s"]),
             "herd_over_peer": round(herd_fps / peer["frames_per_s"], 3)} if peer else {})})
-    print(f"herd_fps={herd_fps:.0f} ceiling_fps={ceiling_fps:.0f} ratio={ratio:.3f}"
+    print(f"herd_fps={herd_fps:.0f} ceiling_fps={best_ceiling:.0f} ratio={herd_fps / best_ceiling:.3f}"
           + (f" peer_fps={peer['frames_per_s']:.0f}" if peer else ""))
 
 
