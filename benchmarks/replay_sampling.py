@@ -74,14 +74,14 @@ def pong_trajectories(model, count: int) -> list[dict]:
     return out[:count]
 
 
-def build_mixer(kind: str, compress: bool, model, score_steps) -> ReplayMixer:
+def build_mixer(kind: str, compress: bool, model, score_steps, bf16: bool = False) -> ReplayMixer:
     spec = dict(KINDS[kind])
     if spec["type"] == "custom":
         spec["score_steps"] = score_steps
     specs = parse_replay_parameters(json.dumps([QUEUE, spec]))
     replays = [build_replay(s, LAYOUT, BATCH // 2, 8, compress=compress, anneal_rounds_base=10000) for s in specs]
     for replay in replays:
-        replay.attach_model(model, "cpu")
+        replay.attach_model(model, "cpu", bf16=bf16)
     return ReplayMixer(replays, [BATCH // 2, BATCH // 2], fill_in_factor=0.2, seed=0)
 
 
@@ -168,7 +168,7 @@ def main() -> None:
     rows, results = [], {"learner_step_ms": round(step_ms, 1), "configs": []}
     for kind in KINDS:
         for compress in (False, True):
-            mixer = build_mixer(kind, compress, model, score_steps)
+            mixer = build_mixer(kind, compress, model, score_steps, bf16=args.precision == "bf16")
             write_us = fill(mixer, data)
             per_trajectory = mixer.replays[1].storage.nbytes() / CAPACITY
             ms = sample_ms(mixer, data, args.sample_rounds)

@@ -54,7 +54,8 @@ def build_session(plan, run_dir: Path) -> TrainingSession:
                             seed=cfg.general.seed + index)
                for index, (spec, share) in enumerate(zip(specs, shares))]
     for replay in replays:
-        replay.attach_model(model, device)  # elite/attentive replays score with the learner's model
+        # Elite/attentive replays score with the learner's model, in the learner's precision.
+        replay.attach_model(model, device, bf16=cfg.train.learner_precision == "bf16")
     mixer = ReplayMixer(replays, shares, cfg.replay.training_fill_in_factor, seed=cfg.general.seed)
     if r.caching:
         batches = PrefetchedBatches(mixer, device, r.caching_threads, r.cache_sample_size, r.cache_output_buffer_size,

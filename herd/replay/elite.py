@@ -213,13 +213,15 @@ class EliteSampler:
 
 
 def model_scorers(storage, model: torch.nn.Module, device: torch.device, dist_function: str,
-                  p: float = 2, score_steps: Optional[int] = None) -> tuple[Scorer, AttentiveScorer]:
+                  p: float = 2, score_steps: Optional[int] = None,
+                  bf16: bool = False) -> tuple[Scorer, AttentiveScorer]:
     """The two scorers over `storage` (a TrajectoryStorage) with the current `model`.
 
     The learner trains `model` in another thread: the forward passes run under no_grad
     (thread-local, so the learner's autograd is untouched) and never switch train/eval
     mode. The networks are per-step feed-forward, which is what lets both scorers fold the
-    chosen steps into the batch axis of one forward pass."""
+    chosen steps into the batch axis of one forward pass. With `bf16` (a bf16 learner)
+    they run under the same autocast; distances are computed in float32."""
     T = storage.unroll_length
 
     def steps_of(rng: np.random.Generator) -> np.ndarray:
@@ -230,7 +232,7 @@ def model_scorers(storage, model: torch.nn.Module, device: torch.device, dist_fu
 
     def features_of(obs: np.ndarray) -> torch.Tensor:
         """obs [k, C, ...] (numpy) -> current-model features [k, C, F] on `device`."""
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             return model(torch.from_numpy(obs).to(device)).features.float()
 
     def off_policy(positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:

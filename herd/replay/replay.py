@@ -34,13 +34,15 @@ class Replay:
         positions = self.sampler.sample(n, rng)
         return self.storage.read(positions), self.storage.version[positions]
 
-    def attach_model(self, model: torch.nn.Module, device) -> None:
+    def attach_model(self, model: torch.nn.Module, device, bf16: bool = False) -> None:
         """Gives an elite/attentive replay the learner's model to score trajectories with
         (see herd/replay/elite.py); every other replay ignores it. Call once, before the
-        replay fills: the scorers keep a reference, so later weight updates are seen."""
+        replay fills: the scorers keep a reference, so later weight updates are seen.
+        `bf16`: score under bfloat16 autocast, as a bf16 learner computes."""
         if isinstance(self.sampler, EliteSampler):
             off_policy, attentive = model_scorers(self.storage, model, torch.device(device),
-                                                  self.sampler.dist_function, self.sampler.p, self.sampler.score_steps)
+                                                  self.sampler.dist_function, self.sampler.p, self.sampler.score_steps,
+                                                  bf16=bf16)
             self.sampler.set_scorer(off_policy)
             self.sampler.set_attentive_scorer(attentive)
 
