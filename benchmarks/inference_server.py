@@ -79,7 +79,7 @@ def run_phase(pipes, clients: int, command: tuple) -> tuple[float, float, float]
     for commands, _ in pipes[:clients]:
         commands.send(command)
     durations = [results.recv() for _, results in pipes[:clients]]
-    rows, seconds = command[3], command[4]
+    rows = command[3]
     rate = sum(len(d) * rows / d.sum() for d in durations)   # each client's own rate, added
     everything = np.concatenate(durations) * 1e6
     return float(np.median(everything)), float(np.percentile(everything, 90)), rate

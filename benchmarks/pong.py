@@ -25,9 +25,9 @@ def gpu_config(workers: int) -> list[str]:
     """On-policy IMPALA as in the paper's Pong runs, sized for one GPU and `workers` cores."""
     return ["--env=PongNoFrameskip-v4", "--device=auto", "--actor_inference=auto", "--env_backend=ale_vector",
             f"--worker_count={workers}", "--envs_per_worker=8", "--env_batch_size=4", "--env_threads=1",
-            "--batch_size=32", "--r_f_steps=20", "--optimizer=adam", "--lr=0.0006", "--entropy_loss_weight=0.01",
+            "--batch_size=32", "--r_f_steps=20", "--optimizer=rmsprop", "--lr=0.0006", "--entropy_loss_weight=0.01",
             '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
-            "--lr_scheduler_steps=100000", "--learner_precision=bf16"]
+            "--lr_scheduler_steps=100000", "--learner_compile=True"]
 
 
 def curve(episodes: list[dict], launch: float, window: int = 100) -> list[dict]:

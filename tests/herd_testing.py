@@ -1,7 +1,10 @@
 """Run herd as a user would: in a subprocess, from the repository root."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+from contextlib import contextmanager
 import sys
 from pathlib import Path
 
@@ -46,3 +49,13 @@ def any_alive(processes) -> bool:
         except psutil.NoSuchProcess:
             continue
     return False
+
+
+@contextmanager
+def killed_at_exit(process: subprocess.Popen):
+    """A test's process group (start_new_session) never outlives the test, pass or fail."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)

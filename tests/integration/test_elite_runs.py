@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from herd_testing import ROOT, only_run, run_cli, wait_for
+from herd_testing import ROOT, killed_at_exit, only_run, run_cli, wait_for
 from herd.checkpoint import load_checkpoint
 
 SEED_ELITE = ["--op_mode=train", "--env=PongNoFrameskip-v4", "--environment_max_steps=1000000",
@@ -28,14 +28,11 @@ def test_seed_elite_command_runs_verbatim_and_resumes_its_replay(tmp_path):
     process = subprocess.Popen([sys.executable, str(ROOT / "main.py"), *SEED_ELITE], cwd=tmp_path,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     results = tmp_path / "results"
-    try:
+    with killed_at_exit(process):
         assert wait_for(lambda: results.exists() and any(results.iterdir()), 60)
         time.sleep(40)                 # start-up, 2,000 steps of warm-up (200 trajectories), then updates
         os.killpg(process.pid, signal.SIGINT)
         _, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 0, err[-2000:]
     run = only_run(results)
     state, _ = load_checkpoint(run)

@@ -5,7 +5,7 @@ import os
 import re
 import signal
 
-from herd_testing import only_run, run_cli, start_cli, wait_for
+from herd_testing import killed_at_exit, only_run, run_cli, start_cli, wait_for
 from herd.checkpoint import load_checkpoint
 
 
@@ -34,15 +34,12 @@ def test_a_dead_inference_server_ends_the_run_with_a_checkpoint(tmp_path):
     process = start_cli(["train", "--env=CartPole-v1", "--actor_inference=server", "--device=cpu",
                          "--environment_max_steps=100000000", "--seed=2", "--basic_verbose=False",
                          "--verbose_learner_out_int=1"], tmp_path)
-    try:
+    with killed_at_exit(process):
         # Trained a little: train.csv has rows beyond its header.
         assert wait_for(lambda: server_pid(tmp_path) and len((only_run(tmp_path) / "train.csv").read_text()
                                                              .splitlines()) > 3, 90)
         os.kill(server_pid(tmp_path), signal.SIGKILL)
         _, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 1, err[-2000:]
     assert "inference server died" in err
     run = only_run(tmp_path)

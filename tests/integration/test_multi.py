@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from herd_testing import ROOT, start_cli, wait_for
+from herd_testing import ROOT, killed_at_exit, start_cli, wait_for
 
 TINY = {"env": "CartPole-v1", "environment_max_steps": 2000, "tensorboard": False}
 
@@ -48,15 +48,12 @@ def test_ctrl_c_stops_the_whole_sequence(tmp_path):
     experiments.write_text(json.dumps([{**TINY, "environment_max_steps": 5_000_000}, TINY]))
     results = tmp_path / "results"
     process = start_cli(["multi", str(experiments), "--worker_count=1"], results)
-    try:
+    with killed_at_exit(process):
         def training():   # episodes recorded: the run is past its start-up and handles signals
             return any(p.stat().st_size > 100 for p in results.glob("*/episodes.csv"))
         assert wait_for(training, timeout=90)
         os.killpg(process.pid, signal.SIGINT)
         _, stderr = process.communicate(timeout=90)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 130, stderr[-3000:]
     assert "stopped during experiment 1; experiments 2..2 were not run" in stderr
     saved, runs = configs(results)
