@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from herd.actors.actor import EnvGroup
 from herd.envs import REWARD_CLIPPING_METHODS, EnvError, clip_reward, describe_env, make_env
 from herd.envs.ale_vector import AleVectorEnvs, clip_rewards_array
+from herd.envs.gym_envs import GymEnvs
 
 # Both backends from the same emulator state: no random no-ops, no FIRE at reset (the two
 # press FIRE differently, see the module docstring of herd.envs.ale_vector).
@@ -30,14 +30,16 @@ def random_policy(num_actions: int, seed: int):
 
 
 def reference_play(env_id: str, actions: np.ndarray, **kwargs) -> list:
-    """Our stack stepped the way the actor steps it (herd.actors.actor.EnvGroup), one env,
-    seed 0; -> [(obs [C, H, W], reward, done, finished)], from the reset on."""
-    group = EnvGroup([make_env(env_id, seed=0, **kwargs)])
-    out = [(group.obs[0].copy(), 0.0, False, [])]
+    """Our gymnasium stack stepped the way the actor steps it (herd.envs.gym_envs.GymEnvs),
+    one env, seed 0; -> [(obs [C, H, W], reward, done, finished)], from the reset on."""
+    envs = GymEnvs(env_id, 1, seed=0, **kwargs)
+    batch = envs.start()
+    out = [(batch.obs[0], 0.0, False, [])]
     for action in actions:
-        rewards, dones, _, finished = group.step(np.array([action]))
-        out.append((group.obs[0].copy(), float(rewards[0]), bool(dones[0]), finished))
-    group.envs[0].close()
+        envs.send(np.array([action]))
+        batch = envs.recv()
+        out.append((batch.obs[0], float(batch.reward[0]), bool(batch.done[0]), batch.finished))
+    envs.close()
     return out
 
 
