@@ -4,8 +4,12 @@ launch and emulator frames, until it reaches the target (20 by default) or time 
 Meant for a GPU machine (the README's headline): `python benchmarks/pong.py --minutes 5`
 runs `herd train` with the configuration below (the batched inference server on the GPU,
 the C++ vector env backend, one actor per core). `--extra` adds or overrides herd flags.
-On a CPU-only machine the same command runs, but Pong takes hours there, not minutes.
-Writes benchmarks/results/pong_<device>.json with the curve and the run's log tail.
+On a CPU-only machine fewer frames per second arrive, and learning is limited by the
+number of updates, not frames: there use smaller batches, e.g. (2 cores, 40 minutes to a
+100-game average of 19):
+  python benchmarks/pong.py --minutes 40 --tag _batch8 --extra="--device=cpu
+    --actor_inference=local --env_batch_size=0 --envs_per_worker=8 --batch_size=8"
+Writes benchmarks/results/pong_<device><tag>.json with the curve and the run's log tail.
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--extra", default="", help="extra herd flags in one string")
+    parser.add_argument("--tag", default="", help="suffix of the results file name, to keep runs apart")
     args = parser.parse_args()
     herd_args = ["train", *gpu_config(args.workers), "--environment_max_steps=100000000", "--basic_verbose=False",
                  "--tensorboard=False", *shlex.split(args.extra)]
@@ -66,7 +71,7 @@ def main() -> None:
                else f"did not reach {args.target} in {args.minutes} min (best 100-game average {best})")
     print(verdict)
     device = "cuda" if '"device": "cuda"' in config else "cpu"
-    record(f"pong_{device}", {"command": "python benchmarks/pong.py " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
+    record(f"pong_{device}{args.tag}", {"command": "python benchmarks/pong.py " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
                               "herd_args": herd_args, "exit_code": code, "target": args.target,
                               "reached": reached, "best_average": best, "curve": points[::10], "log_tail": log_tail})
 

@@ -61,7 +61,7 @@ class TrainingConfig:
     gradient_clip_by_norm_threshold: float = opt(40.0, "global gradient-norm clip; 0 disables")
     gamma: float = opt(0.99, "discount factor")
     optimizer: Optional[str] = opt(None, "rmsprop or adam (Atari rmsprop, vector tasks adam)", ("rmsprop", "adam"))
-    rmsprop_eps: float = opt(0.01, "RMSprop epsilon")
+    rmsprop_eps: Optional[float] = opt(None, "RMSprop epsilon, added to the root of the squared-gradient average (Atari 1e-5, vector tasks 0.01: herd's losses are means over the batch, and 0.01 would swamp their small gradients, see README)")
     lr_scheduler_steps: Optional[int] = opt(None, "polynomial (linear) LR decay horizon in learner updates (Atari 10000; vector tasks: the whole run)")
     lr_end_value: float = opt(0.00001, "learning rate at the end of the decay")
     environment_max_steps: Optional[int] = opt(None, "stop after this many environment (agent) steps in total")
@@ -165,13 +165,13 @@ SECTIONS = {
 # Defaults that depend on the kind of environment. Atari keeps the seed's values.
 PROFILES: dict[str, dict[str, Any]] = {
     "atari": dict(
-        lr=0.0008, batch_size=100, r_f_steps=10, optimizer="rmsprop", lr_scheduler_steps=10000,
+        lr=0.0008, batch_size=100, r_f_steps=10, optimizer="rmsprop", rmsprop_eps=1e-5, lr_scheduler_steps=10000,
         environment_max_steps=15_000_000, clip_rewards=True, envs_per_worker=5,
         replay_parameters=DEFAULT_REPLAY, feature_out_layer_size=512,
         learner_precision="auto", shared_queue_size=16, caching=True, use_replay_compression=True,
     ),
     "vector": dict(
-        lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam",
+        lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01,
         environment_max_steps=500_000, clip_rewards=False, envs_per_worker=16,
         replay_parameters='[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
         feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,

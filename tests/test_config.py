@@ -38,6 +38,9 @@ def test_vector_profile_differs_from_atari_and_command_line_wins():
     assert cartpole.train.optimizer == "adam" and pong.train.optimizer == "rmsprop"
     assert cartpole.env.clip_rewards is False
     assert resolve({"env": "CartPole-v1", "optimizer": "rmsprop"}, env_kind=kind_of).train.optimizer == "rmsprop"
+    # herd's losses are batch means: Atari's RMSprop epsilon is scaled down to match (README).
+    assert pong.train.rmsprop_eps == 1e-5 and cartpole.train.rmsprop_eps == 0.01
+    assert resolve({"env": "PongNoFrameskip-v4", "rmsprop_eps": "0.01"}, env_kind=kind_of).train.rmsprop_eps == 0.01
     # CLEAR cloning defaults on exactly when an off-policy replay is used.
     assert cartpole.loss.use_policy_cloning_loss is False and pong.loss.use_policy_cloning_loss is True
 

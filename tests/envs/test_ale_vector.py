@@ -249,6 +249,28 @@ def test_async_batches_act_on_their_own_envs():
     assert sorted(f for b in batches for f in b.finished) == sorted(games)
 
 
+@pytest.mark.parametrize("batch_size", [0, 2])
+def test_each_row_action_moves_its_own_env(batch_size):
+    """Envs 0 and 2 always press UP, envs 1 and 3 always DOWN: each env's last observation
+    must be what one env of our gymnasium stack shows after the same presses, and not what
+    it shows after the other env's presses (an action routed to the wrong row would fail)."""
+    press = np.array([2, 5, 2, 5])                       # Pong: 2 = UP, 5 = DOWN
+    with AleVectorEnvs("PongNoFrameskip-v4", 4, seed=0, batch_size=batch_size, num_threads=2,
+                       **SAME_START) as envs:
+        batch, steps, last = envs.start(), np.zeros(4, int), {}
+        while steps.min() < 60:
+            steps[batch.env_ids] += 1
+            envs.send(press[batch.env_ids])
+            batch = envs.recv()
+            for row, e in enumerate(batch.env_ids):
+                last[int(e)] = (batch.obs[row].copy(), int(steps[e]))
+    for e, (obs, count) in last.items():
+        own = reference_play("PongNoFrameskip-v4", np.full(count, press[e]), **SAME_START)[-1][0]
+        other = reference_play("PongNoFrameskip-v4", np.full(count, 7 - press[e]), **SAME_START)[-1][0]
+        np.testing.assert_array_equal(obs, own, err_msg=f"env {e}")
+        assert not np.array_equal(obs, other), f"env {e}: UP and DOWN look the same, the test proves nothing"
+
+
 def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
