@@ -162,7 +162,8 @@ SECTIONS = {
     "test": TestConfig, "network": NetworkConfig, "loss": LossConfig,
 }
 
-# Defaults that depend on the kind of environment. Atari keeps the seed's values.
+# Defaults that depend on the kind of environment. Atari keeps the seed's values except
+# where the README's table of differing defaults says why not.
 PROFILES: dict[str, dict[str, Any]] = {
     "atari": dict(
         lr=0.0008, batch_size=100, r_f_steps=10, optimizer="rmsprop", rmsprop_eps=1e-5, lr_scheduler_steps=10000,
@@ -453,6 +454,8 @@ def validate(cfg: Config) -> None:
     t, lo = cfg.train, cfg.loss
     if not t.lr or t.lr <= 0:
         raise ConfigError(f"--lr must be > 0, got {t.lr}")
+    if t.rmsprop_eps is None or not t.rmsprop_eps > 0:
+        raise ConfigError(f"--rmsprop_eps must be > 0, got {t.rmsprop_eps}")
     if not 0 <= t.gamma <= 1:
         raise ConfigError(f"--gamma must be in [0, 1], got {t.gamma}")
     if t.gradient_clip_by_norm_threshold < 0:

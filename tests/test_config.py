@@ -90,6 +90,8 @@ def test_batch_shares_sum_to_batch_size():
     ({"batch_size": "0"}, "--batch_size must be >= 1"),
     ({"worker_count": "-1"}, "--worker_count must be >= 1"),
     ({"gamma": "1.5"}, "--gamma"),
+    ({"rmsprop_eps": "-1"}, "--rmsprop_eps must be > 0"),
+    ({"rmsprop_eps": "0"}, "--rmsprop_eps must be > 0"),
     ({"batch_size": "1"}, "too small"),
     ({"op_mode": "test"}, "needs --load_model_url"),
     ({"frame_scale_resolution": "84"}, "frame_scale_resolution"),
