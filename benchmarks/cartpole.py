@@ -9,20 +9,17 @@ import argparse
 import shlex
 import statistics
 import tempfile
-from collections import deque
 from pathlib import Path
 
-from common import print_table, read_csv, record, run_herd
+from common import moving_averages, print_table, read_csv, record, run_herd
 
 TARGET = 475.0
 
 
 def time_to_target(episodes: list[dict], launch: float, window: int = 100) -> tuple[float | None, float | None]:
     """(seconds from launch, env steps) when the moving average first reaches TARGET."""
-    scores: deque = deque(maxlen=window)
-    for row in episodes:
-        scores.append(row["score"])
-        if len(scores) == window and sum(scores) / window >= TARGET:
+    for row, average, games in moving_averages(episodes, window):
+        if games == window and average >= TARGET:
             return row["unix_time"] - launch, row["env_step"]
     return None, None
 

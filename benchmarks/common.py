@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import psutil
@@ -58,6 +59,17 @@ def run_herd(args: list[str], results_dir: Path, stop_after: float | None = None
 def read_csv(path: Path) -> list[dict]:
     with open(path) as f:
         return [{k: float(v) if v not in ("", None) else float("nan") for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def moving_averages(episodes: list[dict], window: int = 100) -> list[tuple[dict, float, int]]:
+    """For each row of episodes.csv, in order: (row, average score of the last `window`
+    games up to and including it, how many games that average holds)."""
+    scores: deque = deque(maxlen=window)
+    out = []
+    for row in episodes:
+        scores.append(row["score"])
+        out.append((row, sum(scores) / len(scores), len(scores)))
+    return out
 
 
 def record(name: str, data: dict) -> Path:

@@ -11,10 +11,9 @@ import argparse
 import shlex
 import statistics
 import tempfile
-from collections import deque
 from pathlib import Path
 
-from common import print_table, read_csv, record, run_herd
+from common import moving_averages, print_table, read_csv, record, run_herd
 
 QUEUE = '{"type": "queue", "capacity": 1, "sample_ratio": 0.5}'
 REPLAYS = {
@@ -26,13 +25,13 @@ REPLAYS = {
 
 def curve(episodes: list[dict], marks: list[int], window: int = 100) -> list[float]:
     """The moving-average score at each mark of environment steps (NaN before any episode)."""
-    scores: deque = deque(maxlen=window)
-    values, index = [], 0
+    averages = moving_averages(episodes, window)
+    values, latest, index = [], float("nan"), 0
     for mark in marks:
-        while index < len(episodes) and episodes[index]["env_step"] <= mark:
-            scores.append(episodes[index]["score"])
+        while index < len(averages) and averages[index][0]["env_step"] <= mark:
+            latest = averages[index][1]
             index += 1
-        values.append(sum(scores) / len(scores) if scores else float("nan"))
+        values.append(latest)
     return values
 
 

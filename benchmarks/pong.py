@@ -17,10 +17,9 @@ import argparse
 import os
 import shlex
 import tempfile
-from collections import deque
 from pathlib import Path
 
-from common import print_table, read_csv, record, run_herd
+from common import moving_averages, print_table, read_csv, record, run_herd
 
 FRAME_SKIP = 4
 
@@ -36,13 +35,8 @@ def gpu_config(workers: int) -> list[str]:
 
 def curve(episodes: list[dict], launch: float, window: int = 100) -> list[dict]:
     """The moving average after every game: seconds from launch, frames, average."""
-    scores: deque = deque(maxlen=window)
-    points = []
-    for row in episodes:
-        scores.append(row["score"])
-        points.append({"seconds": round(row["unix_time"] - launch, 1), "frames": int(row["env_step"]) * FRAME_SKIP,
-                       "average": round(sum(scores) / len(scores), 2), "games": len(scores)})
-    return points
+    return [{"seconds": round(row["unix_time"] - launch, 1), "frames": int(row["env_step"]) * FRAME_SKIP,
+             "average": round(average, 2), "games": games} for row, average, games in moving_averages(episodes, window)]
 
 
 def main() -> None:
