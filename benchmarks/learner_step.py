@@ -8,6 +8,7 @@ Usage: python benchmarks/learner_step.py [--batch 32] [--unroll 20] [--network n
 """
 from __future__ import annotations
 
+import functools
 import argparse
 import os
 import time
@@ -17,7 +18,7 @@ import torch
 from common import print_table, record
 
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
-from herd.losses.impala import ImpalaLossWeights
+from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
 
 ACTIONS = 6
@@ -48,7 +49,7 @@ def make(network: str, precision: str, compiled: bool, channels_last: bool) -> L
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer("rmsprop", model.parameters(), 0.0008, 0.01)
-    learner = Learner(model, optimizer, build_scheduler(optimizer, 0.0008, 1e-5, 10000), ImpalaLossWeights(), 40.0,
+    learner = Learner(model, optimizer, build_scheduler(optimizer, 0.0008, 1e-5, 10000), functools.partial(impala_loss, weights=ImpalaLossWeights()), 40.0,
                       precision=precision)
     if compiled:
         learner.model = torch.compile(model)

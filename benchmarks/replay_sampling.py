@@ -16,6 +16,7 @@ Usage: python benchmarks/replay_sampling.py [--updates 12] [--precision fp32|bf1
 """
 from __future__ import annotations
 
+import functools
 import argparse
 import json
 import os
@@ -26,18 +27,18 @@ import torch
 
 from common import print_table, record
 
-from herd.config import parse_replay_parameters
+from herd.replay.spec import parse_replay_parameters
 from herd.envs.gym_envs import GymEnvs
 from herd.learner.batches import DirectBatches, PrefetchedBatches
 from herd.learner.learner import Learner, build_optimizer, build_scheduler, to_tensors
-from herd.losses.impala import ImpalaLossWeights
+from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
 from herd.replay.mixer import ReplayMixer
-from herd.replay.replay import build_replay
-from herd.trajectory import TrajectoryLayout
+from herd.replay.registry import build_replay
+from herd.algos.impala import impala_layout
 
 T, BATCH, CAPACITY, ACTIONS = 10, 100, 1000, 6
-LAYOUT = TrajectoryLayout(unroll_length=T, obs_shape=(4, 84, 84), obs_dtype="uint8", num_actions=ACTIONS,
+LAYOUT = impala_layout(unroll_length=T, obs_shape=(4, 84, 84), obs_dtype="uint8", num_actions=ACTIONS,
                           feature_size=512)
 QUEUE = {"type": "queue", "capacity": 1, "sample_ratio": 0.5}
 ELITE = {"dist_function": "ln_norm", "lambda_batch_multiplier": 6, "alfa_annealing_factor": 2.0}
@@ -108,7 +109,8 @@ def sample_ms(mixer: ReplayMixer, data: list[dict], rounds: int) -> float:
     for r in range(rounds):
         feed_queue(mixer, data, r * 7)
         start = time.perf_counter()
-        batch, replayed, _ = mixer.sample()
+        mixed = mixer.sample()
+        batch, replayed = mixed.data, mixed.replayed
         to_tensors(batch, replayed, torch.device("cpu"))
         total += time.perf_counter() - start
     return total / rounds * 1000
@@ -200,7 +202,8 @@ def build_and_sample(model, data, score_steps):
     mixer = build_mixer("standard", False, model, score_steps)
     fill(mixer, data)
     feed_queue(mixer, data, 0)
-    batch, replayed, _ = mixer.sample()
+    mixed = mixer.sample()
+        batch, replayed = mixed.data, mixed.replayed
     return batch, replayed
 
 

@@ -7,8 +7,11 @@ import argparse
 import sys
 from typing import Any, Sequence
 
-from herd.config import FIELD_INFO, SECTIONS, ConfigError
+from herd.config import FIELD_INFO, PROFILES, SECTIONS, ConfigError
 import dataclasses
+
+
+KIND_NAMES = {"atari": "Atari", "vector": "vector tasks"}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -16,6 +19,16 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # noqa: D102
         raise ConfigError(message)
+
+
+def default_text(f: dataclasses.Field) -> str:
+    """' [default: ...]' as a run gets it: from the field, or per environment kind where a
+    profile sets it (so --help can never disagree with what runs)."""
+    per_kind = {kind: values[f.name] for kind, values in PROFILES.items() if f.name in values}
+    if per_kind:
+        shown = "; ".join(f"{KIND_NAMES[kind]} {value}" for kind, value in per_kind.items())
+        return f" [default: {shown}]"
+    return f" [default: {f.default}]" if f.default is not None else ""
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -26,10 +39,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             dashed = f.name.replace("_", "-")
             if dashed != f.name:
                 names.append(f"--{dashed}")
-            default = f.default if f.default is not dataclasses.MISSING else None
-            help_text = f.metadata.get("help", "")
-            if default is not None:
-                help_text += f" [default: {default}]"
+            help_text = f.metadata.get("help", "") + default_text(f)
             # Values stay strings here; herd.config.coerce converts them with clear errors.
             group.add_argument(*names, dest=f.name, default=argparse.SUPPRESS, metavar=f.name.upper(),
                                help=help_text.replace("%", "%%"))

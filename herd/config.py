@@ -12,7 +12,6 @@ seed's Atari-minded defaults do not fit CartPole. The command line still overrid
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -20,11 +19,18 @@ from typing import Any, Optional
 
 import torch
 
+from herd.algos import ALGORITHMS
+from herd.backends import BACKEND_CHOICES, check_backend
 from herd.devices import fast_bf16, learner_device
+from herd.envs.actor_envs import ENV_BACKENDS
+from herd.envs.wrappers import REWARD_CLIPPING_METHODS
+from herd.errors import ConfigError
+from herd.models import NETWORKS
+from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters
+from herd.replay.writer import DISCARDING_STRATEGIES
 
-
-class ConfigError(ValueError):
-    """A bad option: the message is one line that says what is wrong and how to fix it."""
+__all__ = ["Config", "ConfigError", "PROFILES", "ReplaySpec", "apply_profile", "batch_shares",
+           "parse_replay_parameters", "resolve", "validate"]
 
 
 def opt(default: Any, help: str, choices: tuple | None = None):
@@ -33,9 +39,6 @@ def opt(default: Any, help: str, choices: tuple | None = None):
 
 
 OP_MODES = ("train", "train_w_load", "test")
-REWARD_CLIPPING_METHODS = ("abs_one_sign", "abs_one_clamp", "soft_asymmetric")
-DISCARDING_STRATEGIES = ("wait", "keep_latest", "keep_oldest", "alternating")
-NETWORKS = ("auto", "mlp", "nature_cnn", "resnet")
 
 
 @dataclass
@@ -50,32 +53,33 @@ class GeneralConfig:
     results_dir: str = opt("results", "folder that holds one sub-folder per run")
     save_replay: bool = opt(True, "save the replays' contents (LZ4-packed) with every checkpoint; turn off for very large buffers")
     device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda", ("cpu", "auto", "cuda"))
+    algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER)", tuple(ALGORITHMS))
     actor_inference: str = opt("auto", "who chooses the actors' actions: local (each actor runs the model on its CPU), server (one batched inference server on --device for all actors), auto (server when the device is cuda)", ("auto", "local", "server"))
 
 
 @dataclass
 class TrainingConfig:
-    lr: Optional[float] = opt(None, "learning rate (Atari 0.0008, vector tasks 0.001)")
-    batch_size: Optional[int] = opt(None, "trajectories per learner batch (Atari 100, vector tasks 16)")
-    r_f_steps: Optional[int] = opt(None, "rollout fragment length, the unroll length T (Atari 10, vector tasks 32)")
+    lr: Optional[float] = opt(None, "learning rate")
+    batch_size: Optional[int] = opt(None, "trajectories per learner batch")
+    r_f_steps: Optional[int] = opt(None, "rollout fragment length, the unroll length T")
     gradient_clip_by_norm_threshold: float = opt(40.0, "global gradient-norm clip; 0 disables")
     gamma: float = opt(0.99, "discount factor")
-    optimizer: Optional[str] = opt(None, "rmsprop or adam (Atari rmsprop, vector tasks adam)", ("rmsprop", "adam"))
-    rmsprop_eps: Optional[float] = opt(None, "RMSprop epsilon, added to the root of the squared-gradient average (Atari 1e-5, vector tasks 0.01: herd's losses are means over the batch, and 0.01 would swamp their small gradients, see README)")
-    lr_scheduler_steps: Optional[int] = opt(None, "polynomial (linear) LR decay horizon in learner updates (Atari 10000; vector tasks: the whole run)")
+    optimizer: Optional[str] = opt(None, "rmsprop or adam", ("rmsprop", "adam"))
+    rmsprop_eps: Optional[float] = opt(None, "RMSprop epsilon, added to the root of the squared-gradient average (herd's losses are means over the batch, and the seed's 0.01 would swamp their small gradients on Atari, see README)")
+    lr_scheduler_steps: Optional[int] = opt(None, "polynomial (linear) LR decay horizon in learner updates (unset: the whole run)")
     lr_end_value: float = opt(0.00001, "learning rate at the end of the decay")
     environment_max_steps: Optional[int] = opt(None, "stop after this many environment (agent) steps in total")
-    learner_thread_count: Optional[int] = opt(None, "torch threads of the learner (Atari: one per CPU core in fp32, one per two cores in bf16; vector tasks 1)")
+    learner_thread_count: Optional[int] = opt(None, "torch threads of the learner (unset on Atari: one per CPU core in fp32, one per two cores in bf16)")
     max_bad_updates: int = opt(10, "non-finite losses in a row after which the run stops (each one skips its update)")
     max_policy_lag: Optional[int] = opt(None, "drop fresh rollouts made by a policy more than N updates older than the learner's (default: no bound; train.csv logs the lag)")
     learner_compile: bool = opt(False, "compile the learner's forward and backward with torch.compile (about 1.5-2x faster on a CPU; the first update then takes 20 s longer)")
-    learner_precision: Optional[str] = opt(None, "learner arithmetic: fp32 or bf16 (autocast: about 2x faster on CPUs with AMX and on GPUs with bf16); default: Atari bf16 where the hardware has it, else fp32", ("auto", "fp32", "bf16"))
+    learner_precision: Optional[str] = opt(None, "learner arithmetic: fp32, bf16 (autocast: about 2x faster on CPUs with AMX and on GPUs with bf16), or auto (bf16 where the hardware has it, else fp32)", ("auto", "fp32", "bf16"))
 
 
 @dataclass
 class EnvConfig:
     env: str = opt("AtlantisNoFrameskip-v4", "environment id: any gymnasium id; *NoFrameskip-v4 for ALE Atari")
-    clip_rewards: Optional[bool] = opt(None, "clip rewards (Atari True, vector tasks False)")
+    clip_rewards: Optional[bool] = opt(None, "clip rewards")
     reward_clipping_method: str = opt("abs_one_sign", "how rewards are clipped", REWARD_CLIPPING_METHODS)
     skipped_frames: int = opt(4, "Atari action repeat with max-pool over the last two frames")
     frames_stacked: int = opt(4, "Atari frame stack")
@@ -84,15 +88,17 @@ class EnvConfig:
     episodic_life: bool = opt(True, "Atari: a lost life ends the training episode (scores count all lives)")
     frame_scale_resolution: tuple = opt((84, 84), "Atari: resize frames to height,width")
     max_episode_steps: Optional[int] = opt(None, "truncate episodes after N agent steps (default: the env's own limit)")
+    actions_count: Optional[int] = opt(None, "the seed's: number of actions, checked against the environment (unset: taken from it)")
+    observation_shape: Optional[tuple] = opt(None, "the seed's: observation shape after preprocessing (e.g. 4,84,84), checked against the environment (unset: taken from it)")
 
 
 @dataclass
 class ParallelConfig:
     worker_count: Optional[int] = opt(None, "actor processes (default: one per CPU core)")
-    envs_per_worker: Optional[int] = opt(None, "environments per actor, stepped together (Atari 5, vector tasks 16)")
-    multiprocessing_backend: str = opt("python_native", "python_native (local processes) or ray", ("python_native", "ray"))
-    shared_queue_size: Optional[int] = opt(None, "trajectory slots per actor in shared memory, bounding how far actors run ahead (Atari 16, vector tasks 4)")
-    env_backend: str = opt("auto", "how actors step environments: gymnasium (per-process, any env), ale_vector (ale-py's C++ vector env, Atari), auto (ale_vector for Atari)", ("auto", "gymnasium", "ale_vector"))
+    envs_per_worker: Optional[int] = opt(None, "environments per actor, stepped together")
+    multiprocessing_backend: str = opt("python_native", "python_native (local processes); ray is refused until its backend is built", BACKEND_CHOICES)
+    shared_queue_size: Optional[int] = opt(None, "trajectory slots per actor in shared memory, bounding how far actors run ahead")
+    env_backend: str = opt("auto", "how actors step environments: gymnasium (per-process, any env), ale_vector (ale-py's C++ vector env, Atari), auto (ale_vector for Atari)", ("auto", *ENV_BACKENDS))
     env_threads: int = opt(1, "ale_vector: threads stepping each actor's environments")
     env_batch_size: int = opt(0, "ale_vector: environments per batch; 0 = all (synchronous), fewer = asynchronous (envs step while the policy acts on the previous batch)")
     actor_timeout: float = opt(60.0, "seconds without a rollout after which an actor counts as hung and is restarted")
@@ -104,13 +110,13 @@ DEFAULT_REPLAY = '[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type
 
 @dataclass
 class ReplayConfig:
-    replay_parameters: Optional[str] = opt(None, "the replays as a JSON list (Atari: the seed's queue+standard mix; vector tasks: queue only)")
+    replay_parameters: Optional[str] = opt(None, "the replays as a JSON list of {type, capacity, sample_ratio, ...}")
     training_fill_in_factor: float = opt(0.2, "a replay must be this full (fraction of capacity) before training starts")
     replay_writer_queue_size: int = opt(4, "rollouts waiting to be written into the replays before the discarding strategy applies")
     discarding_strategy: str = opt("wait", "on a full writer queue: wait (discard nothing; actors back off), keep_latest, keep_oldest or alternating", DISCARDING_STRATEGIES)
-    use_replay_compression: Optional[bool] = opt(None, "store replayed observations LZ4-compressed (Atari True: 12x less memory per stored trajectory and no slower, see benchmarks/replay_sampling.py; vector tasks False)")
+    use_replay_compression: Optional[bool] = opt(None, "store replayed observations LZ4-compressed (on Atari 12x less memory per stored trajectory and no slower, see benchmarks/replay_sampling.py)")
     lz4_compression_level: int = opt(0, "LZ4 compression level")
-    caching: Optional[bool] = opt(None, "prepare batches ahead in background threads (Atari True; vector tasks False: sampling is cheap there and the extra policy lag costs more)")
+    caching: Optional[bool] = opt(None, "prepare batches ahead in background threads (on vector tasks sampling is cheap and the extra policy lag costs more)")
     caching_threads: int = opt(1, "threads preparing batches")
     cache_sample_size: int = opt(1, "batches prepared per round")
     cache_output_buffer_size: int = opt(3, "prepared batches kept ready")
@@ -119,11 +125,11 @@ class ReplayConfig:
 @dataclass
 class StatsConfig:
     avg_buff_size: int = opt(100, "episodes in the moving-average score")
-    verbose_worker_out_int: int = opt(50, "actor-side progress interval (rollouts) when worker_verbose")
-    verbose_learner_out_int: int = opt(250, "learner-side log interval (updates)")
+    verbose_worker_out_int: int = opt(50, "with --worker_verbose, each actor prints a progress line every N rollouts")
+    verbose_learner_out_int: Optional[int] = opt(None, "learner-side log interval: a train.csv row and TensorBoard scalars every N updates")
     basic_verbose: bool = opt(True, "print a live progress line")
-    worker_verbose: bool = opt(False, "print per-actor progress")
-    background_save: bool = opt(False, "write statistics from a background thread")
+    worker_verbose: bool = opt(False, "print per-actor progress (rollouts, steps, recent score) on stderr")
+    background_save: bool = opt(False, "write the metric files (episodes.csv, train.csv) from a background thread instead of the learner's")
     tensorboard: bool = opt(True, "write TensorBoard scalars into the run folder")
 
 
@@ -136,7 +142,7 @@ class TestConfig:
 @dataclass
 class NetworkConfig:
     network: str = opt("auto", "auto (mlp for vectors, nature_cnn for frames), mlp, nature_cnn or resnet", NETWORKS)
-    feature_out_layer_size: Optional[int] = opt(None, "size of the per-step feature vector (Atari 512, vector tasks 64)")
+    feature_out_layer_size: Optional[int] = opt(None, "size of the per-step feature vector")
     use_additional_scaling_FC_layer: bool = opt(True, "a separate linear layer produces the feature vector")
     hidden_sizes: tuple = opt((64, 64), "MLP hidden layer sizes")
 
@@ -170,13 +176,14 @@ PROFILES: dict[str, dict[str, Any]] = {
         environment_max_steps=15_000_000, clip_rewards=True, envs_per_worker=5,
         replay_parameters=DEFAULT_REPLAY, feature_out_layer_size=512,
         learner_precision="auto", shared_queue_size=16, caching=True, use_replay_compression=True,
+        verbose_learner_out_int=250,
     ),
     "vector": dict(
         lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01,
         environment_max_steps=500_000, clip_rewards=False, envs_per_worker=16,
         replay_parameters='[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
         feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
-        use_replay_compression=False,
+        use_replay_compression=False, verbose_learner_out_int=50,
     ),
 }
 
@@ -243,7 +250,9 @@ def parse_int_tuple(text: Any) -> tuple:
     if isinstance(text, (list, tuple)):
         return tuple(int(v) for v in text)
     try:
-        return tuple(int(v) for v in str(text).replace("x", ",").split(",") if v.strip())
+        # "84,84", "84x84", and the seed's Python-style "(4, 84, 84)" or "[4, 84, 84]"
+        cleaned = str(text).strip().strip("()[]").replace("x", ",")
+        return tuple(int(v) for v in cleaned.split(",") if v.strip())
     except ValueError:
         raise ConfigError(f"'{text}' is not a comma-separated list of integers (e.g. 84,84)") from None
 
@@ -288,116 +297,6 @@ def coerce(name: str, value: Any) -> Any:
     return result
 
 
-# ---------------------------------------------------------------------------- replays
-
-REPLAY_TYPES = ("queue", "standard", "custom")
-CUSTOM_KEYS = {
-    "dist_function": ("ln_norm", "cos_dist", "kl_div"),
-    "p": None,
-    "insert_strategy": ("elite_insertion",),
-    "sample_strategy": ("elite_sampling", "attentive_sampling"),
-    "lambda_batch_multiplier": None,
-    "alfa_annealing_factor": None,
-    "elite_sampling_strategy": ("strategy1", "strategy2", "strategy3", "strategy4"),
-    "elite_batch_size": None,
-    "score_steps": None,  # herd's own: time steps per candidate scored (int >= 1 or "all"); see herd/replay/elite.py
-}
-
-
-@dataclass(frozen=True)
-class ReplaySpec:
-    """One entry of --replay_parameters."""
-    type: str
-    capacity: int
-    sample_ratio: float
-    options: tuple = ()  # extra (key, value) pairs of the custom type
-
-    def option(self, key: str, default: Any = None) -> Any:
-        return dict(self.options).get(key, default)
-
-
-def parse_replay_parameters(text: str | list | None) -> list[ReplaySpec]:
-    """Parses and checks the JSON list of replays; raises ConfigError with one clear line."""
-    if text is None:
-        raise ConfigError("--replay_parameters is not set")
-    if isinstance(text, str):
-        try:
-            entries = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"--replay_parameters is not valid JSON ({err.msg} at character {err.pos}): "
-                              "give a list like '[{\"type\": \"queue\", \"capacity\": 1, \"sample_ratio\": 1}]'") from None
-    else:
-        entries = text
-    if not isinstance(entries, list) or not entries:
-        raise ConfigError("--replay_parameters must be a non-empty JSON list of replay objects")
-    specs = [parse_replay_entry(i, entry) for i, entry in enumerate(entries)]
-    total = sum(spec.sample_ratio for spec in specs)
-    if not math.isclose(total, 1.0, abs_tol=1e-6):
-        ratios = " + ".join(f"{spec.sample_ratio:g}" for spec in specs)
-        raise ConfigError(f"--replay_parameters: sample_ratio values must sum to 1, but {ratios} = {total:g}")
-    return specs
-
-
-def parse_replay_entry(index: int, entry: Any) -> ReplaySpec:
-    where = f"--replay_parameters entry {index}"
-    if not isinstance(entry, dict):
-        raise ConfigError(f"{where} must be a JSON object with type, capacity and sample_ratio")
-    missing = [key for key in ("type", "capacity", "sample_ratio") if key not in entry]
-    if missing:
-        raise ConfigError(f"{where} lacks {', '.join(missing)}")
-    kind = entry["type"]
-    if kind not in REPLAY_TYPES:
-        raise ConfigError(f"{where}: unknown replay type '{kind}' (use one of {', '.join(REPLAY_TYPES)})")
-    capacity, ratio = entry["capacity"], entry["sample_ratio"]
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise ConfigError(f"{where}: capacity must be an integer >= 1, got {capacity!r}")
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
-        raise ConfigError(f"{where}: sample_ratio must be a number in [0, 1], got {ratio!r}")
-    extra = {k: v for k, v in entry.items() if k not in ("type", "capacity", "sample_ratio")}
-    if kind != "custom" and extra:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(extra))} for type '{kind}'")
-    if kind == "custom":
-        check_custom_options(where, extra)
-    return ReplaySpec(kind, capacity, float(ratio), tuple(sorted(extra.items())))
-
-
-def check_custom_options(where: str, extra: dict) -> None:
-    for key, value in extra.items():
-        if key not in CUSTOM_KEYS:
-            raise ConfigError(f"{where}: unknown key '{key}' for type 'custom' (known: {', '.join(CUSTOM_KEYS)})")
-        allowed = CUSTOM_KEYS[key]
-        if allowed is not None and value not in allowed:
-            raise ConfigError(f"{where}: {key} '{value}' is not one of {', '.join(allowed)}")
-    if "dist_function" not in extra:
-        raise ConfigError(f"{where}: type 'custom' needs a dist_function ({', '.join(CUSTOM_KEYS['dist_function'])})")
-    multiplier = extra.get("lambda_batch_multiplier", 1)
-    if isinstance(multiplier, bool) or not isinstance(multiplier, int) or multiplier < 1:
-        raise ConfigError(f"{where}: lambda_batch_multiplier must be an integer >= 1, got {multiplier!r}")
-    alfa = extra.get("alfa_annealing_factor", 1.0)
-    if isinstance(alfa, bool) or not isinstance(alfa, (int, float)) or alfa <= 0:
-        raise ConfigError(f"{where}: alfa_annealing_factor must be a number > 0, got {alfa!r}")
-    p = extra.get("p", 2)
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or p <= 0:
-        raise ConfigError(f"{where}: p must be a number > 0, got {p!r}")
-    steps = extra.get("score_steps", 1)
-    if steps != "all" and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ConfigError(f"{where}: score_steps must be an integer >= 1 or \"all\", got {steps!r}")
-    elite_batch = extra.get("elite_batch_size", 20)
-    if isinstance(elite_batch, bool) or not isinstance(elite_batch, int) or elite_batch < 1:
-        raise ConfigError(f"{where}: elite_batch_size must be an integer >= 1, got {elite_batch!r}")
-
-
-def batch_shares(specs: list[ReplaySpec], batch_size: int) -> list[int]:
-    """Trajectories each replay contributes to a batch: batch_size split by sample_ratio,
-    rounded by largest remainder so the shares add up to batch_size exactly."""
-    exact = [spec.sample_ratio * batch_size for spec in specs]
-    shares = [math.floor(x) for x in exact]
-    by_remainder = sorted(range(len(specs)), key=lambda i: exact[i] - shares[i], reverse=True)
-    for i in by_remainder[: batch_size - sum(shares)]:
-        shares[i] += 1
-    return shares
-
-
 # ---------------------------------------------------------------------------- validation
 
 def apply_profile(cfg: Config, kind: str) -> Config:
@@ -416,11 +315,11 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         cores = max(1, os.cpu_count() or 1)
         cfg.train.learner_thread_count = max(1, cores // 2) if cfg.train.learner_precision == "bf16" else cores
     specs = cfg.replays
-    off_policy = any(spec.type != "queue" for spec in specs)
+    off_policy = any(not spec.on_policy for spec in specs)
     if cfg.train.lr_scheduler_steps is None:
         # Decay over the whole run: updates = fresh steps / fresh steps per update.
         shares = batch_shares(specs, cfg.train.batch_size)
-        fresh = sum(s for spec, s in zip(specs, shares) if spec.type == "queue") or cfg.train.batch_size
+        fresh = sum(s for spec, s in zip(specs, shares) if spec.on_policy) or cfg.train.batch_size
         per_update = max(1, fresh * cfg.train.r_f_steps)
         cfg.train.lr_scheduler_steps = max(1, math.ceil(cfg.train.environment_max_steps / per_update))
     if cfg.loss.use_policy_cloning_loss is None:
@@ -442,7 +341,7 @@ def _positive(cfg: Config) -> dict[str, Any]:
         "caching_threads": cfg.replay.caching_threads, "cache_output_buffer_size": cfg.replay.cache_output_buffer_size,
         "verbose_learner_out_int": cfg.stats.verbose_learner_out_int,
         "replay_writer_queue_size": cfg.replay.replay_writer_queue_size, "cache_sample_size": cfg.replay.cache_sample_size,
-        "env_threads": cfg.parallel.env_threads,
+        "env_threads": cfg.parallel.env_threads, "verbose_worker_out_int": cfg.stats.verbose_worker_out_int,
     }
 
 
@@ -480,13 +379,23 @@ def validate(cfg: Config) -> None:
         raise ConfigError("--device=cuda but no CUDA GPU is visible: use --device=cpu or auto")
     if cfg.general.op_mode in ("train_w_load", "test") and not cfg.general.load_model_url:
         raise ConfigError(f"--op_mode={cfg.general.op_mode} needs --load_model_url=<run folder or checkpoint file>")
+    check_backend(p.multiprocessing_backend)
+    if cfg.env.actions_count is not None and cfg.env.actions_count < 1:
+        raise ConfigError(f"--actions_count must be >= 1, got {cfg.env.actions_count}")
+    if cfg.env.observation_shape is not None and (not cfg.env.observation_shape or min(cfg.env.observation_shape) < 1):
+        raise ConfigError(f"--observation_shape must be positive integers (e.g. 4,84,84), got {cfg.env.observation_shape}")
     specs = cfg.replays
+    algorithm = ALGORITHMS[cfg.general.algorithm]
+    for spec in specs:
+        if spec.type not in algorithm.replay_types:
+            raise ConfigError(f"--replay_parameters: {algorithm.name} does not train from a '{spec.type}' replay "
+                              f"(use {', '.join(algorithm.replay_types)})")
     shares = batch_shares(specs, t.batch_size)
     for spec, share in zip(specs, shares):
         if spec.sample_ratio > 0 and share == 0:
             raise ConfigError(f"--batch_size={t.batch_size} is too small: the {spec.type} replay's sample_ratio "
                               f"{spec.sample_ratio:g} gives it no trajectory per batch")
-    if not any(spec.type == "queue" for spec in specs) and t.batch_size > max(spec.capacity for spec in specs):
+    if not any(spec.on_policy for spec in specs) and t.batch_size > max(spec.capacity for spec in specs):
         raise ConfigError(f"--batch_size={t.batch_size} exceeds every replay's capacity")
 
 

@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 from herd.envs import env_kind, make_env
+from herd.files import write_json
 from herd.models import build_model
+from herd.plan import Plan, env_kwargs
 
 log = logging.getLogger("herd")
 
@@ -239,8 +241,7 @@ def summarize(scores: list[float]) -> dict:
             "min": float(np.min(scores)), "max": float(np.max(scores)), "episodes": scores}
 
 
-def test_policy(plan, run_dir: Path) -> int:
-    from herd.run import env_kwargs, write_json
+def test_policy(plan: Plan, run_dir: Path) -> int:
     cfg = plan.cfg
     model = build_model(**plan.model_kwargs)
     model.load_state_dict(plan.checkpoint["model"])

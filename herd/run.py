@@ -1,102 +1,29 @@
-"""A run: resolve the config, make the results folder, then train, resume or test.
-
-Everything a user can get wrong is checked in `prepare()`, before any process starts
-and before anything is written, so bad input costs one line and changes nothing."""
+"""A run: check the plan (herd/plan.py), make the results folder, then train, resume or
+test; and `herd multi`, experiments in sequence. The top of the import graph: nothing in
+herd imports this module."""
 from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import psutil
 import torch
 
-from herd.checkpoint import CheckpointError, check_compatible, load_checkpoint
+from herd.checkpoint import CheckpointError
 from herd.config import Config, ConfigError, resolve
-from herd.envs import EnvError, describe_env, env_kind
-from herd.envs.actor_envs import resolve_env_backend
-from herd.models import build_model, model_signature
-from herd.trajectory import TrajectoryLayout
+from herd.envs import EnvError
+from herd.evaluate import test_policy
+from herd.files import write_json
+from herd.plan import prepare
+from herd.train import train
 
 log = logging.getLogger("herd")
 
 USER_ERRORS = (ConfigError, EnvError, CheckpointError)
-
-
-@dataclass
-class Plan:
-    """A checked run: its config, environment, and the checkpoint it starts from."""
-    cfg: Config
-    env_spec: object
-    model_kwargs: dict
-    layout: TrajectoryLayout
-    checkpoint: dict | None = None
-    checkpoint_path: Path | None = None
-
-
-def env_kwargs(cfg: Config) -> dict:
-    """The preprocessing options of herd.envs.make_env, from the config."""
-    e = cfg.env
-    return dict(skipped_frames=e.skipped_frames, frames_stacked=e.frames_stacked, noop_threshold=e.noop_threshold,
-                episodic_life=e.episodic_life, grayscaling_frames=e.grayscaling_frames,
-                frame_scale_resolution=tuple(e.frame_scale_resolution), clip_rewards=e.clip_rewards,
-                reward_clipping_method=e.reward_clipping_method, max_episode_steps=e.max_episode_steps)
-
-
-def prepare(options: dict, overrides: dict | None = None) -> Plan:
-    """Resolves and checks everything; raises one of USER_ERRORS with a one-line message."""
-    mode = options.get("op_mode", (overrides or {}).get("op_mode", "train"))
-    url = options.get("load_model_url", (overrides or {}).get("load_model_url"))
-    checkpoint = path = saved = None
-    if mode in ("train_w_load", "test"):
-        if not url:
-            raise ConfigError(f"--op_mode={mode} needs --load_model_url=<run folder or checkpoint file>")
-        checkpoint, path = load_checkpoint(url)
-        # The saved run's own mode and source must not leak into this one.
-        saved = {k: v for k, v in checkpoint["config"].items() if k not in ("op_mode", "load_model_url")}
-    cfg = resolve(options, overrides, saved, env_kind=env_kind)
-    if cfg.general.seed is None:
-        cfg.general.seed = random.randrange(2**31)
-    cfg.validate()
-    cfg.parallel.env_backend = resolve_env_backend(cfg.parallel.env_backend, cfg.env.env)  # saved as it ran
-    spec = describe_env(cfg.env.env, **{k: v for k, v in env_kwargs(cfg).items() if k != "max_episode_steps"})
-    model_kwargs = dict(network=cfg.network.network, obs_shape=tuple(spec.obs_shape), obs_dtype=spec.obs_dtype,
-                        num_actions=spec.num_actions, feature_size=cfg.network.feature_out_layer_size,
-                        use_feature_layer=cfg.network.use_additional_scaling_FC_layer,
-                        hidden_sizes=tuple(cfg.network.hidden_sizes))
-    try:
-        model = build_model(**model_kwargs)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    if checkpoint is not None:
-        check_compatible(checkpoint, env_spec_dict(cfg, spec), model_signature(model), path)
-    layout = TrajectoryLayout(cfg.train.r_f_steps, tuple(spec.obs_shape), spec.obs_dtype, spec.num_actions,
-                              cfg.network.feature_out_layer_size)
-    if mode != "test":
-        check_memory(cfg, layout)
-    return Plan(cfg, spec, model_kwargs, layout, checkpoint, path)
-
-
-def env_spec_dict(cfg: Config, spec) -> dict:
-    return {"env": cfg.env.env, "obs_shape": list(spec.obs_shape), "obs_dtype": spec.obs_dtype,
-            "num_actions": spec.num_actions}
-
-
-def check_memory(cfg: Config, layout: TrajectoryLayout) -> None:
-    """Impossible sizes: replays (and slots) that cannot fit in this machine's memory."""
-    trajectories = sum(spec.capacity for spec in cfg.replays if spec.type != "queue")
-    trajectories += 2 * cfg.parallel.worker_count * cfg.parallel.shared_queue_size * cfg.parallel.envs_per_worker
-    needed = trajectories * layout.nbytes()
-    available = psutil.virtual_memory().total
-    if needed > 0.8 * available:
-        raise ConfigError(f"the replays and trajectory slots need {needed / 2**30:.1f} GiB but this machine has "
-                          f"{available / 2**30:.1f} GiB: lower the replay capacities, envs_per_worker or r_f_steps")
 
 
 def make_run_dir(cfg: Config) -> Path:
@@ -136,12 +63,6 @@ def seed_everything(cfg: Config) -> None:
     torch.use_deterministic_algorithms(cfg.general.reproducible)
 
 
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
-
-
 def run_experiment(options: dict, overrides: dict | None = None) -> int:
     """Runs one experiment; returns the process exit code (2 for bad input)."""
     try:
@@ -158,9 +79,7 @@ def run_experiment(options: dict, overrides: dict | None = None) -> int:
     write_json(run_dir / "config.json", config)
     log.info("run folder %s", run_dir)
     if plan.cfg.general.op_mode == "test":
-        from herd.evaluate import test_policy
         return test_policy(plan, run_dir)
-    from herd.train import train
     return train(plan, run_dir)
 
 

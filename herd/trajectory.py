@@ -1,6 +1,7 @@
 """The layout of one trajectory and the shared-memory slots actors write them into.
 
-A trajectory of unroll length T, for one environment, time-major:
+A trajectory of unroll length T, for one environment, time-major. Every algorithm's
+actors record the same five fields:
 
     obs               [T+1, *obs_shape]  uint8 frames or float32 vectors; obs[T] bootstraps
     action            [T]                int64
@@ -8,6 +9,10 @@ A trajectory of unroll length T, for one environment, time-major:
     done              [T]                bool, the episode ended after this step (terminated or truncated)
     trunc_value       [T]                float32, behaviour value of the final observation where the
                                          episode was truncated (not terminated), else 0
+
+and the algorithm adds the per-step outputs of its policy that its loss or replays need
+(`step_fields`, from its builder in herd/algos/). IMPALA's, for example:
+
     behaviour_logits  [T, A]             float32
     behaviour_value   [T]                float32
     features          [T, F]             float32, the behaviour policy's feature vectors (elite replay)
@@ -23,8 +28,25 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-SENTINELS = {"obs": 0, "action": -1, "reward": np.nan, "done": False, "trunc_value": np.nan,
-             "behaviour_logits": np.nan, "behaviour_value": np.nan, "features": np.nan}
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a trajectory: its shape per step (after the time axis), dtype, the
+    sentinel that fills unwritten memory, and whether it has T+1 steps (obs) or T."""
+    shape: tuple
+    dtype: str
+    sentinel: float | int | bool
+    bootstrap: bool = False
+
+
+def common_fields(obs_shape: tuple, obs_dtype: str) -> dict[str, Field]:
+    return {
+        "obs": Field(tuple(obs_shape), obs_dtype, 0, bootstrap=True),
+        "action": Field((), "int64", -1),
+        "reward": Field((), "float32", np.nan),
+        "done": Field((), "bool", False),
+        "trunc_value": Field((), "float32", np.nan),
+    }
 
 
 @dataclass(frozen=True)
@@ -32,22 +54,19 @@ class TrajectoryLayout:
     unroll_length: int          # T
     obs_shape: tuple
     obs_dtype: str              # "uint8" or "float32"
-    num_actions: int
-    feature_size: int
+    step_fields: tuple = ()     # ((name, Field), ...): the algorithm's per-step policy outputs
+
+    def field_specs(self) -> dict[str, Field]:
+        return {**common_fields(self.obs_shape, self.obs_dtype), **dict(self.step_fields)}
 
     def fields(self) -> dict[str, tuple[tuple, np.dtype]]:
         """name -> (shape with time first, dtype) for one environment's trajectory."""
         T = self.unroll_length
-        return {
-            "obs": ((T + 1, *self.obs_shape), np.dtype(self.obs_dtype)),
-            "action": ((T,), np.dtype(np.int64)),
-            "reward": ((T,), np.dtype(np.float32)),
-            "done": ((T,), np.dtype(np.bool_)),
-            "trunc_value": ((T,), np.dtype(np.float32)),
-            "behaviour_logits": ((T, self.num_actions), np.dtype(np.float32)),
-            "behaviour_value": ((T,), np.dtype(np.float32)),
-            "features": ((T, self.feature_size), np.dtype(np.float32)),
-        }
+        return {name: ((T + 1 if f.bootstrap else T, *f.shape), np.dtype(f.dtype))
+                for name, f in self.field_specs().items()}
+
+    def sentinel(self, name: str):
+        return self.field_specs()[name].sentinel
 
     def nbytes(self) -> int:
         """Bytes of one environment's trajectory."""
@@ -72,7 +91,7 @@ class TrajectorySlots:
         for name, (shape, dtype) in layout.fields().items():
             full = (num_slots, shape[0], envs_per_slot, *shape[1:])
             tensor = torch.empty(full, dtype=torch_dtype(dtype)).share_memory_()
-            tensor.fill_(SENTINELS[name])
+            tensor.fill_(layout.sentinel(name))
             self.tensors[name] = tensor
 
     def views(self, slot: int) -> dict[str, np.ndarray]:
@@ -82,4 +101,4 @@ class TrajectorySlots:
     def reset(self, slot: int) -> None:
         """Refills a slot with sentinels, so a half-written slot can never pass as data."""
         for name, tensor in self.tensors.items():
-            tensor[slot].fill_(SENTINELS[name])
+            tensor[slot].fill_(self.layout.sentinel(name))

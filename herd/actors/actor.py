@@ -8,13 +8,15 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import signal
+import sys
+from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from herd.actors.interfaces import ActorEnvs, ActorPolicy
+from herd.interfaces import ActorEnvs, ActorPolicy
 from herd.actors.policy import LocalPolicy
 from herd.actors.rollout import ActorStopped, RolloutWriter
 from herd.envs.actor_envs import make_actor_envs
@@ -36,6 +38,8 @@ class ActorSpec:
     env_backend: str = "gymnasium"          # herd.envs.actor_envs.ENV_BACKENDS
     env_threads: int = 1                    # C++ backend: stepping threads of this actor
     env_batch_size: int = 0                 # C++ backend: rows per batch, 0 = all (synchronous)
+    algorithm: str = "impala"               # herd.algos: how the local policy acts
+    verbose_interval: int = 0               # print a progress line every N rollouts (0: never)
 
 
 class Rollout(NamedTuple):
@@ -45,6 +49,27 @@ class Rollout(NamedTuple):
     version: int                           # oldest policy version that acted in it
     steps: int                             # environment (agent) steps in the rollout
     episodes: list                         # (score, length) of whole episodes that ended
+
+
+class ActorProgress:
+    """The seed's --worker_verbose: one stderr line per `interval` rollouts of this actor."""
+
+    def __init__(self, actor_id: int, interval: int, stream=None):
+        self.actor_id, self.interval = actor_id, interval
+        self.stream = stream or sys.stderr
+        self.rollouts = self.steps = self.games = 0
+        self.scores: deque = deque(maxlen=100)
+
+    def delivered(self, steps: int, episodes: list) -> None:
+        self.rollouts += 1
+        self.steps += steps
+        self.games += len(episodes)
+        self.scores.extend(score for score, _ in episodes)
+        if self.interval and self.rollouts % self.interval == 0:
+            average = f"{np.mean(self.scores):.2f}" if self.scores else "-"
+            self.stream.write(f"[herd] actor {self.actor_id}: {self.rollouts} rollouts, {self.steps:,} steps, "
+                              f"{self.games} games, average of the last {len(self.scores)}: {average}\n")
+            self.stream.flush()
 
 
 def act_and_collect(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter, send_rollout, stop) -> None:
@@ -90,13 +115,16 @@ def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots
                 continue
         raise ActorStopped
 
+    progress = ActorProgress(actor_id, spec.verbose_interval)
+
     def send_rollout(delivery) -> None:
         rollouts.send(Rollout(delivery.slot, actor_id, delivery.version, delivery.steps, delivery.episodes))
+        progress.delivered(delivery.steps, delivery.episodes)
 
     envs = make_actor_envs(spec.env_backend, spec.env_id, spec.envs_per_worker, seed=spec.seed,
                            threads=spec.env_threads, batch_size=spec.env_batch_size, env_kwargs=spec.env_kwargs)
     if inference is None:
-        policy = LocalPolicy(spec.model_kwargs, weights, seed=spec.seed)
+        policy = LocalPolicy(spec.model_kwargs, weights, seed=spec.seed, algorithm=spec.algorithm)
     else:
         policy = InferenceClient(inference, actor_id, stop=stop, seed=spec.seed)
     writer = RolloutWriter(slots.views, acquire, spec.unroll_length, spec.envs_per_worker)

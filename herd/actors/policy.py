@@ -1,32 +1,33 @@
 """The actor-side policy of the CPU path: the actor's own copy of the model, on the CPU,
-with versioned weights pulled from shared memory between rollouts. (Where a GPU serves
-many actors at once, herd.inference's client implements the same ActorPolicy.)"""
+with versioned weights pulled from shared memory between rollouts. How actions are drawn
+from the model's output is the algorithm's (herd/algos). (Where a GPU serves many actors
+at once, herd.inference's client implements the same ActorPolicy.)"""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from herd.actors.interfaces import PolicyStep
+from herd.algos import get_algorithm
+from herd.interfaces import PolicyStep
 from herd.models import build_model
 from herd.weights import SharedWeights
 
 
 class LocalPolicy:
-    def __init__(self, model_kwargs: dict, weights: SharedWeights, seed: int):
+    def __init__(self, model_kwargs: dict, weights: SharedWeights, seed: int, algorithm: str = "impala"):
         self.model = build_model(**model_kwargs)
         self.model.eval()
+        self.algorithm = get_algorithm(algorithm)
         self.weights = weights
         self.version = weights.pull(self.model, have_version=-1)
         self.generator = torch.Generator().manual_seed(seed)  # action sampling, reproducible per actor
 
     def act(self, obs: np.ndarray) -> PolicyStep:
-        """obs [n, *obs_shape] -> actions [n], logits [n, A], value [n], features [n, F]."""
+        """obs [n, *obs_shape] -> actions [n] and the algorithm's step fields [n, ...]."""
         with torch.no_grad():
-            out = self.model(torch.from_numpy(obs).unsqueeze(0))           # [1, n, ...]
-            logits = out.logits[0]
-            actions = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=self.generator).squeeze(1)
-        return PolicyStep(actions.numpy(), logits.numpy(), out.value[0].numpy(), out.features[0].numpy(),
-                          self.version)
+            out = self.model(torch.from_numpy(obs).unsqueeze(0))           # over [1, n, ...]
+            actions, fields = self.algorithm.act(out, self.generator)
+        return PolicyStep(actions.numpy(), {name: t.numpy() for name, t in fields.items()}, self.version)
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():

@@ -13,7 +13,7 @@ not only in start()'s: a row of an environment the writer has not seen yet is a 
 observation, with no outcome to record.
 
 Per environment and step t the writer stores obs[t] when the observation arrives,
-action / logits / value / features[t] when the policy has acted, and reward / done /
+action and the algorithm's step fields[t] (IMPALA: logits, value, features) when the policy has acted, and reward / done /
 trunc_value[t] when the outcome arrives; obs[T] of one trajectory is obs[0] of the next.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from herd.actors.interfaces import EnvBatch, PolicyStep
+from herd.interfaces import EnvBatch, PolicyStep
 
 
 class ActorStopped(Exception):
@@ -91,9 +91,8 @@ class RolloutWriter:
         for rows, envs, slot, t in self.groups(env_ids):
             views = slot.views
             views["action"][t, envs] = out.actions[rows]
-            views["behaviour_logits"][t, envs] = out.logits[rows]
-            views["behaviour_value"][t, envs] = out.value[rows]
-            views["features"][t, envs] = out.features[rows]
+            for name, values in out.fields.items():
+                views[name][t, envs] = values[rows]
             slot.version = min(slot.version, out.version)
 
     def record_outcome(self, batch: EnvBatch, truncated_values: dict) -> list[Delivery]:

@@ -18,7 +18,6 @@ env) can only break its own channels: the pool replaces them with the actor."""
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -27,16 +26,13 @@ from multiprocessing.connection import wait
 import torch.multiprocessing as mp
 
 from herd.actors.actor import ActorSpec, run_actor
+from herd.errors import ActorFailure
 from herd.inference import InferenceChannels, run_inference_server
 from herd.learner.session import TrainingSession
 from herd.trajectory import TrajectorySlots
 from herd.weights import SharedWeights
 
 log = logging.getLogger("herd")
-
-
-class ActorFailure(RuntimeError):
-    """Actors keep dying: the run cannot go on."""
 
 
 @dataclass
@@ -147,20 +143,6 @@ class ActorPool:
                 actor.process.terminate()
                 actor.process.join(2.0)
             self.close_channels(actor)
-
-
-def install_stop_signals(stop: threading.Event):
-    """SIGINT/SIGTERM ask the run to stop after the current step; returns a restore function."""
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def handler(signum, frame):
-        if not stop.is_set():
-            log.info("received %s: stopping and saving", signal.Signals(signum).name)
-        stop.set()
-
-    for sig in previous:
-        signal.signal(sig, handler)
-    return lambda: [signal.signal(sig, h) for sig, h in previous.items()]
 
 
 def start_inference_server(spec: ActorSpec, worker_count: int, weights: SharedWeights, device: str, stop,

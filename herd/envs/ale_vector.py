@@ -57,7 +57,7 @@ import os
 import numpy as np
 from ale_py.vector_env import AtariVectorEnv
 
-from herd.actors.interfaces import EnvBatch
+from herd.interfaces import EnvBatch
 from herd.envs.registry import (EnvError, EnvSpec, check_atari_id, check_preprocessing, is_ale,
                                 registered_spec)
 from herd.envs.wrappers import REWARD_CLIPPING_METHODS

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from herd.actors.interfaces import EnvBatch
+from herd.interfaces import EnvBatch
 from herd.envs.registry import make_env
 
 

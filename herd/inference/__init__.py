@@ -19,7 +19,7 @@ Public API (everything else is internal):
         policy.value(obs [n, *obs_shape]) -> value [n] float32
         policy.refresh() -> version the server acts with now
         policy.close()
-        # implements herd.actors.interfaces.ActorPolicy; raises InferenceServerGone within
+        # implements herd.interfaces.ActorPolicy; raises InferenceServerGone within
         # about poll_interval (0.1 s) once the server died or exited or `stop` is set.
 
 Protocol and its guarantees: see channels.py (shared memory, sequence numbers),

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import psutil
 
-from herd.actors.interfaces import PolicyStep
+from herd.interfaces import PolicyStep
 from herd.inference.channels import (ACT, ANSWER_SEQ, EXITED, KIND, NOT_STARTED, REQUEST_SEQ, ROWS, SERVER_PID,
                                      SERVER_STATE, SERVER_VERSION, VALUE, VERSION, InferenceChannels)
 
@@ -59,15 +59,15 @@ class InferenceClient:
         self.closed = False
 
     def act(self, obs: np.ndarray) -> PolicyStep:
-        """obs [n, *obs_shape] -> actions [n] int64, logits [n, A], value [n], features [n, F]."""
+        """obs [n, *obs_shape] -> actions [n] int64 and IMPALA's step fields: behaviour_logits [n, A],
+        behaviour_value [n], features [n, F] (the server samples as herd.algos.impala does)."""
         n = self._write(obs)
         if n == 0:
             return self._empty_step()
         self.rng.random(n, dtype=np.float32, out=self.uniforms[:n])
         version = self._ask(n, ACT)
         # Copies: the areas are overwritten by the next request.
-        return PolicyStep(self.actions[:n].copy(), self.logits[:n].copy(), self.value_out[:n].copy(),
-                          self.features[:n].copy(), version)
+        return PolicyStep(self.actions[:n].copy(), self._fields(slice(0, n)), version)
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         """obs [n, *obs_shape] -> value [n] float32 (bootstraps truncated episodes)."""
@@ -146,7 +146,9 @@ class InferenceClient:
         except psutil.NoSuchProcess:
             return False
 
+    def _fields(self, rows: slice) -> dict[str, np.ndarray]:
+        return {"behaviour_logits": self.logits[rows].copy(), "behaviour_value": self.value_out[rows].copy(),
+                "features": self.features[rows].copy()}
+
     def _empty_step(self) -> PolicyStep:
-        A, F = self.logits.shape[1], self.features.shape[1]
-        return PolicyStep(np.zeros(0, np.int64), np.zeros((0, A), np.float32), np.zeros(0, np.float32),
-                          np.zeros((0, F), np.float32), self.refresh())
+        return PolicyStep(np.zeros(0, np.int64), self._fields(slice(0, 0)), self.refresh())

@@ -2,8 +2,11 @@
 by background threads (`caching`) so that writing, sampling, decompressing and collating
 hide behind the learner's step.
 
-Both sources take rollouts with `put(trajectories, version)` and hand out ready batches
-with `next_ready()` (None when none is ready yet)."""
+Both sources take rollouts with `put(trajectories, version)`, hand out ready batches with
+`next_ready()` -> (tensors, MixedBatch) or None when none is ready yet, and pass the
+learner's new per-column values (priorities) back to the replays with
+`update(keys, values)`: a batch prepared ahead may have been partly overwritten since,
+and the replays' keys make sure such values are dropped, not misapplied."""
 from __future__ import annotations
 
 import logging
@@ -35,11 +38,16 @@ class DirectBatches:
             self.mixer.add(trajectory, version)
 
     def next_ready(self):
-        """(tensors, policy versions [B]) or None."""
+        """(tensors, MixedBatch) or None."""
         if not self.mixer.ready():
             return None
-        batch, replayed, versions = self.mixer.sample()
-        return to_tensors(batch, replayed, self.device), versions
+        mixed = self.mixer.sample()
+        tensors = to_tensors(mixed.data, mixed.replayed, self.device)
+        mixed.data = None  # the tensors hold it now
+        return tensors, mixed
+
+    def update(self, keys: list, values) -> int:
+        return self.mixer.update(keys, values)
 
     def replay_state(self) -> dict:
         return self.mixer.state_dict()
@@ -100,11 +108,12 @@ class PrefetchedBatches:
                         prepared.append(self.mixer.sample())
                 if not prepared and self.writer.peek() is not None:
                     time.sleep(0.001)  # waiting for the learner to take a prepared batch
-                for batch, replayed, versions in prepared:
-                    tensors = to_tensors(batch, replayed, self.device, pin=self.device.type == "cuda")
+                for mixed in prepared:
+                    tensors = to_tensors(mixed.data, mixed.replayed, self.device, pin=self.device.type == "cuda")
+                    mixed.data = None  # the tensors hold it now: don't keep the numpy copy alive
                     while not self.stopping.is_set():
                         try:
-                            self.ready.put((tensors, versions), timeout=0.1)
+                            self.ready.put((tensors, mixed), timeout=0.1)
                             break
                         except queue.Full:
                             continue
@@ -119,6 +128,10 @@ class PrefetchedBatches:
             if self.error is not None:
                 raise RuntimeError("batch preparation failed") from self.error
             return None
+
+    def update(self, keys: list, values) -> int:
+        with self.lock:
+            return self.mixer.update(keys, values)
 
     def replay_state(self) -> dict:
         """The replays' contents; batches already prepared are not part of it."""

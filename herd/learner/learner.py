@@ -1,5 +1,5 @@
-"""The learner step: batch -> model -> IMPALA loss -> clipped gradient -> optimizer and
-LR-scheduler step. Publishing weights and pacing live in the backend."""
+"""The learner step: batch -> model -> the algorithm's loss -> clipped gradient ->
+optimizer and LR-scheduler step. Publishing weights and pacing live in the backend."""
 from __future__ import annotations
 
 import logging
@@ -8,10 +8,12 @@ import math
 import numpy as np
 import torch
 
-from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import ModelOutput
 
 log = logging.getLogger("herd")
+
+# The metrics the learner adds to the loss's own (train.csv, TensorBoard).
+LEARNER_METRICS = ("grad_norm", "lr")
 
 
 def build_optimizer(name: str, params, lr: float, rmsprop_eps: float) -> torch.optim.Optimizer:
@@ -49,9 +51,11 @@ def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch
 
 
 class Learner:
-    def __init__(self, model: torch.nn.Module, optimizer, scheduler, weights: ImpalaLossWeights,
-                 grad_clip_norm: float, precision: str = "fp32", compile_model: bool = False):
-        """precision "bf16": the forward pass runs under bfloat16 autocast (the backward
+    def __init__(self, model: torch.nn.Module, optimizer, scheduler, loss_fn, grad_clip_norm: float,
+                 precision: str = "fp32", compile_model: bool = False):
+        """loss_fn(batch, out) -> (scalar loss, metrics): the algorithm's (herd/algos); a
+        metric "priorities" [B] (a tensor) comes back as numpy for the replays.
+        precision "bf16": the forward pass runs under bfloat16 autocast (the backward
         follows it); parameters, optimizer state and the loss stay float32.
         compile_model: the training forward pass goes through torch.compile (compiled at
         the first update; `model` itself stays a plain module, so checkpoints, weight
@@ -64,7 +68,7 @@ class Learner:
         self.forward = torch.compile(model) if compile_model else model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.weights = weights
+        self.loss_fn = loss_fn
         self.grad_clip_norm = grad_clip_norm
         self.trainable = [p for p in model.parameters() if p.requires_grad]
 
@@ -88,7 +92,9 @@ class Learner:
         with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
             out = self.run_model(batch["obs"])                            # logits [T+1, B, A]
         out = ModelOutput(*(field.float() for field in out))              # the loss in float32
-        loss, metrics = impala_loss(batch, out, self.weights)
+        loss, metrics = self.loss_fn(batch, out)
+        if "priorities" in metrics:
+            metrics["priorities"] = metrics["priorities"].detach().float().cpu().numpy()
         if not math.isfinite(metrics["loss"]):
             self.optimizer.zero_grad(set_to_none=True)
             return {**metrics, "skipped": 1.0}

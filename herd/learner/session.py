@@ -12,7 +12,9 @@ import numpy as np
 import torch
 
 from herd.checkpoint import save_checkpoint
-from herd.learner.learner import Learner
+from herd.errors import TrainingDiverged
+from herd.files import write_json
+from herd.learner.learner import LEARNER_METRICS, Learner
 from herd.monitor.metrics import RunMetrics
 from herd.monitor.progress import ProgressLine
 from herd.monitor.stats import EpisodeStats
@@ -20,9 +22,8 @@ from herd.trajectory import TrajectoryLayout
 
 log = logging.getLogger("herd")
 
-
-class TrainingDiverged(RuntimeError):
-    """Too many non-finite losses in a row."""
+# What the session adds to the algorithm's and the learner's metrics in train.csv.
+SESSION_METRICS = ("policy_lag", "fps", "average_score")
 
 
 @dataclass
@@ -52,16 +53,22 @@ class SessionOptions:
     save_replay: bool = True
     max_bad_updates: int = 10
     max_policy_lag: int | None = None                      # drop rollouts older than this many updates
+    metric_names: tuple = ()                               # the algorithm's loss metrics (train.csv, TensorBoard)
+    description: dict = field(default_factory=dict)        # algorithm, optimizer, schedule (summary.json)
+    primary: bool = True                                   # writes checkpoints, metrics and the summary
+
+    def train_columns(self) -> list[str]:
+        return ["update", "env_step", "wall_time", *self.metric_names, *LEARNER_METRICS, *SESSION_METRICS]
 
 
 class TrainingSession:
     def __init__(self, layout: TrajectoryLayout, learner: Learner, batches, stats: EpisodeStats,
-                 metrics: RunMetrics, progress: ProgressLine, run_dir: Path, options: SessionOptions):
+                 metrics: RunMetrics | None, progress: ProgressLine, run_dir: Path, options: SessionOptions):
         self.layout = layout        # what one trajectory holds; backends size their slots by it
         self.learner = learner
         self.batches = batches      # herd.learner.batches: DirectBatches or PrefetchedBatches
         self.stats = stats
-        self.metrics = metrics
+        self.metrics = metrics      # None in a process that is not the primary one
         self.progress = progress
         self.run_dir = run_dir
         self.options = options
@@ -97,15 +104,19 @@ class TrainingSession:
         self.counters.rollouts += 1
         for score, length in episodes:
             self.stats.add(score)
-            self.metrics.episode(self.counters.env_steps, episode=self.stats.episodes, score=score, length=length,
+            if self.metrics is not None:
+                self.metrics.episode(self.counters.env_steps, episode=self.stats.episodes, score=score, length=length,
                                  update=self.counters.updates, wall_time=round(self.elapsed, 3))
 
     def train_ready_batches(self, on_update) -> int:
         """Trains on every batch the replays can give; calls on_update(version) after each."""
         trained = 0
         while (ready := self.batches.next_ready()) is not None:
-            batch, versions = ready
+            batch, mixed = ready                                # tensors, herd.replay.mixer.MixedBatch
             metrics = self.learner.step(batch)
+            priorities = metrics.pop("priorities", None)        # [B], from algorithms with prioritized replay
+            if priorities is not None:
+                self.batches.update(mixed.keys, priorities)
             if metrics["skipped"]:
                 self.counters.skipped_updates += 1
                 self.bad_in_a_row += 1
@@ -116,7 +127,7 @@ class TrainingSession:
                 continue
             self.bad_in_a_row = 0
             self.counters.updates += 1
-            self.recent_lag.append(float(np.mean(self.counters.updates - 1 - versions)))
+            self.recent_lag.append(float(np.mean(self.counters.updates - 1 - mixed.versions)))
             self.last_metrics = metrics
             on_update(self.counters.updates)
             trained += 1
@@ -128,6 +139,8 @@ class TrainingSession:
         return trained
 
     def write_train_metrics(self) -> None:
+        if self.metrics is None:
+            return
         now = time.monotonic()
         mark_time, mark_steps = self.fps_mark
         if now > mark_time:
@@ -135,9 +148,8 @@ class TrainingSession:
         self.fps_mark = (now, self.counters.env_steps)
         lag = float(np.mean(self.recent_lag)) if self.recent_lag else float("nan")
         self.recent_lag.clear()
-        values = {k: round(v, 6) for k, v in self.last_metrics.items() if k in (
-            "loss", "pg_loss", "value_loss", "entropy", "policy_cloning_loss", "value_cloning_loss",
-            "kl_mask_fraction", "mean_rho", "grad_norm", "lr")}
+        wanted = (*self.options.metric_names, *LEARNER_METRICS)
+        values = {k: round(v, 6) for k, v in self.last_metrics.items() if k in wanted}
         values.update(update=self.counters.updates, wall_time=round(self.elapsed, 3), policy_lag=round(lag, 3),
                       fps=round(self.fps, 1), average_score=round(self.stats.average, 3))
         self.metrics.training(self.counters.env_steps, values)
@@ -164,7 +176,10 @@ class TrainingSession:
             state["replay"] = self.batches.replay_state()
         return state
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        """Writes a checkpoint (the primary process only); returns its path."""
+        if not self.options.primary:
+            return None
         path = save_checkpoint(self.state_dict(), self.run_dir, self.counters.updates)
         log.debug("checkpoint %s", path)
         return path
@@ -195,6 +210,25 @@ class TrainingSession:
             "stale_rollouts_dropped": self.counters.stale_rollouts,
             "last_lr": self.learner.optimizer.param_groups[0]["lr"],
             "total_time_s": round(self.elapsed, 2),
-            "optimizer": type(self.learner.optimizer).__name__,
-            "scheduler": "linear decay (LambdaLR)",
+            **self.options.description,
         }
+
+    def finish(self, reason: str) -> Path | None:
+        """However the run ended: the last progress line and metrics row, the final
+        checkpoint and summary.json (primary only), then everything closed."""
+        try:
+            self.show_progress(force=True)
+            self.progress.finish()
+            if self.counters.updates:
+                self.write_train_metrics()  # the last row, whatever the log interval
+            path = self.save()
+            if self.options.primary:
+                write_json(self.run_dir / "summary.json", {**self.summary(), "ended": reason, "checkpoint": str(path)})
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+            self.batches.close()
+        average = f"{self.stats.average:.2f}" if self.stats.episodes else "none (no episode finished)"
+        log.info("%s after %d environment steps and %d updates; average score %s; checkpoint %s",
+                 reason, self.counters.env_steps, self.counters.updates, average, path)
+        return path

@@ -2,53 +2,72 @@
 
 Rows are buffered and appended every `flush_seconds` (and at close), so a long run
 writes its statistics in chunks instead of holding them all in memory or hitting the
-disk on every episode."""
+disk on every episode. With `background` (the seed's --background_save) the appends
+happen in a thread of their own, so the learner never waits on the disk."""
 from __future__ import annotations
 
 import csv
 import os
+import threading
 import time
 from pathlib import Path
 
 
 class CsvTable:
-    def __init__(self, path: Path, columns: list[str], flush_seconds: float = 5.0):
+    def __init__(self, path: Path, columns: list[str], flush_seconds: float = 5.0, background: bool = False):
+        """background: add() never writes; a daemon thread flushes every flush_seconds."""
         self.path = path
         self.columns = columns
         self.flush_seconds = flush_seconds
         self.rows: list[list] = []
+        self.lock = threading.Lock()        # add() and a background flush may overlap
         self.last_flush = time.monotonic()
         if not path.exists():
             with open(path, "w", newline="") as f:
                 csv.writer(f).writerow(columns)
+        self.stopping = threading.Event()
+        self.flusher = None
+        if background:
+            self.flusher = threading.Thread(target=self.flush_periodically, name=f"herd-save-{path.stem}", daemon=True)
+            self.flusher.start()
 
     def add(self, **values) -> None:
-        self.rows.append([values.get(c, "") for c in self.columns])
-        if time.monotonic() - self.last_flush >= self.flush_seconds:
+        with self.lock:
+            self.rows.append([values.get(c, "") for c in self.columns])
+        if self.flusher is None and time.monotonic() - self.last_flush >= self.flush_seconds:
             self.flush()
 
     def flush(self) -> None:
-        if self.rows:
+        with self.lock:
+            rows, self.rows = self.rows, []
+        if rows:
             with open(self.path, "a", newline="") as f:
-                csv.writer(f).writerows(self.rows)
+                csv.writer(f).writerows(rows)
                 f.flush()
                 os.fsync(f.fileno())
-            self.rows.clear()
         self.last_flush = time.monotonic()
+
+    def flush_periodically(self) -> None:
+        while not self.stopping.wait(self.flush_seconds):
+            self.flush()
+
+    def close(self) -> None:
+        self.stopping.set()
+        if self.flusher is not None:
+            self.flusher.join()
+        self.flush()
 
 
 EPISODE_COLUMNS = ["episode", "score", "length", "env_step", "update", "wall_time", "unix_time"]
-TRAIN_COLUMNS = ["update", "env_step", "wall_time", "loss", "pg_loss", "value_loss", "entropy",
-                 "policy_cloning_loss", "value_cloning_loss", "kl_mask_fraction", "mean_rho",
-                 "grad_norm", "lr", "policy_lag", "fps", "average_score"]
 
 
 class RunMetrics:
-    """episodes.csv, train.csv and TensorBoard events in the run folder."""
+    """episodes.csv, train.csv and TensorBoard events in the run folder. train.csv's columns
+    come from the algorithm (its loss metrics) and the learner loop."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool):
-        self.episodes = CsvTable(run_dir / "episodes.csv", EPISODE_COLUMNS)
-        self.train = CsvTable(run_dir / "train.csv", TRAIN_COLUMNS)
+    def __init__(self, run_dir: Path, tensorboard: bool, train_columns: list[str], background: bool = False):
+        self.episodes = CsvTable(run_dir / "episodes.csv", EPISODE_COLUMNS, background=background)
+        self.train = CsvTable(run_dir / "train.csv", train_columns, background=background)
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -67,8 +86,8 @@ class RunMetrics:
                     self.writer.add_scalar(f"train/{name}", value, env_step)
 
     def close(self) -> None:
-        self.episodes.flush()
-        self.train.flush()
+        self.episodes.close()
+        self.train.close()
         if self.writer:
             self.writer.flush()
             self.writer.close()

@@ -86,7 +86,7 @@ def choose(distances: np.ndarray, counts: np.ndarray, n: int, strategy: str) -> 
 
 
 class EliteSampler:
-    """The sampler interface of samplers.py, plus per-position sample counters, the
+    """The sampler protocol of samplers.py, plus per-position sample counters, the
     annealed candidate multiplier and model-based scoring (see the module docstring)."""
 
     def __init__(self, capacity: int, sample_strategy: Optional[str] = None, insert_strategy: Optional[str] = None,
@@ -151,6 +151,12 @@ class EliteSampler:
 
     # -- the sampler interface --------------------------------------------------------
 
+    def add(self) -> int:
+        position = self.insert_position()
+        self.counts[position] = 0  # a new trajectory: never sampled yet
+        self.newest = int(position)
+        return position
+
     def insert_position(self) -> int:
         capacity = self.ring.capacity
         if self.insert_strategy is None or self.ring.filled < capacity:
@@ -163,23 +169,23 @@ class EliteSampler:
         self.eviction_budget -= 1
         return self.eviction_order.pop()  # the farthest candidate left
 
-    def inserted(self, position: int) -> None:
-        self.counts[position] = 0  # a new trajectory: never sampled yet
-        self.newest = int(position)
-
     def available(self) -> int:
         return self.ring.filled
 
     def stored(self) -> int:
         return self.ring.filled  # positions fill in order from 0, also with elite insertion
 
-    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        """Positions [n]; the chosen positions' counters go up by one per pick."""
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Positions [n] and the chance [n] each had of entering the candidate set (which of
+        the candidates are taken is then decided by distance, not by chance); the chosen
+        positions' counters go up by one per pick."""
         filled = self.ring.filled
         if self.sample_strategy is None:
             positions = rng.choice(filled, size=n, replace=n > filled)
+            chance = 1.0 / filled
         else:
             size = min(filled, self.current_multiplier() * n)
+            chance = size / filled
             candidates = rng.choice(filled, size=size, replace=False)
             if size <= n:
                 # Every candidate is taken whatever the distances: skip the forward pass.
@@ -193,7 +199,10 @@ class EliteSampler:
         np.add.at(self.counts, positions, 1)
         self.rounds += 1
         self.eviction_budget = 0  # the model has moved on: score eviction candidates afresh
-        return positions
+        return positions, np.full(n, chance)
+
+    def update(self, positions: np.ndarray, values: np.ndarray) -> None:
+        pass  # distances are recomputed with the current model at every sample: nothing to keep
 
     def state_dict(self) -> dict:
         return {"ring": self.ring.state_dict(), "counts": self.counts.copy(), "rounds": self.rounds,

@@ -6,10 +6,20 @@ one batch is allowed per `batch_size` fresh trajectories (a replay ratio of 1)."
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from herd.replay.replay import Replay
+from herd.replay.replay import Replay, ReplayKeys
+
+
+@dataclass
+class MixedBatch:
+    data: dict                      # field -> [time, B, ...]
+    replayed: np.ndarray            # [B] bool: the column came from an off-policy replay
+    versions: np.ndarray            # [B] the policy versions that made the columns
+    probabilities: np.ndarray       # [B] the chance each column had of being drawn from its replay
+    keys: list                      # (replay index, columns slice, ReplayKeys): for update()
 
 
 class ReplayMixer:
@@ -45,20 +55,36 @@ class ReplayMixer:
             return False
         return self.has_queue or self.credit >= self.batch_size
 
-    def sample(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-        """A batch: field -> [time, B, ...]; replayed [B] bool; policy versions [B]."""
-        parts, replayed, versions = [], [], []
-        for replay, share in zip(self.replays, self.shares):
+    def sample(self) -> MixedBatch:
+        parts, replayed, versions, probabilities, keys = [], [], [], [], []
+        column = 0
+        for index, (replay, share) in enumerate(zip(self.replays, self.shares)):
             if share == 0:
                 continue
-            data, version = replay.sample(share, self.rng)
+            data, version, replay_keys, chance = replay.sample(share, self.rng)
             parts.append(data)
             replayed.append(np.full(share, not replay.on_policy))
             versions.append(version)
+            probabilities.append(chance)
+            keys.append((index, slice(column, column + share), replay_keys))
+            column += share
         if not self.has_queue:
             self.credit -= self.batch_size
         batch = {name: np.concatenate([p[name] for p in parts], axis=1) for name in parts[0]}
-        return batch, np.concatenate(replayed), np.concatenate(versions)
+        return MixedBatch(batch, np.concatenate(replayed), np.concatenate(versions), np.concatenate(probabilities),
+                          keys)
+
+    def update(self, keys: list, values: np.ndarray) -> int:
+        """values [B] for the columns of a batch that sample() returned with `keys`; items
+        overwritten since are skipped (see Replay.update). Returns how many were applied."""
+        applied = 0
+        for index, columns, replay_keys in keys:
+            applied += self.replays[index].update(replay_keys, np.asarray(values)[columns])
+        return applied
+
+    @property
+    def stale_updates(self) -> int:
+        return sum(r.stale_updates for r in self.replays)
 
     def state_dict(self) -> dict:
         return {"replays": [r.state_dict() for r in self.replays], "credit": self.credit,

@@ -1,13 +1,26 @@
-"""A replay is storage + sampler (Dopamine's composition); the on-policy queue is one too."""
+"""A replay is storage + sampler (Dopamine's composition); the on-policy queue is one too.
+
+Keys. `sample` hands out a key per trajectory: its position and the position's
+generation (how many trajectories were written there). Batches are prepared ahead in
+other threads, so by the time the learner answers with new values for a batch
+(`update`, the priorities of prioritized replay) some of its positions may hold newer
+trajectories: an update whose generation no longer matches is dropped and counted in
+`stale_updates`, never applied to the newcomer."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from herd.replay.elite import DEFAULT_SCORE_STEPS, EliteSampler, model_scorers
-from herd.replay.samplers import FifoSampler, UniformSampler
+from herd.replay.elite import EliteSampler, model_scorers
 from herd.replay.storage import TrajectoryStorage
-from herd.trajectory import TrajectoryLayout
+
+
+@dataclass(frozen=True)
+class ReplayKeys:
+    positions: np.ndarray            # [n] int64
+    generations: np.ndarray          # [n] int64: writes to each position when it was sampled
 
 
 class Replay:
@@ -16,11 +29,13 @@ class Replay:
         self.storage = storage
         self.sampler = sampler
         self.on_policy = on_policy  # fresh data: no CLEAR cloning terms on it
+        self.generation = np.zeros(storage.capacity, dtype=np.int64)
+        self.stale_updates = 0      # updates dropped because their item was overwritten since
 
     def add(self, trajectory: dict[str, np.ndarray], version: int) -> None:
-        position = self.sampler.insert_position()
+        position = self.sampler.add()
         self.storage.write(position, trajectory, version)
-        self.sampler.inserted(position)
+        self.generation[position] += 1
 
     def available(self) -> int:
         return self.sampler.available()
@@ -29,10 +44,22 @@ class Replay:
         """Trajectories that can be added before an unused one is overwritten."""
         return self.storage.capacity - self.sampler.available()
 
-    def sample(self, n: int, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """n trajectories, field -> [time, n, ...], and the policy versions that made them."""
-        positions = self.sampler.sample(n, rng)
-        return self.storage.read(positions), self.storage.version[positions]
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], np.ndarray, ReplayKeys,
+                                                              np.ndarray]:
+        """n trajectories, field -> [time, n, ...]; the policy versions that made them [n];
+        their keys; the probabilities [n] they were drawn with."""
+        positions, probabilities = self.sampler.sample(n, rng)
+        keys = ReplayKeys(positions, self.generation[positions].copy())
+        return self.storage.read(positions), self.storage.version[positions], keys, probabilities
+
+    def update(self, keys: ReplayKeys, values: np.ndarray) -> int:
+        """Passes values [n] for sampled items to the sampler, except for items overwritten
+        since they were sampled; returns how many were applied."""
+        current = self.generation[keys.positions] == keys.generations
+        self.stale_updates += int(np.count_nonzero(~current))
+        if current.any():
+            self.sampler.update(keys.positions[current], np.asarray(values)[current])
+        return int(np.count_nonzero(current))
 
     def attach_model(self, model: torch.nn.Module, device, bf16: bool = False) -> None:
         """Gives an elite/attentive replay the learner's model to score trajectories with
@@ -47,42 +74,11 @@ class Replay:
             self.sampler.set_attentive_scorer(attentive)
 
     def state_dict(self) -> dict:
-        return {"storage": self.storage.state_dict(self.sampler.stored()), "sampler": self.sampler.state_dict()}
+        return {"storage": self.storage.state_dict(self.sampler.stored()), "sampler": self.sampler.state_dict(),
+                "generation": self.generation.copy()}
 
     def load_state_dict(self, state: dict) -> None:
         self.storage.load_state_dict(state["storage"])
         self.sampler.load_state_dict(state["sampler"])
-
-
-def build_replay(spec, layout: TrajectoryLayout, share: int, rollout_size: int, *, compress: bool = False,
-                 compression_level: int = 0, anneal_rounds_base: int = 10000, seed: int = 0) -> Replay:
-    """One replay from its --replay_parameters entry.
-
-    The queue's capacity is raised to hold one batch share plus one actor rollout, so
-    that fresh trajectories are never overwritten before the learner has used them; its
-    observations are never compressed (each is read once, soon: packing would only cost).
-    The off-policy replays store observations LZ4-packed with `compress`.
-    A custom replay anneals its candidate multiplier over anneal_rounds_base (the run's
-    lr_scheduler_steps) * alfa_annealing_factor sample calls; `seed` drives its elite
-    insertion. It needs Replay.attach_model before use when it has a strategy."""
-    if spec.type == "queue":
-        capacity = max(spec.capacity, share + rollout_size)
-        return Replay("queue", TrajectoryStorage(layout, capacity), FifoSampler(capacity), on_policy=True)
-    storage = TrajectoryStorage(layout, spec.capacity, compress_obs=compress, compression_level=compression_level)
-    if spec.type == "standard":
-        return Replay("standard", storage, UniformSampler(spec.capacity), on_policy=False)
-    if spec.type == "custom":
-        sampler = EliteSampler(
-            spec.capacity,
-            sample_strategy=spec.option("sample_strategy"),
-            insert_strategy=spec.option("insert_strategy"),
-            elite_sampling_strategy=spec.option("elite_sampling_strategy", "strategy3"),
-            lambda_batch_multiplier=spec.option("lambda_batch_multiplier", 1),
-            anneal_rounds=round(anneal_rounds_base * spec.option("alfa_annealing_factor", 1.0)),
-            elite_batch_size=spec.option("elite_batch_size", 20),
-            dist_function=spec.option("dist_function", "ln_norm"),
-            p=spec.option("p", 2),
-            score_steps=None if spec.option("score_steps") == "all" else spec.option("score_steps", DEFAULT_SCORE_STEPS),
-            seed=seed)
-        return Replay("custom", storage, sampler, on_policy=False)
-    raise ValueError(f"unknown replay type '{spec.type}'")
+        if "generation" in state:
+            self.generation[:] = state["generation"]

@@ -1,12 +1,17 @@
 """Samplers decide where a new trajectory is stored and which positions a batch reads.
 
-A sampler never touches the data; `Replay` composes it with a `TrajectoryStorage`.
-Interface (what a new strategy implements):
-    insert_position() -> int        where the next trajectory goes
-    inserted(position)              the trajectory is written
-    available() -> int              how many positions can be sampled now
-    stored() -> int                 how many positions hold data (saved with a checkpoint)
-    sample(n, rng) -> np.ndarray    positions for a batch share
+A sampler never touches the data; `Replay` composes it with a `TrajectoryStorage` and
+keeps the keys (position + generation) that let updates find their item. The protocol
+every sampler implements (and tests/replay/test_sampler_protocol.py checks):
+
+    add() -> int                         position for a new trajectory (about to be written there)
+    available() -> int                   how many positions can be sampled now
+    stored() -> int                      how many positions hold data (saved with a checkpoint)
+    sample(n, rng) -> (positions [n] int64, probabilities [n] float64)
+                                         probabilities: the chance each position had of being
+                                         drawn (prioritized replay weights its updates by them)
+    update(positions [k], values [k])    new per-item values from the learner (priorities);
+                                         samplers without any accept and ignore them
     state_dict() / load_state_dict()
 """
 from __future__ import annotations
@@ -45,14 +50,12 @@ class FifoSampler:
         self.ring = RingPositions(capacity)
         self.pending: deque[int] = deque()
 
-    def insert_position(self) -> int:
+    def add(self) -> int:
         position = self.ring.advance()
         if len(self.pending) == self.ring.capacity:
             self.pending.popleft()  # the overwritten trajectory can no longer be sampled
-        return position
-
-    def inserted(self, position: int) -> None:
         self.pending.append(position)
+        return position
 
     def available(self) -> int:
         return len(self.pending)
@@ -60,8 +63,12 @@ class FifoSampler:
     def stored(self) -> int:
         return self.ring.filled
 
-    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        return np.array([self.pending.popleft() for _ in range(n)], dtype=np.int64)
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        positions = np.array([self.pending.popleft() for _ in range(n)], dtype=np.int64)
+        return positions, np.ones(n)  # the oldest, with certainty
+
+    def update(self, positions: np.ndarray, values: np.ndarray) -> None:
+        pass  # each item is used once: nothing to re-weigh
 
     def state_dict(self) -> dict:
         return {"ring": self.ring.state_dict(), "pending": list(self.pending)}
@@ -78,11 +85,8 @@ class UniformSampler:
     def __init__(self, capacity: int):
         self.ring = RingPositions(capacity)
 
-    def insert_position(self) -> int:
+    def add(self) -> int:
         return self.ring.advance()
-
-    def inserted(self, position: int) -> None:
-        pass
 
     def available(self) -> int:
         return self.ring.filled
@@ -90,9 +94,13 @@ class UniformSampler:
     def stored(self) -> int:
         return self.ring.filled
 
-    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         filled = self.ring.filled
-        return rng.choice(filled, size=n, replace=n > filled).astype(np.int64)
+        positions = rng.choice(filled, size=n, replace=n > filled).astype(np.int64)
+        return positions, np.full(n, 1.0 / filled)
+
+    def update(self, positions: np.ndarray, values: np.ndarray) -> None:
+        pass  # uniform: values do not change the odds
 
     def state_dict(self) -> dict:
         return {"ring": self.ring.state_dict()}

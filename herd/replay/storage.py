@@ -16,7 +16,7 @@ from __future__ import annotations
 import lz4.frame
 import numpy as np
 
-from herd.trajectory import SENTINELS, TrajectoryLayout
+from herd.trajectory import TrajectoryLayout
 
 
 class TrajectoryStorage:
@@ -33,7 +33,7 @@ class TrajectoryStorage:
             if name == "obs" and compress_obs:
                 continue
             array = np.empty((shape[0], capacity, *shape[1:]), dtype=dtype)
-            array.fill(SENTINELS[name])
+            array.fill(layout.sentinel(name))
             self.arrays[name] = array
         self.packed_obs: list[bytes | None] = [None] * capacity if compress_obs else []
         self.offsets = np.zeros((capacity if compress_obs else 0, self.obs_shape[0] + 1), dtype=np.int64)

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from herd.actors.actor import act_and_collect
-from herd.actors.interfaces import EnvBatch, PolicyStep
+from herd.interfaces import EnvBatch, PolicyStep
 from herd.actors.rollout import RolloutWriter
-from herd.trajectory import TrajectoryLayout, TrajectorySlots
+from herd.algos.impala import impala_layout
+from herd.trajectory import TrajectorySlots
 
 T, E, A, F = 4, 5, 3, 2
-LAYOUT = TrajectoryLayout(unroll_length=T, obs_shape=(2,), obs_dtype="float32", num_actions=A, feature_size=F)
+LAYOUT = impala_layout(unroll_length=T, obs_shape=(2,), obs_dtype="float32", num_actions=A, feature_size=F)
 DONE_EVERY, TRUNCATE_EVERY = 7, 11
 
 
@@ -71,8 +72,9 @@ class EchoPolicy:
 
     def act(self, obs):
         e, c = obs[:, 0], obs[:, 1]
-        return PolicyStep((c % A).astype(np.int64), np.stack([e, c, -c], 1).astype(np.float32), c.astype(np.float32),
-                          np.stack([e, c], 1).astype(np.float32), self.version)
+        fields = {"behaviour_logits": np.stack([e, c, -c], 1).astype(np.float32),
+                  "behaviour_value": c.astype(np.float32), "features": np.stack([e, c], 1).astype(np.float32)}
+        return PolicyStep((c % A).astype(np.int64), fields, self.version)
 
     def value(self, obs):
         return obs[:, 1].astype(np.float32)        # -c for a truncated final obs

@@ -124,9 +124,9 @@ def mlp_server(shared_mlp_server):
 
 def assert_matches_local(step, kwargs, weights, obs, model=None):
     logits, value, features = local_outputs(kwargs, weights, obs, model)
-    np.testing.assert_allclose(step.logits, logits, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(step.value, value, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(step.features, features, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(step.fields["behaviour_logits"], logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(step.fields["behaviour_value"], value, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(step.fields["features"], features, rtol=1e-5, atol=1e-5)
     assert step.actions.dtype == np.int64 and step.actions.shape == (len(obs),)
     assert ((0 <= step.actions) & (step.actions < kwargs["num_actions"])).all()
     assert step.version == weights.version
@@ -230,7 +230,7 @@ def act_repeatedly(channels, index, stop, seed, calls, results):
     client = InferenceClient(channels, index, stop=stop, seed=seed)
     obs = observations(MLP, 4 + index, seed=100 + index)
     answers = [client.act(obs) for _ in range(calls)]
-    results.put((index, np.stack([a.logits for a in answers]), np.stack([a.value for a in answers])))
+    results.put((index, np.stack([a.fields["behaviour_logits"] for a in answers]), np.stack([a.fields["behaviour_value"] for a in answers])))
 
 
 def test_several_client_processes_get_their_own_answers(mlp_server):
@@ -243,7 +243,7 @@ def test_several_client_processes_get_their_own_answers(mlp_server):
     deadline = time.monotonic() + 60
     while len(answers) < 2 and time.monotonic() < deadline:
         if len(mine) < 3000:  # keep asking while the children do, so that requests overlap
-            mine.append(client.act(own).logits)
+            mine.append(client.act(own).fields["behaviour_logits"])
         else:
             time.sleep(0.01)
         while not results.empty():
@@ -392,9 +392,9 @@ def test_cuda_server_equals_the_local_cpu_model(kwargs):
             step = client.act(obs)
             logits, value, features = local_outputs(kwargs, weights, obs)
             # TF32 / cuDNN algorithms differ from the CPU's: loose tolerances.
-            np.testing.assert_allclose(step.logits, logits, rtol=1e-2, atol=1e-2)
-            np.testing.assert_allclose(step.value, value, rtol=1e-2, atol=1e-2)
-            np.testing.assert_allclose(step.features, features, rtol=1e-2, atol=1e-2)
+            np.testing.assert_allclose(step.fields["behaviour_logits"], logits, rtol=1e-2, atol=1e-2)
+            np.testing.assert_allclose(step.fields["behaviour_value"], value, rtol=1e-2, atol=1e-2)
+            np.testing.assert_allclose(step.fields["features"], features, rtol=1e-2, atol=1e-2)
             version = weights.publish(peaked(kwargs, action))
             step = client.act(obs)
             assert step.version == version and (step.actions == action).all()

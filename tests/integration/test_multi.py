@@ -107,7 +107,7 @@ def test_multi_train_experiments_are_valid_and_distinct():
         import multi_train
     finally:
         sys.path.remove(str(ROOT))
-    from herd.run import prepare
+    from herd.plan import prepare
 
     assert 2 <= len(multi_train.EXPERIMENTS) and all(isinstance(e, dict) for e in multi_train.EXPERIMENTS)
     assert len({json.dumps(e, sort_keys=True) for e in multi_train.EXPERIMENTS}) == len(multi_train.EXPERIMENTS)

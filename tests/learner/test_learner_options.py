@@ -1,11 +1,12 @@
 """The learner's speed options change how it computes, not what: bf16 autocast follows
 the float32 gradient, torch.compile gives the same update and the same checkpoint keys."""
 import copy
+import functools
 
 import torch
 
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
-from herd.losses.impala import ImpalaLossWeights
+from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
 
 T, B, A = 5, 4, 6
@@ -23,7 +24,7 @@ def batch(obs_shape, obs_dtype) -> dict:
 
 def learner(model, **options) -> Learner:
     optimizer = build_optimizer("rmsprop", model.parameters(), 0.0008, 0.01)
-    return Learner(model, optimizer, build_scheduler(optimizer, 0.0008, 1e-5, 100), ImpalaLossWeights(), 40.0, **options)
+    return Learner(model, optimizer, build_scheduler(optimizer, 0.0008, 1e-5, 100), functools.partial(impala_loss, weights=ImpalaLossWeights()), 40.0, **options)
 
 
 def gradient(l: Learner, data) -> torch.Tensor:

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from herd.config import parse_replay_parameters
+from herd.replay.spec import parse_replay_parameters
 from herd.models import MLPNet
 from herd.replay.distances import cos_dist, distance, kl_div, ln_norm
 from herd.replay.elite import EliteSampler, choose
-from herd.replay.replay import build_replay
-from herd.trajectory import TrajectoryLayout
+from herd.replay.registry import build_replay
+from herd.algos.impala import impala_layout
 
 T, F = 3, 4
-LAYOUT = TrajectoryLayout(unroll_length=T, obs_shape=(2,), obs_dtype="float32", num_actions=2, feature_size=F)
+LAYOUT = impala_layout(unroll_length=T, obs_shape=(2,), obs_dtype="float32", num_actions=2, feature_size=F)
 # position -> distance; ascending order of positions by distance: 3 5 1 7 0 6 4 2
 DIST = np.array([5.0, 3.0, 8.0, 1.0, 7.0, 2.0, 6.0, 4.0])
 
@@ -27,12 +27,12 @@ def filled_sampler(capacity=8, **kwargs) -> EliteSampler:
     sampler = EliteSampler(capacity, **kwargs)
     sampler.set_scorer(lambda positions, rng: DIST[positions])
     for _ in range(capacity):
-        sampler.inserted(sampler.insert_position())
+        sampler.add()
     return sampler
 
 
 def draw(sampler: EliteSampler, n: int, seed: int = 0) -> set:
-    return set(int(p) for p in sampler.sample(n, np.random.default_rng(seed)))
+    return set(int(p) for p in sampler.sample(n, np.random.default_rng(seed))[0])
 
 
 def tiny_model() -> MLPNet:
@@ -118,9 +118,10 @@ def test_nan_distance_is_never_preferred():
 
 def test_inserting_resets_the_counter():
     sampler = filled_sampler(elite_sampling_strategy="strategy1")
-    draw(sampler, 3)
-    sampler.inserted(3)
-    assert sampler.counts[3] == 0 and sampler.newest == 3
+    sampler.counts[:] = 5                                      # every stored trajectory was sampled
+    position = sampler.add()
+    assert sampler.counts[position] == 0 and sampler.newest == position
+    assert (np.delete(sampler.counts, position) == 5).all()
 
 
 # -- insertion -----------------------------------------------------------------------------
@@ -131,18 +132,16 @@ def test_elite_insertion_fills_in_order_then_evicts_the_farthest():
     sampler.set_scorer(lambda positions, rng: (calls.append(positions), np.array([1.0, 9.0, 3.0, 2.0])[positions])[1])
     order = []
     for _ in range(4):
-        order.append(sampler.insert_position())
-        sampler.inserted(order[-1])
+        order.append(sampler.add())
     assert order == [0, 1, 2, 3] and not calls                 # no scoring while filling
-    assert sampler.insert_position() == 1                      # the most off-policy, not the oldest (0)
+    assert sampler.add() == 1                                  # the most off-policy, not the oldest (0)
 
 
 def test_ring_insertion_without_strategy():
     sampler = EliteSampler(3)
     order = []
     for _ in range(5):
-        order.append(sampler.insert_position())
-        sampler.inserted(order[-1])
+        order.append(sampler.add())
     assert order == [0, 1, 2, 0, 1] and sampler.stored() == 3
     assert sorted(draw(sampler, 3)) == [0, 1, 2]              # uniform, without replacement
     assert sampler.counts.tolist() == [1, 1, 1]
@@ -188,7 +187,7 @@ def test_scorer_finds_the_trajectory_the_model_itself_made(dist_function):
         replay.add(trajectory(obs, features), version=position)
     scored = replay.sampler.scorer(np.arange(6), rng)
     assert scored.shape == (6,) and scored[4] == pytest.approx(0.0, abs=1e-5) and np.all(scored[np.arange(6) != 4] > 1e-3)
-    data, versions = replay.sample(1, rng)
+    data, versions, _, _ = replay.sample(1, rng)
     assert versions.tolist() == [4] and data["obs"].shape == (T + 1, 1, 2)
     assert model.training and torch.is_grad_enabled()          # mode and autograd untouched
 
@@ -210,7 +209,7 @@ def test_attentive_ranks_by_closeness_to_the_newest_last_state():
     assert replay.sampler.newest == 4
     scored = replay.sampler.attentive_scorer(np.arange(5), 4, rng)
     assert scored[2] == pytest.approx(0.0, abs=1e-5) and int(np.argmin(scored)) == 2
-    _, versions = replay.sample(1, rng)
+    _, versions, _, _ = replay.sample(1, rng)
     assert versions.tolist() == [2]
 
 
@@ -220,14 +219,14 @@ def test_attentive_sampler_passes_the_newest_as_anchor():
                            lambda_batch_multiplier=6)
     sampler.set_attentive_scorer(lambda positions, anchor, rng: (seen.append(anchor), DIST[positions])[1])
     for _ in range(6):
-        sampler.inserted(sampler.insert_position())
+        sampler.add()
     assert draw(sampler, 2) == {3, 5} and seen == [5]
 
 
 def test_strategies_without_a_model_fail_clearly():
     sampler = EliteSampler(4, sample_strategy="elite_sampling", lambda_batch_multiplier=4)
     for _ in range(4):
-        sampler.inserted(sampler.insert_position())
+        sampler.add()
     with pytest.raises(RuntimeError, match="attach_model"):
         sampler.sample(2, np.random.default_rng(0))
 
@@ -243,7 +242,7 @@ def test_state_dict_round_trip_reproduces_samples():
         out = []
         for _ in range(4):
             replay.add(trajectory(data_rng.normal(size=(T + 1, 2)), data_rng.normal(size=(T, F))), version=9)
-            out.append(replay.sampler.sample(2, rng).tolist())
+            out.append(replay.sampler.sample(2, rng)[0].tolist())
         return out, replay.sampler.counts.tolist()
 
     replay, rng, data_rng = build(), np.random.default_rng(3), np.random.default_rng(4)
@@ -268,7 +267,7 @@ def test_one_scored_set_serves_half_its_size_of_insertions_farthest_first():
     sampler = EliteSampler(8, insert_strategy="elite_insertion", elite_batch_size=8)
     sampler.set_scorer(lambda positions, rng: (calls.append(1), distances[positions])[1])
     for _ in range(8):
-        sampler.inserted(sampler.insert_position())
+        sampler.add()
     evicted = [sampler.insert_position() for _ in range(4)]
     assert evicted == [2, 4, 6, 0] and len(calls) == 1      # farthest first, one forward pass for four
     sampler.insert_position()

@@ -1,13 +1,13 @@
 """Replay storage, samplers and the mixer on hand-built trajectories."""
 import numpy as np
 
-from herd.config import parse_replay_parameters
+from herd.replay.spec import parse_replay_parameters
 from herd.replay.mixer import ReplayMixer
-from herd.replay.replay import build_replay
+from herd.replay.registry import build_replay
 from herd.replay.samplers import FifoSampler, UniformSampler
-from herd.trajectory import TrajectoryLayout
+from herd.algos.impala import impala_layout
 
-LAYOUT = TrajectoryLayout(unroll_length=3, obs_shape=(2,), obs_dtype="float32", num_actions=2, feature_size=4)
+LAYOUT = impala_layout(unroll_length=3, obs_shape=(2,), obs_dtype="float32", num_actions=2, feature_size=4)
 
 
 def trajectory(tag: int) -> dict:
@@ -22,29 +22,29 @@ def test_fifo_returns_each_trajectory_once_oldest_first():
     rng = np.random.default_rng(0)
     sampler = FifoSampler(capacity=4)
     for _ in range(3):
-        sampler.inserted(sampler.insert_position())
+        sampler.add()
     assert sampler.available() == 3
-    assert list(sampler.sample(2, rng)) == [0, 1]
-    assert list(sampler.sample(1, rng)) == [2]
+    assert list(sampler.sample(2, rng)[0]) == [0, 1]
+    assert list(sampler.sample(1, rng)[0]) == [2]
     assert sampler.available() == 0
 
 
 def test_fifo_overflow_forgets_the_overwritten_position():
     sampler = FifoSampler(capacity=2)
     for _ in range(3):
-        sampler.inserted(sampler.insert_position())
-    assert list(sampler.sample(2, np.random.default_rng(0))) == [1, 0]
+        sampler.add()
+    assert list(sampler.sample(2, np.random.default_rng(0))[0]) == [1, 0]
 
 
 def test_uniform_samples_only_filled_positions_without_replacement():
     sampler = UniformSampler(capacity=10)
     for _ in range(4):
-        sampler.inserted(sampler.insert_position())
+        sampler.add()
     rng = np.random.default_rng(1)
     for _ in range(50):
-        positions = sampler.sample(4, rng)
+        positions, _ = sampler.sample(4, rng)
         assert sorted(positions) == [0, 1, 2, 3]
-    assert set(sampler.sample(8, rng)) <= {0, 1, 2, 3}
+    assert set(sampler.sample(8, rng)[0]) <= {0, 1, 2, 3}
 
 
 def test_replay_reads_time_major_batches():
@@ -52,7 +52,7 @@ def test_replay_reads_time_major_batches():
     replay = build_replay(spec, LAYOUT, share=2, rollout_size=1)
     for tag in range(7):  # wraps around the ring of 5
         replay.add(trajectory(tag), version=tag)
-    data, versions = replay.sample(5, np.random.default_rng(0))
+    data, versions, _, _ = replay.sample(5, np.random.default_rng(0))
     assert data["obs"].shape == (4, 5, 2) and data["behaviour_logits"].shape == (3, 5, 2)
     tags = sorted(int(v) for v in data["action"][0])
     assert tags == [2, 3, 4, 5, 6]        # the two oldest were overwritten
@@ -68,7 +68,7 @@ def test_queue_capacity_never_drops_unused_fresh_data():
 
 
 def make_mixer(text: str, batch_size: int, fill: float = 0.0) -> ReplayMixer:
-    from herd.config import batch_shares
+    from herd.replay.spec import batch_shares
     specs = parse_replay_parameters(text)
     shares = batch_shares(specs, batch_size)
     replays = [build_replay(s, LAYOUT, share, 2) for s, share in zip(specs, shares)]
@@ -81,7 +81,8 @@ def test_mixer_draws_each_share_and_marks_replayed_columns():
     for tag in range(1, 3):
         mixer.add(trajectory(tag), version=tag)
         assert mixer.ready() is (tag == 2)
-    batch, replayed, versions = mixer.sample()
+    mixed = mixer.sample()
+    batch, replayed, versions = mixed.data, mixed.replayed, mixed.versions
     assert batch["obs"].shape == (4, 4, 2)
     assert list(replayed) == [False, False, True, True]
     assert list(batch["action"][0, :2]) == [1, 2]          # the queue share is the fresh data, in order
@@ -118,8 +119,8 @@ def test_mixer_state_round_trip():
     copy.load_state_dict(mixer.state_dict())
     copy.rng = np.random.default_rng(5)
     mixer.rng = np.random.default_rng(5)
-    a, _, va = mixer.sample()
-    b, _, vb = copy.sample()
+    first, second = mixer.sample(), copy.sample()
+    a, va, b, vb = first.data, first.versions, second.data, second.versions
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
     np.testing.assert_array_equal(va, vb)

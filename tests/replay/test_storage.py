@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from herd.replay.storage import TrajectoryStorage
-from herd.trajectory import TrajectoryLayout
+from herd.algos.impala import impala_layout
 
-LAYOUT = TrajectoryLayout(unroll_length=4, obs_shape=(4, 84, 84), obs_dtype="uint8", num_actions=6, feature_size=8)
+LAYOUT = impala_layout(unroll_length=4, obs_shape=(4, 84, 84), obs_dtype="uint8", num_actions=6, feature_size=8)
 
 
 def trajectory(rng, tag):

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from herd.config import batch_shares, parse_replay_parameters
+from herd.replay.spec import batch_shares, parse_replay_parameters
 from herd.learner.batches import DirectBatches, PrefetchedBatches
 from herd.replay.mixer import ReplayMixer
-from herd.replay.replay import build_replay
+from herd.replay.registry import build_replay
 from herd.replay.writer import WriterQueue
-from herd.trajectory import TrajectoryLayout
+from herd.algos.impala import impala_layout
 
 
 @pytest.mark.parametrize("strategy, kept", [("keep_latest", [3, 4]), ("keep_oldest", [1, 2]),
@@ -23,7 +23,7 @@ def test_discarding_strategies(strategy, kept):
     assert writer.discarded == 2
 
 
-LAYOUT = TrajectoryLayout(unroll_length=2, obs_shape=(3,), obs_dtype="float32", num_actions=2, feature_size=2)
+LAYOUT = impala_layout(unroll_length=2, obs_shape=(3,), obs_dtype="float32", num_actions=2, feature_size=2)
 
 
 def make_mixer():
@@ -58,8 +58,8 @@ def test_every_fresh_trajectory_is_trained_once(prefetched):
         if ready is None:
             time.sleep(0.01)
             continue
-        batch, versions = ready
-        assert batch["obs"].shape == (3, 4, 3) and len(versions) == 4
+        batch, mixed = ready
+        assert batch["obs"].shape == (3, 4, 3) and len(mixed.versions) == 4
         fresh_seen += list(batch["action"][0, ~batch["replayed"]].numpy())
     source.close()
     assert sorted(fresh_seen) == list(range(40))

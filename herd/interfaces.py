@@ -56,10 +56,9 @@ class ActorEnvs(Protocol):
 @dataclass
 class PolicyStep:
     """The policy's output for n observations."""
-    actions: np.ndarray                  # [n] int64, sampled from softmax(logits)
-    logits: np.ndarray                   # [n, A] float32
-    value: np.ndarray                    # [n] float32
-    features: np.ndarray                 # [n, F] float32
+    actions: np.ndarray                  # [n] int64
+    fields: dict                         # trajectory field -> [n, ...]: the algorithm's per-step outputs
+    #                                      (IMPALA: behaviour_logits [n, A], behaviour_value [n], features [n, F])
     version: int                         # the policy version (learner update count) that acted
 
 

@@ -1,0 +1,22 @@
+"""Errors that several layers raise, in one leaf module (it imports nothing of herd), so
+that moving code between layers never opens an import loop.
+
+A `UserError` is bad input: the CLI prints its message as one line and exits 2, before
+anything is written. The others end a run that had started."""
+from __future__ import annotations
+
+
+class UserError(ValueError):
+    """Bad input a user can fix; the message is one line that says what and how."""
+
+
+class ConfigError(UserError):
+    """A bad option or option value."""
+
+
+class ActorFailure(RuntimeError):
+    """Actors (or the inference server that serves them) keep dying: the run cannot go on."""
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many non-finite losses in a row."""

@@ -1,0 +1,105 @@
+"""A checked Plan: the resolved config, the environment, the model and trajectory shapes,
+and the checkpoint a run starts from. `prepare()` checks everything a user can get wrong
+before any process starts and before anything is written, so bad input costs one line
+and changes nothing. run.py makes Plans; train.py and evaluate.py consume them."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from herd.algos import Algorithm, get_algorithm, trajectory_layout
+from herd.checkpoint import check_compatible, load_checkpoint
+from herd.config import Config, ConfigError, resolve
+from herd.envs import EnvSpec, describe_env, env_kind
+from herd.envs.actor_envs import resolve_env_backend
+from herd.models import build_model, model_signature
+from herd.trajectory import TrajectoryLayout
+
+
+@dataclass
+class Plan:
+    """A checked run: its config, environment, and the checkpoint it starts from."""
+    cfg: Config
+    env_spec: EnvSpec
+    model_kwargs: dict[str, Any]            # herd.models.build_model's arguments
+    layout: TrajectoryLayout                # what one trajectory holds, for this algorithm
+    algorithm: Algorithm
+    checkpoint: dict[str, Any] | None = None
+    checkpoint_path: Path | None = None
+
+
+def env_kwargs(cfg: Config) -> dict[str, Any]:
+    """The preprocessing options of herd.envs.make_env, from the config."""
+    e = cfg.env
+    return dict(skipped_frames=e.skipped_frames, frames_stacked=e.frames_stacked, noop_threshold=e.noop_threshold,
+                episodic_life=e.episodic_life, grayscaling_frames=e.grayscaling_frames,
+                frame_scale_resolution=tuple(e.frame_scale_resolution), clip_rewards=e.clip_rewards,
+                reward_clipping_method=e.reward_clipping_method, max_episode_steps=e.max_episode_steps)
+
+
+def env_spec_dict(cfg: Config, spec: EnvSpec) -> dict[str, Any]:
+    return {"env": cfg.env.env, "obs_shape": list(spec.obs_shape), "obs_dtype": spec.obs_dtype,
+            "num_actions": spec.num_actions}
+
+
+def check_seed_shapes(cfg: Config, spec: EnvSpec) -> None:
+    """The seed's --actions_count and --observation_shape, when given, must match the env."""
+    e = cfg.env
+    if e.actions_count is not None and e.actions_count != spec.num_actions:
+        raise ConfigError(f"--actions_count={e.actions_count} but {e.env} has {spec.num_actions} actions: "
+                          "drop the flag or fix it")
+    if e.observation_shape is not None and tuple(e.observation_shape) != tuple(spec.obs_shape):
+        shape = ",".join(map(str, spec.obs_shape))
+        raise ConfigError(f"--observation_shape={','.join(map(str, e.observation_shape))} but {e.env} gives "
+                          f"{shape} after preprocessing: drop the flag or use {shape}")
+
+
+def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) -> Plan:
+    """Resolves and checks everything; raises a herd.errors.UserError with a one-line message."""
+    mode = options.get("op_mode", (overrides or {}).get("op_mode", "train"))
+    url = options.get("load_model_url", (overrides or {}).get("load_model_url"))
+    checkpoint = path = saved = None
+    if mode in ("train_w_load", "test"):
+        if not url:
+            raise ConfigError(f"--op_mode={mode} needs --load_model_url=<run folder or checkpoint file>")
+        checkpoint, path = load_checkpoint(url)
+        # The saved run's own mode and source must not leak into this one.
+        saved = {k: v for k, v in checkpoint["config"].items() if k not in ("op_mode", "load_model_url")}
+    cfg = resolve(options, overrides, saved, env_kind=env_kind)
+    if cfg.general.seed is None:
+        cfg.general.seed = random.randrange(2**31)
+    cfg.validate()
+    cfg.parallel.env_backend = resolve_env_backend(cfg.parallel.env_backend, cfg.env.env)  # saved as it ran
+    spec = describe_env(cfg.env.env, **{k: v for k, v in env_kwargs(cfg).items() if k != "max_episode_steps"})
+    check_seed_shapes(cfg, spec)
+    model_kwargs = dict(network=cfg.network.network, obs_shape=tuple(spec.obs_shape), obs_dtype=spec.obs_dtype,
+                        num_actions=spec.num_actions, feature_size=cfg.network.feature_out_layer_size,
+                        use_feature_layer=cfg.network.use_additional_scaling_FC_layer,
+                        hidden_sizes=tuple(cfg.network.hidden_sizes))
+    try:
+        model = build_model(**model_kwargs)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if checkpoint is not None:
+        check_compatible(checkpoint, env_spec_dict(cfg, spec), model_signature(model), path)
+    algorithm = get_algorithm(cfg.general.algorithm)
+    layout = trajectory_layout(algorithm, cfg.train.r_f_steps, spec.obs_shape, spec.obs_dtype, spec.num_actions,
+                               cfg.network.feature_out_layer_size)
+    if mode != "test":
+        check_memory(cfg, layout)
+    return Plan(cfg, spec, model_kwargs, layout, algorithm, checkpoint, path)
+
+
+def check_memory(cfg: Config, layout: TrajectoryLayout) -> None:
+    """Impossible sizes: replays (and slots) that cannot fit in this machine's memory."""
+    trajectories = sum(spec.capacity for spec in cfg.replays if not spec.on_policy)
+    trajectories += 2 * cfg.parallel.worker_count * cfg.parallel.shared_queue_size * cfg.parallel.envs_per_worker
+    needed = trajectories * layout.nbytes()
+    available = psutil.virtual_memory().total
+    if needed > 0.8 * available:
+        raise ConfigError(f"the replays and trajectory slots need {needed / 2**30:.1f} GiB but this machine has "
+                          f"{available / 2**30:.1f} GiB: lower the replay capacities, envs_per_worker or r_f_steps")

@@ -1,0 +1,122 @@
+"""The replay kinds, keyed by the "type" of a --replay_parameters entry: what extra keys a
+kind accepts (checked when the options are parsed, before anything runs) and how it is
+built. A new kind is a sampler class (the protocol of samplers.py) and one entry here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from herd.errors import ConfigError
+from herd.replay.distances import DISTANCES
+from herd.replay.elite import (DEFAULT_SCORE_STEPS, ELITE_STRATEGIES, INSERT_STRATEGIES, SAMPLE_STRATEGIES,
+                               EliteSampler)
+from herd.replay.replay import Replay
+from herd.replay.samplers import FifoSampler, UniformSampler
+from herd.replay.storage import TrajectoryStorage
+from herd.trajectory import TrajectoryLayout
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    share: int                      # trajectories this replay gives to each batch
+    rollout_size: int               # trajectories one actor rollout brings (envs_per_worker)
+    compress: bool = False          # LZ4-pack stored observations (off-policy replays)
+    compression_level: int = 0
+    anneal_rounds_base: int = 10000  # custom: the run's lr_scheduler_steps
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ReplayKind:
+    on_policy: bool
+    check_options: Callable[[str, dict], None] | None   # where, extra keys -> raises ConfigError; None: no keys
+    build: Callable[[Any, TrajectoryLayout, BuildOptions], Replay]
+
+
+def build_queue(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
+    # Room for one batch share plus one actor rollout, so fresh trajectories are never
+    # overwritten before the learner used them; never compressed (each is read once, soon).
+    capacity = max(spec.capacity, o.share + o.rollout_size)
+    return Replay("queue", TrajectoryStorage(layout, capacity), FifoSampler(capacity), on_policy=True)
+
+
+def off_policy_storage(spec, layout: TrajectoryLayout, o: BuildOptions) -> TrajectoryStorage:
+    return TrajectoryStorage(layout, spec.capacity, compress_obs=o.compress, compression_level=o.compression_level)
+
+
+def build_standard(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
+    return Replay("standard", off_policy_storage(spec, layout, o), UniformSampler(spec.capacity), on_policy=False)
+
+
+# The custom (elite/attentive) type's keys: allowed values, or None for a number checked below.
+CUSTOM_KEYS = {
+    "dist_function": DISTANCES,
+    "p": None,
+    "insert_strategy": tuple(s for s in INSERT_STRATEGIES if s),
+    "sample_strategy": tuple(s for s in SAMPLE_STRATEGIES if s),
+    "lambda_batch_multiplier": None,
+    "alfa_annealing_factor": None,
+    "elite_sampling_strategy": ELITE_STRATEGIES,
+    "elite_batch_size": None,
+    "score_steps": None,  # herd's own: time steps per candidate scored (int >= 1 or "all"); see elite.py
+}
+
+
+def is_int_at_least(value, low: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= low
+
+
+def is_positive_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
+
+
+def check_custom_options(where: str, extra: dict) -> None:
+    for key, value in extra.items():
+        if key not in CUSTOM_KEYS:
+            raise ConfigError(f"{where}: unknown key '{key}' for type 'custom' (known: {', '.join(CUSTOM_KEYS)})")
+        allowed = CUSTOM_KEYS[key]
+        if allowed is not None and value not in allowed:
+            raise ConfigError(f"{where}: {key} '{value}' is not one of {', '.join(allowed)}")
+    if "dist_function" not in extra:
+        raise ConfigError(f"{where}: type 'custom' needs a dist_function ({', '.join(DISTANCES)})")
+    checks = (("lambda_batch_multiplier", 1, lambda v: is_int_at_least(v, 1), "an integer >= 1"),
+              ("alfa_annealing_factor", 1.0, is_positive_number, "a number > 0"),
+              ("p", 2, is_positive_number, "a number > 0"),
+              ("score_steps", 1, lambda v: v == "all" or is_int_at_least(v, 1), 'an integer >= 1 or "all"'),
+              ("elite_batch_size", 20, lambda v: is_int_at_least(v, 1), "an integer >= 1"))
+    for key, default, ok, what in checks:
+        value = extra.get(key, default)
+        if not ok(value):
+            raise ConfigError(f"{where}: {key} must be {what}, got {value!r}")
+
+
+def build_custom(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
+    """Anneals its candidate multiplier over anneal_rounds_base * alfa_annealing_factor
+    sample calls; `seed` drives elite insertion. Needs Replay.attach_model before use when
+    it has a strategy."""
+    score_steps = spec.option("score_steps", DEFAULT_SCORE_STEPS)
+    sampler = EliteSampler(
+        spec.capacity,
+        sample_strategy=spec.option("sample_strategy"),
+        insert_strategy=spec.option("insert_strategy"),
+        elite_sampling_strategy=spec.option("elite_sampling_strategy", "strategy3"),
+        lambda_batch_multiplier=spec.option("lambda_batch_multiplier", 1),
+        anneal_rounds=round(o.anneal_rounds_base * spec.option("alfa_annealing_factor", 1.0)),
+        elite_batch_size=spec.option("elite_batch_size", 20),
+        dist_function=spec.option("dist_function", "ln_norm"),
+        p=spec.option("p", 2),
+        score_steps=None if score_steps == "all" else score_steps,
+        seed=o.seed)
+    return Replay("custom", off_policy_storage(spec, layout, o), sampler, on_policy=False)
+
+
+REPLAY_KINDS: dict[str, ReplayKind] = {
+    "queue": ReplayKind(on_policy=True, check_options=None, build=build_queue),
+    "standard": ReplayKind(on_policy=False, check_options=None, build=build_standard),
+    "custom": ReplayKind(on_policy=False, check_options=check_custom_options, build=build_custom),
+}
+
+
+def build_replay(spec, layout: TrajectoryLayout, share: int, rollout_size: int, **options) -> Replay:
+    """One replay from its --replay_parameters entry (see BuildOptions for `options`)."""
+    return REPLAY_KINDS[spec.type].build(spec, layout, BuildOptions(share, rollout_size, **options))
