@@ -126,7 +126,7 @@ class ReplayConfig:
 class StatsConfig:
     avg_buff_size: int = opt(100, "episodes in the moving-average score")
     verbose_worker_out_int: int = opt(50, "with --worker_verbose, each actor prints a progress line every N rollouts")
-    verbose_learner_out_int: Optional[int] = opt(None, "learner-side log interval: a train.csv row and TensorBoard scalars every N updates")
+    verbose_learner_out_int: int = opt(50, "learner-side log interval: a train.csv row and TensorBoard scalars every N updates")
     basic_verbose: bool = opt(True, "print a live progress line")
     worker_verbose: bool = opt(False, "print per-actor progress (rollouts, steps, recent score) on stderr")
     background_save: bool = opt(False, "write the metric files (episodes.csv, train.csv) from a background thread instead of the learner's")
@@ -176,14 +176,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         environment_max_steps=15_000_000, clip_rewards=True, envs_per_worker=5,
         replay_parameters=DEFAULT_REPLAY, feature_out_layer_size=512,
         learner_precision="auto", shared_queue_size=16, caching=True, use_replay_compression=True,
-        verbose_learner_out_int=250,
     ),
     "vector": dict(
         lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01,
         environment_max_steps=500_000, clip_rewards=False, envs_per_worker=16,
         replay_parameters='[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
         feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
-        use_replay_compression=False, verbose_learner_out_int=50,
+        use_replay_compression=False,
     ),
 }
 

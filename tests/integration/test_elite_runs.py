@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +18,12 @@ SEED_ELITE = ["--op_mode=train", "--env=PongNoFrameskip-v4", "--environment_max_
               '{"type": "queue", "capacity": 1, "sample_ratio": 0.5}]']
 
 
+def train_rows(run) -> int:
+    """Data rows of the run's train.csv so far (the file flushes every few seconds)."""
+    path = run / "train.csv"
+    return max(0, len(path.read_text().splitlines()) - 1) if path.exists() else 0
+
+
 def custom_sampler_state(state: dict) -> dict:
     return state["replay"]["replays"][0]["sampler"]
 
@@ -30,14 +35,16 @@ def test_seed_elite_command_runs_verbatim_and_resumes_its_replay(tmp_path):
     results = tmp_path / "results"
     with killed_at_exit(process):
         assert wait_for(lambda: results.exists() and any(results.iterdir()), 60)
-        time.sleep(40)                 # start-up, 2,000 steps of warm-up (200 trajectories), then updates
+        # Start-up, 2,000 steps of warm-up (200 trajectories), then updates: the first
+        # train.csv row is written at update 50 (--verbose_learner_out_int).
+        assert wait_for(lambda: train_rows(only_run(results)) > 0, 240), "no 50 updates within 240 s"
         os.killpg(process.pid, signal.SIGINT)
         _, err = process.communicate(timeout=60)
     assert process.returncode == 0, err[-2000:]
     run = only_run(results)
     state, _ = load_checkpoint(run)
     updates = state["counters"]["updates"]
-    assert updates > 0, "no update within 40 s"
+    assert updates >= 50
     sampler = custom_sampler_state(state)
     # Every update drew 50 elite-sampled trajectories (prefetched batches may add a few rounds);
     # a trajectory overwritten by a newer one takes its sample count with it.
