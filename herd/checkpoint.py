@@ -28,6 +28,7 @@ FORMAT_VERSION = 2
 UNVERIFIED_VERSION = 1
 CHECKPOINT_DIR = "checkpoints"
 NAME_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
+TEMP_PATTERN = re.compile(r"^\.ckpt_\d+\.pt\.tmp-(\d+)$")   # what save_atomic writes before its rename
 
 
 class CheckpointError(ValueError):
@@ -86,6 +87,33 @@ def checksum(state: Any) -> str:
     return digest.hexdigest()
 
 
+def remove_stale_temp_files(folder: Path) -> None:
+    """Deletes the half-written temp files of saves that were killed (kill -9, power loss).
+
+    A run folder has one writer, and its saves are sequential, so a temp file named with
+    this process's PID is not being written now: it is a dead process's whose PID we got
+    again (usual in containers, where PIDs restart small). A temp file of another live PID
+    is kept: it may be a save in progress that its rename still needs, and keeping a stale
+    one (a reused PID) costs only disk until a later save. Runs before our own write, so a
+    large replay's leftovers free their space first."""
+    if not folder.is_dir():
+        return
+    for path in folder.iterdir():
+        match = TEMP_PATTERN.match(path.name)
+        if match and (int(match.group(1)) == os.getpid() or not pid_alive(int(match.group(1)))):
+            path.unlink(missing_ok=True)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:                      # alive, another user's
+        return True
+    return True
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -117,6 +145,7 @@ def save_checkpoint(state: dict, run_dir: Path, update: int, keep: int = 3) -> P
     state = {**state, "format_version": FORMAT_VERSION}
     folder = run_dir / CHECKPOINT_DIR
     path = folder / f"ckpt_{update:010d}.pt"
+    remove_stale_temp_files(folder)
     save_atomic(state, path)
     for old in list_checkpoints(folder)[keep:]:
         old.unlink(missing_ok=True)
