@@ -67,10 +67,11 @@ def checksum(state: Any) -> str:
     def walk(value: Any) -> None:
         if isinstance(value, torch.Tensor):
             digest.update(f"T{value.dtype}{tuple(value.shape)}:".encode())
-            if value.numel():                    # an empty one (an empty replay) has no bytes, and no byte view
-                # Bytes whatever the dtype: bfloat16 and others have no numpy type, uint8 has.
-                # reshape(-1) also lets 0-d tensors be viewed as bytes.
-                digest.update(memoryview(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
+            tensor = value.detach().cpu()        # no copy when already on the CPU
+            if tensor.dtype == torch.bfloat16:
+                tensor = tensor.view(torch.int16)   # numpy has no bfloat16; the same bytes
+            # The array's buffer itself, in one pass (a copy only for a non-contiguous view).
+            digest.update(np.ascontiguousarray(tensor.numpy()))
         elif isinstance(value, dict):
             digest.update(f"D{len(value)}:".encode())
             for key, item in value.items():
