@@ -4,9 +4,14 @@ A checkpoint is a dict of tensors and plain Python values only, so it loads with
 `torch.load(weights_only=True)`. numpy arrays (replay contents, RNG state) are stored as
 tensors and turned back on load. Writing goes to a temporary file in the same folder,
 which is fsync'ed and then renamed over the final name: a kill at any instant leaves
-either the old file or the new one, never a torn one."""
+either the old file or the new one, never a torn one.
+
+Since format version 2 a checkpoint also carries a SHA-256 of its contents, which loading
+recomputes: torch reads tensor records without checking the zip's CRCs, so flipped bytes
+inside a weight would otherwise load as silently wrong numbers."""
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import zipfile
@@ -16,9 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 1 (before checksums) is still read, unverified: refusing it would strand every
+# agent trained before this change, and such a file is no likelier to be corrupt than it
+# was when it loaded fine. A version 2 file without its checksum is refused.
+UNVERIFIED_VERSION = 1
 CHECKPOINT_DIR = "checkpoints"
 NAME_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
+TEMP_PATTERN = re.compile(r"^\.ckpt_\d+\.pt\.tmp-(\d+)$")   # what save_atomic writes before its rename
 
 
 class CheckpointError(ValueError):
@@ -48,6 +58,63 @@ def from_storable(value: Any) -> Any:
     return value
 
 
+def checksum(state: Any) -> str:
+    """SHA-256 over a canonical walk of a storable state: dict keys in order, containers'
+    lengths, scalars by type and repr, and each tensor's dtype, shape and raw bytes, hashed
+    in one pass over its memory (replays in checkpoints can be hundreds of MB)."""
+    digest = hashlib.sha256()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            digest.update(f"T{value.dtype}{tuple(value.shape)}:".encode())
+            tensor = value.detach().cpu()        # no copy when already on the CPU
+            if tensor.dtype == torch.bfloat16:
+                tensor = tensor.view(torch.int16)   # numpy has no bfloat16; the same bytes
+            # The array's buffer itself, in one pass (a copy only for a non-contiguous view).
+            digest.update(np.ascontiguousarray(tensor.numpy()))
+        elif isinstance(value, dict):
+            digest.update(f"D{len(value)}:".encode())
+            for key, item in value.items():
+                digest.update(f"{key!r}=".encode())
+                walk(item)
+        elif isinstance(value, (list, tuple)):   # to_storable made tuples lists; the walk treats them alike
+            digest.update(f"L{len(value)}:".encode())
+            for item in value:
+                walk(item)
+        else:                                    # None, bool, int, float, str, torch.dtype...
+            digest.update(f"{type(value).__name__}:{value!r};".encode())
+
+    walk(state)
+    return digest.hexdigest()
+
+
+def remove_stale_temp_files(folder: Path) -> None:
+    """Deletes the half-written temp files of saves that were killed (kill -9, power loss).
+
+    A run folder has one writer, and its saves are sequential, so a temp file named with
+    this process's PID is not being written now: it is a dead process's whose PID we got
+    again (usual in containers, where PIDs restart small). A temp file of another live PID
+    is kept: it may be a save in progress that its rename still needs, and keeping a stale
+    one (a reused PID) costs only disk until a later save. Runs before our own write, so a
+    large replay's leftovers free their space first."""
+    if not folder.is_dir():
+        return
+    for path in folder.iterdir():
+        match = TEMP_PATTERN.match(path.name)
+        if match and (int(match.group(1)) == os.getpid() or not pid_alive(int(match.group(1)))):
+            path.unlink(missing_ok=True)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:                      # alive, another user's
+        return True
+    return True
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -57,11 +124,14 @@ def fsync_dir(path: Path) -> None:
 
 
 def save_atomic(state: dict, path: Path) -> None:
+    """Writes `state` with its checksum (see `checksum`) under the "checksum" key."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    storable = to_storable(state)
+    storable["checksum"] = checksum(storable)
     try:
         with open(tmp, "wb") as f:
-            torch.save(to_storable(state), f)
+            torch.save(storable, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -76,6 +146,7 @@ def save_checkpoint(state: dict, run_dir: Path, update: int, keep: int = 3) -> P
     state = {**state, "format_version": FORMAT_VERSION}
     folder = run_dir / CHECKPOINT_DIR
     path = folder / f"ckpt_{update:010d}.pt"
+    remove_stale_temp_files(folder)
     save_atomic(state, path)
     for old in list_checkpoints(folder)[keep:]:
         old.unlink(missing_ok=True)
@@ -117,9 +188,16 @@ def load_checkpoint(url: str | os.PathLike) -> tuple[dict, Path]:
         raise CheckpointError(f"checkpoint '{path}' cannot be loaded safely ({type(err).__name__})") from None
     if not isinstance(state, dict) or "format_version" not in state:
         raise CheckpointError(f"'{path}' is not a herd checkpoint")
-    if state["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint '{path}' has format version {state['format_version']}, "
-                              f"this herd reads version {FORMAT_VERSION}")
+    version = state["format_version"]
+    if version not in (UNVERIFIED_VERSION, FORMAT_VERSION):
+        raise CheckpointError(f"checkpoint '{path}' has format version {version}, "
+                              f"this herd reads versions {UNVERIFIED_VERSION} and {FORMAT_VERSION}")
+    if version == FORMAT_VERSION:
+        saved = state.pop("checksum", None)      # it was added after the digest was taken
+        if saved is None:
+            raise CheckpointError(f"checkpoint '{path}' has no checksum (format version {version} always has one)")
+        if saved != checksum(state):
+            raise CheckpointError(f"checkpoint '{path}' is corrupt: its contents do not match their checksum")
     return from_storable(state), path
 
 

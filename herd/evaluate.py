@@ -178,10 +178,23 @@ def render_episodes(model, env_id: str, env_kwargs: dict, seed: int, video_path:
     return video_path
 
 
+def quiet_sdl(display: bool) -> None:
+    """Keeps SDL from probing devices this process does not use. Classic-control renderers
+    call pygame.init() even for rgb_array frames, which starts every SDL subsystem: with no
+    display its video probe tries Wayland ("error: XDG_RUNTIME_DIR is invalid or not set")
+    and its audio probe ALSA, each printing to stderr. Frames are drawn on in-memory
+    surfaces and nothing plays sound, so the dummy drivers lose nothing. Only in the render
+    process (its own environment, spawned) and only where the user chose no driver."""
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    if not display:                                 # a window needs the real video driver
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+
+
 def render_process(log_queue, result_conn, model_kwargs: dict, weights: dict, env_id: str, env_kwargs: dict,
                    seed: int, video_path: Path, scoring_done) -> None:
     """The render process's body; its warnings reach the parent's log through `log_queue`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl+C reaches the whole group; the parent ends us
+    quiet_sdl(has_display())
     log.handlers[:] = [logging.handlers.QueueHandler(log_queue)]
     log.setLevel(logging.INFO)
     log.propagate = False

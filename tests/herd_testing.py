@@ -59,3 +59,30 @@ def killed_at_exit(process: subprocess.Popen):
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+
+
+def corrupt_first_weight(checkpoint: Path, count: int = 256) -> None:
+    """Inverts `count` bytes of the first model tensor's data inside a checkpoint, in place:
+    the zip's structure (headers, offsets, directory) is unchanged, only its CRC no longer
+    matches, which torch does not check. torch writes each storage uncompressed as a zip
+    member `<archive>/data/<key>`; the one holding the weight is found by its bytes."""
+    import struct
+    import zipfile
+
+    import torch
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    weight = next(iter(state["model"].values())).contiguous().numpy().tobytes()
+    assert len(weight) >= count, len(weight)
+    with zipfile.ZipFile(checkpoint) as archive:
+        found = [info for info in archive.infolist() if "/data/" in info.filename and archive.read(info) == weight]
+    assert len(found) == 1 and found[0].compress_type == zipfile.ZIP_STORED, found
+    with open(checkpoint, "r+b") as f:
+        f.seek(found[0].header_offset)
+        header = f.read(30)                                 # the local file header's fixed part
+        name_length, extra_length = struct.unpack("<HH", header[26:30])
+        start = found[0].header_offset + 30 + name_length + extra_length
+        f.seek(start)
+        data = f.read(count)
+        f.seek(start)
+        f.write(bytes(b ^ 0xFF for b in data))

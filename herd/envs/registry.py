@@ -11,6 +11,8 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import re
+import warnings
 from dataclasses import dataclass
 
 import ale_py
@@ -40,9 +42,21 @@ class EnvSpec:
     max_episode_steps: int | None    # agent steps before truncation (Atari: ALE's own frame cap / skip)
 
 
+def deprecation_note(caught: list[warnings.WarningMessage]) -> str:
+    """gymnasium's first DeprecationWarning (e.g. "HalfCheetah-v4 is out of date") as a note
+    for herd's one-line error, without its colour codes and "WARN: " prefix."""
+    for warning in caught:
+        if issubclass(warning.category, DeprecationWarning):
+            text = re.sub(r"\x1b\[[0-9;]*m", "", str(warning.message)).strip().removeprefix("WARN: ")
+            return f" (gymnasium: {text})"
+    return ""
+
+
 def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     try:
-        return gym.spec(env_id)
+        with warnings.catch_warnings():    # probing only: herd's own line says what is wrong
+            warnings.simplefilter("ignore")
+            return gym.spec(env_id)
     except Exception:  # gymnasium raises several error types for bad ids
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
@@ -68,16 +82,23 @@ def check_atari_id(env_id: str, spec) -> None:
 
 @functools.lru_cache(maxsize=64)
 def vector_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    """(observation space, action space) of a non-Atari id; builds the env once per process."""
-    try:
-        env = gym.make(env_id)
-    except Exception as err:  # missing optional dependencies (box2d, mujoco...) and the like
-        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise EnvError(f"environment '{env_id}' could not be created: {first_line}") from None
-    try:
-        return env.observation_space, env.action_space
-    finally:
-        env.close()
+    """(observation space, action space) of a non-Atari id; builds the env once per process.
+
+    gymnasium's warnings while probing (an out-of-date version, the env checker) are recorded,
+    not printed: they came before herd's one-line error as two lines of their own. A
+    deprecation is folded into that error, where it may explain it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            env = gym.make(env_id)
+        except Exception as err:  # missing optional dependencies (box2d, mujoco...) and the like
+            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise EnvError(f"environment '{env_id}' could not be created: {first_line}"
+                           f"{deprecation_note(caught)}") from None
+        try:
+            return env.observation_space, env.action_space
+        finally:
+            env.close()
 
 
 def env_kind(env_id: str) -> str:

@@ -14,6 +14,14 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def format_score(value: float | None, digits: int = 2) -> str:
+    """A score for the console and the log: "-" when there is none yet (the average of no
+    finished episode is NaN, which reads like a bug)."""
+    if value is None or value != value:
+        return "-"
+    return f"{value:.{digits}f}"
+
+
 class ProgressLine:
     """Redraws one line on a terminal; prints a line every `interval` seconds otherwise."""
 
@@ -27,10 +35,16 @@ class ProgressLine:
 
     def render(self, steps: int, fps: float, average: float, elapsed: float, start_steps: int = 0) -> str:
         done = steps - start_steps
-        remaining = (self.total - steps) / (done / elapsed) if done > 0 and elapsed > 0 else float("nan")
-        average_text = f"{average:.1f}" if average == average else "-"
+        # Actors finish their rollouts after the budget is reached, so steps can pass the
+        # total: nothing is left then, not a negative time.
+        left = max(self.total - steps, 0)
+        if left == 0:
+            remaining = 0.0
+        else:
+            remaining = left / (done / elapsed) if done > 0 and elapsed > 0 else float("nan")
         return (f"steps {steps:,}/{self.total:,} ({100 * steps / self.total:.0f}%) | {fps:,.0f} fps | "
-                f"avg score {average_text} | {format_duration(elapsed)} elapsed | {format_duration(remaining)} left")
+                f"avg score {format_score(average, 1)} | {format_duration(elapsed)} elapsed | "
+                f"{format_duration(remaining)} left")
 
     def update(self, steps: int, fps: float, average: float, elapsed: float, start_steps: int = 0,
                force: bool = False) -> None:

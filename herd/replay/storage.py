@@ -99,7 +99,11 @@ class TrajectoryStorage:
         else:
             pairs = [self.pack(self.arrays["obs"][:, p]) for p in range(filled)]
             packed = [pair[0] for pair in pairs]
-            offsets = np.array([pair[1] for pair in pairs], dtype=np.int64).reshape(filled, -1)
+            # Shaped explicitly: with nothing stored yet (a stop before the first rollout
+            # reached the replay) there is no row to infer the width from.
+            offsets = np.zeros((filled, self.obs_shape[0] + 1), dtype=np.int64)
+            for position, pair in enumerate(pairs):
+                offsets[position] = pair[1]
         state["packed_obs"] = [np.frombuffer(p, dtype=np.uint8).copy() for p in packed]
         state["packed_offsets"] = offsets
         return state

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from herd_testing import only_run, run_cli
+from herd_testing import corrupt_first_weight, only_run, run_cli
 from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints
 
 
@@ -36,6 +36,10 @@ def sources(tmp_path_factory):
     newest = list_checkpoints(truncated / CHECKPOINT_DIR)[0]
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
 
+    corrupt = base / "corrupt_run"                          # flipped weight bytes, the zip intact
+    shutil.copytree(run, corrupt)
+    corrupt_first_weight(list_checkpoints(corrupt / CHECKPOINT_DIR)[0])
+
     no_checkpoint = base / "no_checkpoint_run"
     shutil.copytree(run, no_checkpoint)
     shutil.rmtree(no_checkpoint / CHECKPOINT_DIR)
@@ -46,7 +50,7 @@ def sources(tmp_path_factory):
     malicious = base / "malicious.pt"
     marker = tmp_path_factory.mktemp("payload") / "payload_ran"   # outside the hashed tree
     torch.save({"format_version": 1, "model": Payload(marker)}, malicious)
-    return {"base": base, "run": run, "truncated": truncated, "no_checkpoint": no_checkpoint,
+    return {"base": base, "run": run, "truncated": truncated, "corrupt": corrupt, "no_checkpoint": no_checkpoint,
             "garbage": garbage, "malicious": malicious, "marker": marker}
 
 
@@ -55,6 +59,7 @@ CASES = {
     "missing path": (lambda s: s["base"] / "no_such_run", [], "does not exist"),
     "folder with no checkpoint": (lambda s: s["no_checkpoint"], [], "no checkpoint"),
     "truncated checkpoint": (lambda s: s["truncated"], [], "truncated or corrupt"),
+    "corrupt weights": (lambda s: s["corrupt"], [], "is corrupt: its contents do not match their checksum"),
     "random bytes": (lambda s: s["garbage"], [], "truncated or corrupt"),
     "malicious pickle": (lambda s: s["malicious"], [], "cannot be loaded safely"),
     # The command line's env wins over the checkpoint's config, and its spaces differ.
@@ -80,12 +85,24 @@ def test_bad_checkpoint_is_refused_and_changes_nothing(sources, tmp_path, case, 
     else:
         result = run_cli(["--op_mode=train_w_load", f"--load_model_url={url}", *extra], results, entry="main",
                          timeout=120)
-    assert result.returncode == 2, (case, result.stderr[-2000:])
+    assert_refused(result, words, results, sources, before)
+
+
+def assert_refused(result, words, results, sources, before):
+    assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("herd: error:") and words in lines[0], (case, result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("herd: error:") and words in lines[0], result.stderr
     assert not results.exists()                             # refused before any run folder is made
     assert tree_hashes(sources["base"]) == before           # the loaded run and its copies: byte for byte
     assert not sources["marker"].exists()                   # weights_only loading never ran the payload
+
+
+def test_herd_resume_refuses_corrupt_weights(sources, tmp_path):
+    """`herd resume` shares main.py's loading, checked above for every case; once here for the checksum."""
+    before = tree_hashes(sources["base"])
+    results = tmp_path / "results"
+    result = run_cli(["resume", str(sources["corrupt"])], results, timeout=120)
+    assert_refused(result, "is corrupt: its contents do not match their checksum", results, sources, before)
 
 
 def test_the_malicious_payload_is_real(sources, tmp_path):

@@ -108,6 +108,16 @@ def test_herd_test_reports_what_an_independent_run_of_the_same_games_gives(angle
 
 
 @pytest.fixture(scope="module")
+def short_cartpole_run(tmp_path_factory):
+    """A few seconds of CartPole: a checkpoint to render, not a good player."""
+    results = tmp_path_factory.mktemp("short_cartpole")
+    result = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=2000", "--worker_count=1",
+                      "--tensorboard=False"], results)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return only_run(results)
+
+
+@pytest.fixture(scope="module")
 def pong_run(tmp_path_factory):
     """A barely trained Pong agent: enough for a checkpoint to render."""
     results = tmp_path_factory.mktemp("pong")
@@ -164,6 +174,21 @@ def test_render_without_pygame_warns_once_and_still_scores(cartpole_run, tmp_pat
         assert scores["video"] is None and not (run / "test_video.mp4").exists()
     else:
         assert len(imageio.mimread(run / "test_video.mp4", memtest=False)) > 1
+
+
+def test_recording_a_video_prints_nothing_from_sdl(short_cartpole_run, tmp_path):
+    """pygame's SDL printed "error: XDG_RUNTIME_DIR is invalid or not set" (its Wayland probe)
+    when the render process drew CartPole frames with no display; stderr holds only herd's lines."""
+    env = {k: v for k, v in no_display_env().items()
+           if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "SDL_AUDIODRIVER")}   # as on a bare server
+    result = subprocess.run([sys.executable, "-m", "herd.cli", "test", str(short_cartpole_run),
+                             "--test_episode_count=2", "--render=True", f"--results_dir={tmp_path}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    run, scores = read_results(tmp_path)
+    assert scores["video"] == str(run / "test_video.mp4")   # the frames were still drawn and recorded
+    lines = result.stderr.strip().splitlines()
+    assert lines and all(line.startswith(("[herd]", "test [")) for line in lines), result.stderr
 
 
 def test_render_records_an_mp4_when_there_is_no_display(pong_run, tmp_path):

@@ -1,0 +1,95 @@
+"""Checkpoint integrity: the checksum that loading verifies, and the temp files of killed saves."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from herd_testing import corrupt_first_weight
+from herd.checkpoint import (CHECKPOINT_DIR, CheckpointError, checksum, find_checkpoint, list_checkpoints,
+                             load_checkpoint, save_checkpoint)
+
+
+def small_state():
+    torch.manual_seed(0)
+    return {"model": {"layer.weight": torch.randn(16, 16), "layer.bias": torch.randn(16)},
+            "counters": {"updates": 7, "wall_time": 1.5},
+            "replay": {"obs": np.arange(40, dtype=np.uint8).reshape(4, 10)},
+            "config": {"env": "CartPole-v1", "hidden_sizes": [64, 64]}}
+
+
+def test_a_saved_checkpoint_loads_back(tmp_path):
+    save_checkpoint(small_state(), tmp_path, update=1)
+    state, _ = load_checkpoint(tmp_path)
+    torch.testing.assert_close(state["model"]["layer.weight"], small_state()["model"]["layer.weight"])
+    np.testing.assert_array_equal(state["replay"]["obs"], small_state()["replay"]["obs"])
+    assert "checksum" not in state                          # verified and dropped: not part of the run's state
+
+
+def test_flipped_tensor_bytes_are_refused(tmp_path):
+    path = save_checkpoint(small_state(), tmp_path, update=1)
+    corrupt_first_weight(path)
+    # The corruption is real and torch alone does not notice it: the weight loads, changed.
+    raw = torch.load(path, map_location="cpu", weights_only=True)
+    assert not torch.equal(raw["model"]["layer.weight"], small_state()["model"]["layer.weight"])
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    assert str(err.value) == f"checkpoint '{path}' is corrupt: its contents do not match their checksum"
+
+
+def test_a_checksum_covers_keys_values_dtypes_and_shapes():
+    weight = torch.arange(12, dtype=torch.float32)
+    base = checksum({"w": weight, "n": 1})
+    assert checksum({"w": weight.clone(), "n": 1}) == base
+    for changed in ({"v": weight, "n": 1}, {"w": weight, "n": 2}, {"w": weight.reshape(3, 4), "n": 1},
+                    {"w": weight.view(torch.int32), "n": 1}, {"w": weight + 1, "n": 1}):
+        assert checksum(changed) != base, changed
+    # bfloat16 has no numpy type; its bytes are hashed all the same.
+    half = torch.ones(4, dtype=torch.bfloat16)
+    assert checksum({"w": half}) != checksum({"w": half * 2})
+
+
+def test_a_current_checkpoint_without_its_checksum_is_refused(tmp_path):
+    path = save_checkpoint(small_state(), tmp_path, update=1)
+    state = torch.load(path, weights_only=True)
+    del state["checksum"]
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="has no checksum"):
+        load_checkpoint(path)
+
+
+def test_a_version_1_checkpoint_from_before_checksums_still_loads(tmp_path):
+    path = tmp_path / "old.pt"
+    torch.save({"format_version": 1, "model": {"w": torch.ones(3)}}, path)
+    state, _ = load_checkpoint(path)
+    assert torch.equal(state["model"]["w"], torch.ones(3))
+
+
+def dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_save_removes_the_temp_files_of_killed_saves_only(tmp_path):
+    folder = tmp_path / CHECKPOINT_DIR
+    folder.mkdir()
+    stale = [folder / f".ckpt_0000000009.pt.tmp-{dead_pid()}",
+             folder / f".ckpt_0000000008.pt.tmp-{os.getpid()}"]    # ours, while no save of ours is running
+    in_progress = folder / f".ckpt_0000000009.pt.tmp-{os.getppid()}"  # a live process's: maybe still writing
+    unrelated = folder / "notes.txt"
+    for path in (*stale, in_progress, unrelated):
+        path.write_bytes(b"half a checkpoint")
+
+    # Before any save: a newer-numbered temp file is never taken for a checkpoint.
+    assert list_checkpoints(folder) == []
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        find_checkpoint(tmp_path)
+    saved = save_checkpoint(small_state(), tmp_path, update=2)
+    assert find_checkpoint(tmp_path) == saved and list_checkpoints(folder) == [saved]
+
+    assert not any(path.exists() for path in stale)
+    assert in_progress.exists() and unrelated.exists()
+    assert sorted(p.name for p in folder.iterdir()) == sorted([saved.name, in_progress.name, unrelated.name])
