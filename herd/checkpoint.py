@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from herd.errors import CheckpointError
+
 FORMAT_VERSION = 2
 # Version 1 (before checksums) is still read, unverified: refusing it would strand every
 # agent trained before this change, and such a file is no likelier to be corrupt than it
@@ -30,9 +32,6 @@ CHECKPOINT_DIR = "checkpoints"
 NAME_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
 TEMP_PATTERN = re.compile(r"^\.ckpt_\d+\.pt\.tmp-(\d+)$")   # what save_atomic writes before its rename
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message says why in one line."""
 
 
 def to_storable(value: Any) -> Any:

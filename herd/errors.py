@@ -14,6 +14,14 @@ class ConfigError(UserError):
     """A bad option or option value."""
 
 
+class EnvError(UserError):
+    """An environment herd cannot run, or bad preprocessing options."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used (missing, corrupt, from another env or network)."""
+
+
 class ActorFailure(RuntimeError):
     """Actors (or the inference server that serves them) keep dying: the run cannot go on."""
 

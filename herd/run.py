@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from herd.checkpoint import CheckpointError
 from herd.config import Config, ConfigError, resolve
-from herd.envs import EnvError
+from herd.errors import UserError
 from herd.evaluate import test_policy
 from herd.files import write_json
 from herd.plan import prepare
@@ -23,7 +22,7 @@ from herd.train import train
 
 log = logging.getLogger("herd")
 
-USER_ERRORS = (ConfigError, EnvError, CheckpointError)
+USER_ERRORS = (UserError,)
 
 
 def make_run_dir(cfg: Config) -> Path:

@@ -19,6 +19,7 @@ import ale_py
 import gymnasium as gym
 
 from herd.envs.atari import wrap_atari
+from herd.errors import EnvError
 from herd.envs.score import GameScore
 from herd.envs.wrappers import REWARD_CLIPPING_METHODS, ClipReward, Float32Observation, SeedFirstReset
 
@@ -28,9 +29,6 @@ ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
 
 ATARI_EXAMPLE = "PongNoFrameskip-v4"
 
-
-class EnvError(ValueError):
-    """An environment herd cannot run, or bad preprocessing options; one line says why."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from herd.errors import TrainingDiverged
 from herd.files import write_json
 from herd.learner.learner import LEARNER_METRICS, Learner
 from herd.monitor.metrics import RunMetrics
-from herd.monitor.progress import ProgressLine
+from herd.monitor.progress import ProgressLine, format_score
 from herd.monitor.stats import EpisodeStats
 from herd.trajectory import TrajectoryLayout
 
@@ -228,7 +228,7 @@ class TrainingSession:
             if self.metrics is not None:
                 self.metrics.close()
             self.batches.close()
-        average = f"{self.stats.average:.2f}" if self.stats.episodes else "none (no episode finished)"
         log.info("%s after %d environment steps and %d updates; average score %s; checkpoint %s",
-                 reason, self.counters.env_steps, self.counters.updates, average, path)
+                 reason, self.counters.env_steps, self.counters.updates,
+                 format_score(self.stats.average if self.stats.episodes else None), path)
         return path

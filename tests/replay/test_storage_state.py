@@ -5,9 +5,9 @@ import pytest
 
 from herd.checkpoint import load_checkpoint, save_checkpoint
 from herd.replay.storage import TrajectoryStorage
-from herd.trajectory import TrajectoryLayout
+from herd.algos.impala import impala_layout
 
-LAYOUT = TrajectoryLayout(unroll_length=3, obs_shape=(2, 6, 6), obs_dtype="uint8", num_actions=3, feature_size=4)
+LAYOUT = impala_layout(unroll_length=3, obs_shape=(2, 6, 6), obs_dtype="uint8", num_actions=3, feature_size=4)
 
 
 def trajectory(rng):
