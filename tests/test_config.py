@@ -125,3 +125,22 @@ def test_lr_decay_horizon_defaults_to_the_whole_vector_run():
     cfg = apply_profile(Config.from_flat({"env": "CartPole-v1", "environment_max_steps": 51200}), "vector")
     # queue-only: 8 fresh trajectories x 16 steps per update
     assert cfg.train.lr_scheduler_steps == 400
+
+
+def test_help_shows_the_default_each_kind_of_environment_gets():
+    from herd.cli import build_seed_parser
+    text = " ".join(build_seed_parser().format_help().split())
+    assert "trajectories per learner batch [default: Atari 100; vector tasks 8]" in text
+    assert "rollout fragment length, the unroll length T [default: Atari 10; vector tasks 16]" in text
+    assert "[default: impala]" in text
+
+
+def test_the_seed_shapes_parse_in_its_own_spelling():
+    cfg = resolve({"env": "PongNoFrameskip-v4", "observation_shape": "(4, 84, 84)", "actions_count": "6"})
+    assert cfg.env.observation_shape == (4, 84, 84) and cfg.env.actions_count == 6
+
+
+def test_verbose_learner_out_int_is_used_as_given():
+    for kind in ("atari", "vector"):
+        cfg = apply_profile(resolve({"env": "CartPole-v1", "verbose_learner_out_int": "500"}), kind)
+        assert cfg.stats.verbose_learner_out_int == 500
