@@ -101,7 +101,7 @@ class ParallelConfig:
     env_backend: str = opt("auto", "how actors step environments: gymnasium (per-process, any env), ale_vector (ale-py's C++ vector env, Atari), auto (ale_vector for Atari)", ("auto", *ENV_BACKENDS))
     env_threads: int = opt(1, "ale_vector: threads stepping each actor's environments")
     env_batch_size: int = opt(0, "ale_vector: environments per batch; 0 = all (synchronous), fewer = asynchronous (envs step while the policy acts on the previous batch)")
-    actor_timeout: float = opt(60.0, "seconds without a rollout after which an actor counts as hung and is restarted")
+    actor_timeout: float = opt(60.0, "seconds without a rollout after which an actor counts as hung and is restarted (its first rollout may take up to 60 s: start-up)")
     max_actor_restarts: int = opt(20, "actor restarts allowed in one run before it stops with an error")
 
 

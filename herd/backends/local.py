@@ -41,6 +41,10 @@ class ActorHandle:
     free: object            # queue of slot indices this actor may fill
     receiver: object        # read end of its rollout pipe
     last_seen: float        # when it last delivered a rollout (or started)
+    delivered: bool = False  # has delivered a rollout since it started
+
+
+STARTUP_GRACE_S = 60.0   # an actor's first rollout may take this long, whatever --actor_timeout says
 
 
 class ActorPool:
@@ -93,6 +97,7 @@ class ActorPool:
                 while receiver.poll():
                     rollouts.append(receiver.recv())
                     self.actors[actor_id].last_seen = time.monotonic()
+                    self.actors[actor_id].delivered = True
             except (EOFError, OSError):
                 pass  # the actor died; check_health restarts it
         return rollouts
@@ -106,7 +111,11 @@ class ActorPool:
         now = time.monotonic()
         for actor_id, actor in enumerate(self.actors):
             alive = actor.process.is_alive()
-            hung = alive and now - actor.last_seen > self.timeout
+            # Start-up (imports, env and model construction) is not a hang: on a loaded
+            # machine it can outlast a short --actor_timeout, and every restart would then
+            # be judged hung before its first rollout, until the restart budget ran out.
+            limit = self.timeout if actor.delivered else max(self.timeout, STARTUP_GRACE_S)
+            hung = alive and now - actor.last_seen > limit
             if alive and not hung:
                 continue
             if hung:
