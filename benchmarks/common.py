@@ -18,9 +18,27 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict:
-    return {"cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "processor": platform.processor() or platform.machine(), "python": platform.python_version()}
+    """What a number depends on: the CPU (model, cores, whether it has bf16 units), memory,
+    the load while it ran (other programs share the cores), versions."""
+    import torch
+
+    from herd.devices import fast_bf16
+    return {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "bf16_units": fast_bf16(torch.device("cpu")),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "load_average_1min": round(os.getloadavg()[0], 2),
+            "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
+            "torch": torch.__version__}
 
 
 def herd_command(args: list[str]) -> list[str]:
