@@ -87,6 +87,9 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
     if checkpoint is not None:
         check_compatible(checkpoint, env_spec_dict(cfg, spec), model_signature(model), path)
     algorithm = get_algorithm(cfg.general.algorithm)
+    if cfg.general.actor_inference == "server" and not algorithm.inference_server:
+        raise ConfigError(f"--actor_inference=server: the inference server does not act for {algorithm.name} yet; "
+                          "use --actor_inference=local")
     layout = trajectory_layout(algorithm, cfg.train.r_f_steps, spec.obs_shape, spec.obs_dtype, spec.num_actions,
                                cfg.network.feature_out_layer_size)
     if mode != "test":

@@ -90,11 +90,13 @@ def actor_spec(plan: Plan) -> ActorSpec:
                      if cfg.stats.worker_verbose else 0)
 
 
-def inference_device(cfg, device: torch.device) -> str | None:
+def inference_device(cfg, device: torch.device, serves_algorithm: bool = True) -> str | None:
     """Where the batched inference server runs, or None when every actor acts on its own
-    CPU (--actor_inference: auto means a server exactly when the learner is on a GPU)."""
+    CPU (--actor_inference: auto means a server exactly when the learner is on a GPU and
+    the server can act for the algorithm; an explicit `server` it cannot serve is refused
+    in herd/plan.py)."""
     mode = cfg.general.actor_inference
-    if mode == "server" or (mode == "auto" and device.type == "cuda"):
+    if mode == "server" or (mode == "auto" and device.type == "cuda" and serves_algorithm):
         return device.type
     return None
 
@@ -109,7 +111,7 @@ def train(plan: Plan, run_dir: Path) -> int:
     try:
         reason = backend(session, actor_spec(plan), cfg.parallel.worker_count, cfg.parallel.shared_queue_size, stop,
                          cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts,
-                         inference_device=inference_device(cfg, session.options.device))
+                         inference_device=inference_device(cfg, session.options.device, plan.algorithm.inference_server))
         code = 0
     except (TrainingDiverged, ActorFailure) as err:
         reason = "diverged" if isinstance(err, TrainingDiverged) else "actors failed"
