@@ -27,10 +27,11 @@ def time_to_target(episodes: list[dict], launch: float, window: int = 100) -> tu
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--label", default="cartpole", help="names the results file")
     parser.add_argument("--extra", default="", help="extra herd flags in one string, e.g. --extra='--lr=0.002 --batch_size=8'")
     args = parser.parse_args()
     extra = shlex.split(args.extra)
-    rows, times = [], []
+    runs, times = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             run_dir, launch, code = run_herd(["train", "--env", "CartPole-v1", f"--seed={seed}", "--basic_verbose=False",
@@ -41,15 +42,20 @@ def main() -> None:
                        default=float("nan"))
             last = sum(e["score"] for e in episodes[-100:]) / max(1, len(episodes[-100:]))
             times.append(seconds if seconds is not None else float("inf"))
-            rows.append([seed, code, f"{seconds:.1f}" if seconds else "not reached",
-                         int(steps) if steps else "-", f"{best:.1f}", f"{last:.1f}", len(episodes)])
+            # Numbers as numbers (None where not reached); the table formats them.
+            runs.append({"seed": seed, "exit": code, "seconds": round(seconds, 2) if seconds else None,
+                         "env_steps": int(steps) if steps else None, "best_avg100": round(best, 2),
+                         "final_avg100": round(last, 2), "episodes": len(episodes)})
     median = statistics.median(times)
     print_table(["seed", "exit", "seconds to 475 (from launch)", "env steps", "best avg100", "final avg100",
-                 "episodes"], rows)
+                 "episodes"],
+                [[r["seed"], r["exit"], f"{r['seconds']:.1f}" if r["seconds"] else "not reached",
+                  r["env_steps"] or "-", f"{r['best_avg100']:.1f}", f"{r['final_avg100']:.1f}", r["episodes"]]
+                 for r in runs])
     print(f"median_seconds_to_475={median:.1f}")
-    record("cartpole", {"command": "herd train --env CartPole-v1 " + args.extra, "target": TARGET,
-                        "runs": [dict(zip(["seed", "exit", "seconds", "env_steps", "best_avg100", "final_avg100", "episodes"], r))
-                                 for r in rows], "median_seconds": median})
+    record(args.label, {"command": "herd train --env CartPole-v1 " + args.extra, "target": TARGET, "runs": runs,
+                        "median_seconds": median if median != float("inf") else None,
+                        "reached": sum(r["seconds"] is not None for r in runs)})
 
 
 if __name__ == "__main__":
