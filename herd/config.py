@@ -137,6 +137,7 @@ class StatsConfig:
 class TestConfig:
     test_episode_count: int = opt(1000, "episodes to play in test mode")
     render: bool = opt(True, "render during test mode")
+    test_greedy: bool = opt(False, "test mode plays the policy's most probable action instead of sampling from it (the policy herd trained is the sampled one; see README)")
 
 
 @dataclass

@@ -97,14 +97,15 @@ def independent_scores(w, episodes: int, seed: int) -> list[float]:
 
 
 def test_herd_test_reports_what_an_independent_run_of_the_same_games_gives(angle_only_run, tmp_path):
-    result = run_cli(["test", str(angle_only_run), "--test_episode_count=60", "--render=False", "--seed=77"],
-                     tmp_path)
+    # Greedy: the fixed policy's most probable action is the sign rule, as when sampling.
+    result = run_cli(["test", str(angle_only_run), "--test_episode_count=60", "--render=False", "--seed=77",
+                      "--test_greedy=True"], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     _, scores = read_results(tmp_path)
     expected = independent_scores(ANGLE_ONLY, 60, seed=77)
     assert len(set(expected)) > 5                          # games of many lengths: a real comparison
     assert sorted(scores["episodes"]) == sorted(expected)
-    assert scores["mean"] == pytest.approx(np.mean(expected))
+    assert scores["mean"] == pytest.approx(np.mean(expected)) and scores["greedy"] is True
 
 
 @pytest.fixture(scope="module")
