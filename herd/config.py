@@ -131,6 +131,7 @@ class StatsConfig:
     worker_verbose: bool = opt(False, "print per-actor progress (rollouts, steps, recent score) on stderr")
     background_save: bool = opt(False, "write the metric files (episodes.csv, train.csv) from a background thread instead of the learner's")
     tensorboard: bool = opt(True, "write TensorBoard scalars into the run folder")
+    hardware_interval: float = opt(5.0, "seconds between hardware figures (CPU and memory per process, replay memory, NVIDIA GPUs) in hardware.csv and TensorBoard; 0 turns them off")
 
 
 @dataclass
@@ -361,6 +362,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("--gradient_clip_by_norm_threshold must be >= 0 (0 disables clipping)")
     if not 0 <= cfg.replay.training_fill_in_factor <= 1:
         raise ConfigError(f"--training_fill_in_factor must be in [0, 1], got {cfg.replay.training_fill_in_factor}")
+    if not cfg.stats.hardware_interval >= 0 or math.isinf(cfg.stats.hardware_interval):
+        raise ConfigError(f"--hardware_interval must be a number of seconds >= 0 (0: off), got {cfg.stats.hardware_interval}")
     if cfg.env.noop_threshold < 0:
         raise ConfigError(f"--noop_threshold must be >= 0, got {cfg.env.noop_threshold}")
     if len(cfg.env.frame_scale_resolution) != 2 or min(cfg.env.frame_scale_resolution) < 1:

@@ -19,6 +19,7 @@ from herd.learner.batches import DirectBatches, PrefetchedBatches
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.session import SessionOptions, TrainingSession
 from herd.models import build_model, model_signature
+from herd.monitor.hardware import HardwareMonitor
 from herd.monitor.metrics import RunMetrics
 from herd.monitor.progress import ProgressLine
 from herd.monitor.stats import EpisodeStats
@@ -101,6 +102,16 @@ def inference_device(cfg, device: torch.device, serves_algorithm: bool = True) -
     return None
 
 
+def start_hardware_monitor(plan: Plan, session: TrainingSession, run_dir: Path) -> HardwareMonitor | None:
+    interval = plan.cfg.stats.hardware_interval
+    if not interval or not session.options.primary:
+        return None
+    monitor = HardwareMonitor(run_dir, lambda: dict(session.processes), session.batches.replay_nbytes, interval,
+                              writer=session.metrics.writer)
+    monitor.start()
+    return monitor
+
+
 def train(plan: Plan, run_dir: Path) -> int:
     cfg = plan.cfg
     session = build_session(plan, run_dir)
@@ -108,6 +119,7 @@ def train(plan: Plan, run_dir: Path) -> int:
     stop = threading.Event()
     restore_signals = install_stop_signals(stop)
     reason, code = "failed", 1
+    monitor = start_hardware_monitor(plan, session, run_dir)
     try:
         reason = backend(session, actor_spec(plan), cfg.parallel.worker_count, cfg.parallel.shared_queue_size, stop,
                          cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts,
@@ -117,6 +129,8 @@ def train(plan: Plan, run_dir: Path) -> int:
         reason = "diverged" if isinstance(err, TrainingDiverged) else "actors failed"
         log.error("%s", err)
     finally:
+        if monitor is not None:
+            monitor.close()
         session.finish(reason)
         restore_signals()
     return code

@@ -53,7 +53,7 @@ class ActorPool:
 
     def __init__(self, spec: ActorSpec, count: int, slots: TrajectorySlots, slots_per_actor: int,
                  weights: SharedWeights, context, timeout: float, max_restarts: int,
-                 inference: InferenceChannels | None = None, stop_event=None):
+                 inference: InferenceChannels | None = None, stop_event=None, registry: dict | None = None):
         self.spec, self.count, self.slots, self.weights = spec, count, slots, weights
         self.inference = inference  # None: every actor acts with its own CPU model
         self.slots_per_actor = slots_per_actor
@@ -63,6 +63,7 @@ class ActorPool:
         self.restarts = 0
         self.stop_event = stop_event if stop_event is not None else context.Event()
         self.actors: list[ActorHandle | None] = [None] * count
+        self.registry = registry if registry is not None else {}   # "actor-<i>" -> pid, for monitoring
 
     def owned_slots(self, actor_id: int) -> range:
         return range(actor_id * self.slots_per_actor, (actor_id + 1) * self.slots_per_actor)
@@ -86,6 +87,7 @@ class ActorPool:
         process.start()
         sender.close()  # the child holds the write end; EOF then means the actor is gone
         self.actors[actor_id] = ActorHandle(process, free, receiver, time.monotonic())
+        self.registry[f"actor-{actor_id}"] = process.pid
 
     def receive(self, timeout: float) -> list:
         """Rollouts that arrived within `timeout` seconds, from any actor."""
@@ -181,8 +183,9 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     if inference_device is not None:
         channels, server = start_inference_server(spec, worker_count, weights, inference_device, stop_actors, context)
         log.info("inference server started on %s (pid %d) for %d actors", inference_device, server.pid, worker_count)
+        session.processes["inference"] = server.pid
     pool = ActorPool(spec, worker_count, slots, slots_per_actor, weights, context, actor_timeout, max_restarts,
-                     inference=channels, stop_event=stop_actors)
+                     inference=channels, stop_event=stop_actors, registry=session.processes)
     pool.start()
     publish = lambda version: weights.publish(session.learner.model, version)  # noqa: E731
     last_health_check = time.monotonic()

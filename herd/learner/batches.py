@@ -52,6 +52,9 @@ class DirectBatches:
     def replay_state(self) -> dict:
         return self.mixer.state_dict()
 
+    def replay_nbytes(self) -> int:
+        return self.mixer.nbytes()
+
     def load_replay_state(self, state: dict) -> None:
         self.mixer.load_state_dict(state)
 
@@ -132,6 +135,10 @@ class PrefetchedBatches:
     def update(self, keys: list, values) -> int:
         with self.lock:
             return self.mixer.update(keys, values)
+
+    def replay_nbytes(self) -> int:
+        """An estimate, read without the lock (a figure for the hardware monitor)."""
+        return self.mixer.nbytes()
 
     def replay_state(self) -> dict:
         """The replays' contents; batches already prepared are not part of it."""

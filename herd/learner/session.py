@@ -4,6 +4,7 @@ counters and statistics, writes metrics and checkpoints. A backend feeds it roll
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,9 @@ class TrainingSession:
         self.recent_lag: list[float] = []
         self.last_metrics: dict[str, float] = {}
         self.bad_in_a_row = 0
+        # The run's processes by role (learner, actor-<i>, inference), kept by the backend
+        # as it starts and restarts them: what the hardware monitor measures.
+        self.processes: dict[str, int] = {"learner": os.getpid()}
 
     # ------------------------------------------------------------------ progress
     @property

@@ -82,6 +82,10 @@ class ReplayMixer:
             applied += self.replays[index].update(replay_keys, np.asarray(values)[columns])
         return applied
 
+    def nbytes(self) -> int:
+        """Memory the replays' stored data hold."""
+        return sum(r.storage.nbytes() for r in self.replays)
+
     @property
     def stale_updates(self) -> int:
         return sum(r.stale_updates for r in self.replays)

@@ -67,6 +67,8 @@ def test_cartpole_run_fills_its_folder_and_cleans_up(tmp_path):
     assert lines[0].startswith("episode,score,length,env_step")
     train_rows = (run / "train.csv").read_text().splitlines()
     assert len(train_rows) > 1 and "policy_lag" in train_rows[0]
+    hardware = (run / "hardware.csv").read_text()       # every 5 s: the run lasts longer
+    assert hardware.startswith("wall_time,source,pid") and ",actor-1," in hardware and ",learner," in hardware
     # No leaked shared memory and no orphaned actor processes.
     assert not leaked_shm(before)
     assert wait_for(lambda: not any_alive(children), 5)
