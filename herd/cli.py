@@ -8,6 +8,7 @@ import sys
 from typing import Any, Sequence
 
 from herd.config import FIELD_INFO, PROFILES, SECTIONS, ConfigError
+from herd.errors import UserError
 import dataclasses
 
 
@@ -55,6 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
         if name != "train":
             sub.add_argument("run", nargs="?", help="run folder or checkpoint file (same as --load_model_url)")
         add_config_flags(sub)
+    plot = commands.add_parser("plot", help="PNG figures of runs: score, losses, policy lag, frames/s")
+    plot.add_argument("runs", nargs="+", help="run folders; runs of one configuration are drawn as mean and spread")
+    plot.add_argument("--out", help="folder for the figures (default: RUN/plots, or ./herd_plots for several runs)")
+    plot.add_argument("--compare", action="store_true", help="overlay the configurations on shared axes")
+    watch = commands.add_parser("watch", help="a live terminal view of a run: score, fps, lag, hardware")
+    watch.add_argument("run", help="the run folder")
+    watch.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    watch.add_argument("--once", action="store_true", help="print one snapshot and exit")
     multi = commands.add_parser("multi", help="run experiments from a JSON or YAML file in sequence")
     multi.add_argument("file", help="a list of experiments, each a dict of overridden options")
     add_config_flags(multi)
@@ -96,10 +105,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         command, options, namespace = parse_herd_args(argv)
+        if command == "plot":
+            from herd.monitor.plot import plot_runs
+            for path in plot_runs(namespace.runs, namespace.out, namespace.compare):
+                print(path)
+            return 0
+        if command == "watch":
+            from herd.monitor.watch import watch
+            return watch(namespace.run, namespace.interval, namespace.once)
         if command == "multi":
             return run_multi_file(namespace.file, options)
         return run_experiment(options)
-    except ConfigError as err:
+    except UserError as err:
         return report_error(err)
 
 

@@ -61,6 +61,22 @@ class CsvTable:
 EPISODE_COLUMNS = ["episode", "score", "length", "env_step", "update", "wall_time", "unix_time"]
 
 
+def dashboard_layout(train_columns: list[str]) -> dict:
+    """TensorBoard's "Custom Scalars" tab: herd's metrics grouped into ready-made charts."""
+    losses = [c for c in train_columns if c.endswith("loss") or c in ("entropy", "kl_mask_fraction", "mean_rho")]
+    return {
+        "progress": {"score": ["Multiline", ["episode/score", "eval/mean"]],
+                     "average score": ["Multiline", ["train/average_score"]],
+                     "frames per second": ["Multiline", ["train/fps"]],
+                     "policy lag (updates)": ["Multiline", ["train/policy_lag"]]},
+        "learner": {"losses": ["Multiline", [f"train/{c}" for c in losses]],
+                    "gradient norm and learning rate": ["Multiline", ["train/grad_norm", "train/lr"]]},
+        "hardware": {"CPU % per process": ["Multiline", [r"hardware/.*/cpu_percent"]],
+                     "memory MiB per process": ["Multiline", [r"hardware/.*/rss_mib"]],
+                     "replay MiB, GPU watts": ["Multiline", [r"hardware/.*/value"]]},
+    }
+
+
 class RunMetrics:
     """episodes.csv, train.csv and TensorBoard events in the run folder. train.csv's columns
     come from the algorithm (its loss metrics) and the learner loop."""
@@ -72,6 +88,7 @@ class RunMetrics:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            self.writer.add_custom_scalars(dashboard_layout(train_columns))
 
     def episode(self, env_step: int, **values) -> None:
         self.episodes.add(env_step=env_step, unix_time=round(time.time(), 3), **values)
