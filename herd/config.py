@@ -138,6 +138,10 @@ class StatsConfig:
 class TestConfig:
     test_episode_count: int = opt(1000, "episodes to play in test mode")
     render: bool = opt(True, "render during test mode")
+    eval_interval: Optional[str] = opt(None, "evaluate during training every N updates (\"500\") or N seconds (\"60s\") in a worker process, with the test wrappers; unset: no evaluation")
+    eval_episodes: int = opt(10, "games per evaluation")
+    eval_greedy: bool = opt(False, "evaluations play the most probable action instead of sampling")
+    eval_video_every: int = opt(5, "a short video (eval_videos/ and TensorBoard) every Kth evaluation; 0: never")
     test_greedy: bool = opt(False, "test mode plays the policy's most probable action instead of sampling from it (the policy herd trained is the sampled one; see README)")
 
 
@@ -258,6 +262,19 @@ def parse_int_tuple(text: Any) -> tuple:
         raise ConfigError(f"'{text}' is not a comma-separated list of integers (e.g. 84,84)") from None
 
 
+def parse_eval_interval(text: str) -> tuple[int | None, float | None]:
+    """--eval_interval: "500" -> (500 updates, None); "60s" -> (None, 60.0 seconds)."""
+    cleaned = str(text).strip().lower()
+    try:
+        value = float(cleaned[:-1] if cleaned.endswith("s") else cleaned)
+    except ValueError:
+        value = float("nan")
+    seconds = cleaned.endswith("s")
+    if not 0 < value < float("inf") or (not seconds and not value.is_integer()):
+        raise ConfigError(f"--eval_interval must be a whole number of updates (500) or of seconds (60s), got '{text}'")
+    return (None, value) if seconds else (int(value), None)
+
+
 def base_type(name: str):
     """The annotated type of a field with Optional[...] removed."""
     annotation = FIELD_INFO[name].type
@@ -364,6 +381,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--training_fill_in_factor must be in [0, 1], got {cfg.replay.training_fill_in_factor}")
     if not cfg.stats.hardware_interval >= 0 or math.isinf(cfg.stats.hardware_interval):
         raise ConfigError(f"--hardware_interval must be a number of seconds >= 0 (0: off), got {cfg.stats.hardware_interval}")
+    if cfg.test.eval_interval is not None:
+        parse_eval_interval(cfg.test.eval_interval)
+    if cfg.test.eval_episodes < 1 or cfg.test.eval_video_every < 0:
+        raise ConfigError(f"--eval_episodes must be >= 1 and --eval_video_every >= 0, got {cfg.test.eval_episodes} "
+                          f"and {cfg.test.eval_video_every}")
     if cfg.env.noop_threshold < 0:
         raise ConfigError(f"--noop_threshold must be >= 0, got {cfg.env.noop_threshold}")
     if len(cfg.env.frame_scale_resolution) != 2 or min(cfg.env.frame_scale_resolution) < 1:

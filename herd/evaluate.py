@@ -108,12 +108,12 @@ def first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def open_render_env(env_id: str, env_kwargs: dict, seed: int):
+def open_render_env(env_id: str, env_kwargs: dict, seed: int, window: bool = True):
     """(env, mode, first observation, first frame): a window where a display exists,
     otherwise (or when the window cannot open) frames for a video. None if neither works,
     e.g. CartPole's renderer without pygame; that costs one warning line, not the test."""
     failures = []
-    for mode in (["human"] if has_display() else []) + ["rgb_array"]:
+    for mode in (["human"] if window and has_display() else []) + ["rgb_array"]:
         env = None
         try:
             env = make_env(env_id, seed=seed, render_mode=mode, **env_kwargs)
@@ -140,11 +140,13 @@ def even_sized(frame) -> np.ndarray:
 
 
 def render_episodes(model, env_id: str, env_kwargs: dict, seed: int, video_path: Path,
-                    scoring_done=None, greedy: bool = False) -> Path | None:
-    """Records the first VIDEO_EPISODES games (at most VIDEO_MAX_FRAMES steps) to `video_path`,
-    or shows them in a window; a window closes once `scoring_done` is set and it has shown one
-    whole game, since it plays at the game's speed. Returns the video's path, or None."""
-    opened = open_render_env(env_id, env_kwargs, seed)
+                    scoring_done=None, greedy: bool = False, games: int = VIDEO_EPISODES,
+                    max_frames: int = VIDEO_MAX_FRAMES, window: bool = True) -> Path | None:
+    """Records the first `games` games (at most `max_frames` steps) to `video_path`, or
+    shows them in a window (where a display exists and `window`); a window closes once
+    `scoring_done` is set and it has shown one whole game, since it plays at the game's
+    speed. Returns the video's path, or None."""
+    opened = open_render_env(env_id, env_kwargs, seed, window)
     if opened is None:
         return None
     env, mode, obs, frame = opened
@@ -157,7 +159,7 @@ def render_episodes(model, env_id: str, env_kwargs: dict, seed: int, video_path:
                    else env.metadata.get("render_fps") or 30)
             writer = imageio.get_writer(video_path, fps=fps, macro_block_size=1)
             writer.append_data(even_sized(frame))
-        while episodes < VIDEO_EPISODES and frames < VIDEO_MAX_FRAMES:
+        while episodes < games and frames < max_frames:
             if writer is None and episodes and scoring_done is not None and scoring_done.is_set():
                 break
             obs, _, terminated, truncated, info = env.step(int(act(model, obs[None], greedy)[0]))

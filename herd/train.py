@@ -8,12 +8,15 @@ import threading
 from pathlib import Path
 
 import torch
+import torch.multiprocessing as mp
 
 from herd.actors.actor import ActorSpec
 from herd.backends import get_backend
 from herd.backends.signals import install_stop_signals
+from herd.config import parse_eval_interval
 from herd.devices import learner_device
 from herd.errors import ActorFailure, TrainingDiverged
+from herd.eval_worker import EvalSpec, Evaluator
 from herd.files import write_json
 from herd.learner.batches import DirectBatches, PrefetchedBatches
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
@@ -112,6 +115,22 @@ def start_hardware_monitor(plan: Plan, session: TrainingSession, run_dir: Path) 
     return monitor
 
 
+def start_evaluator(plan: Plan, session: TrainingSession, run_dir: Path) -> Evaluator | None:
+    """The evaluation worker (--eval_interval), fed from the session's updates."""
+    cfg = plan.cfg
+    if cfg.test.eval_interval is None or not session.options.primary:
+        return None
+    every_updates, every_seconds = parse_eval_interval(cfg.test.eval_interval)
+    test_env = {**env_kwargs(cfg), "episodic_life": False, "clip_rewards": False}
+    spec = EvalSpec(cfg.env.env, test_env, plan.model_kwargs, cfg.test.eval_episodes, cfg.test.eval_greedy,
+                    cfg.test.eval_video_every, cfg.general.seed + 7_000_000, tensorboard=cfg.stats.tensorboard)
+    model = session.learner.model
+    evaluator = Evaluator(spec, model, run_dir, every_updates, every_seconds, mp.get_context("spawn"))
+    session.processes["evaluator"] = evaluator.process.pid
+    session.update_hooks.append(lambda updates: evaluator.on_update(model, updates, session.counters.env_steps))
+    return evaluator
+
+
 def train(plan: Plan, run_dir: Path) -> int:
     cfg = plan.cfg
     session = build_session(plan, run_dir)
@@ -120,6 +139,7 @@ def train(plan: Plan, run_dir: Path) -> int:
     restore_signals = install_stop_signals(stop)
     reason, code = "failed", 1
     monitor = start_hardware_monitor(plan, session, run_dir)
+    evaluator = start_evaluator(plan, session, run_dir)
     try:
         reason = backend(session, actor_spec(plan), cfg.parallel.worker_count, cfg.parallel.shared_queue_size, stop,
                          cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts,
@@ -129,6 +149,8 @@ def train(plan: Plan, run_dir: Path) -> int:
         reason = "diverged" if isinstance(err, TrainingDiverged) else "actors failed"
         log.error("%s", err)
     finally:
+        if evaluator is not None:
+            evaluator.close()
         if monitor is not None:
             monitor.close()
         session.finish(reason)

@@ -85,6 +85,7 @@ class TrainingSession:
         # The run's processes by role (learner, actor-<i>, inference), kept by the backend
         # as it starts and restarts them: what the hardware monitor measures.
         self.processes: dict[str, int] = {"learner": os.getpid()}
+        self.update_hooks: list = []   # fn(updates) after every update (the evaluator's schedule)
 
     # ------------------------------------------------------------------ progress
     @property
@@ -134,6 +135,8 @@ class TrainingSession:
             self.recent_lag.append(float(np.mean(self.counters.updates - 1 - mixed.versions)))
             self.last_metrics = metrics
             on_update(self.counters.updates)
+            for hook in self.update_hooks:
+                hook(self.counters.updates)
             trained += 1
             if self.counters.updates % self.options.log_interval == 0:
                 self.write_train_metrics()

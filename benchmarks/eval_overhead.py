@@ -1,0 +1,57 @@
+"""What the evaluation worker costs training: Pong training throughput without and with
+`--eval_interval`, in one run, alternating (off, on, off, on, ...) so that both see the
+same machine. Each training run is herd's on-policy configuration of throughput.py; the
+rate is the steady state read from train.csv after a warm-up. The evaluation plays whole
+Pong games (a game lasts minutes at random play) in its own low-priority process.
+
+Goal (issue on monitoring): at most 5% slower with the worker.
+Usage: python benchmarks/eval_overhead.py [--pairs 2] [--seconds 90] [--eval_interval 30s]"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from common import print_table, read_csv, record, run_herd
+from throughput import ON_POLICY, steady_state_rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--env", default="PongNoFrameskip-v4")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--envs", type=int, default=4)
+    parser.add_argument("--pairs", type=int, default=2, help="runs without and with the worker, alternating")
+    parser.add_argument("--seconds", type=float, default=90)
+    parser.add_argument("--warmup", type=float, default=30)
+    parser.add_argument("--eval_interval", default="30s")
+    parser.add_argument("--eval_episodes", type=int, default=2)
+    args = parser.parse_args()
+    base = ["train", f"--env={args.env}", f"--worker_count={args.workers}", f"--envs_per_worker={args.envs}",
+            "--basic_verbose=False", *ON_POLICY]
+    with_eval = [f"--eval_interval={args.eval_interval}", f"--eval_episodes={args.eval_episodes}",
+                 "--eval_video_every=0"]
+    rates: dict[str, list[float]] = {"without": [], "with": []}
+    evaluations = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for pair in range(args.pairs):
+            for name, extra in (("without", []), ("with", with_eval)):
+                run_dir, _, code = run_herd([*base, *extra], Path(tmp) / f"{name}{pair}", stop_after=args.seconds)
+                if code != 0:
+                    raise SystemExit(f"eval_overhead: the {name} run failed (exit {code})")
+                rates[name].append(4 * steady_state_rate(read_csv(run_dir / "train.csv"), args.warmup))
+                if name == "with" and (run_dir / "eval.csv").exists():
+                    evaluations += len(read_csv(run_dir / "eval.csv"))
+    means = {name: statistics.mean(values) for name, values in rates.items()}
+    slowdown = 1 - means["with"] / means["without"]
+    print_table(["worker", "frames/s per run", "mean"],
+                [[name, ", ".join(f"{v:,.0f}" for v in values), f"{means[name]:,.0f}"] for name, values in rates.items()])
+    print(f"slowdown={100 * slowdown:.1f}% evaluations_finished={evaluations}")
+    record("eval_overhead", {"command": " ".join(base), "eval_flags": with_eval, "seconds": args.seconds,
+                             "warmup": args.warmup, "frames_per_second": rates, "mean": means,
+                             "slowdown_fraction": slowdown, "evaluations_finished": evaluations})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""The evaluation worker: a process beside training that plays whole games with the
+newest weights at a fixed interval, with the test wrappers (no episodic life, unclipped
+rewards), and writes eval.csv, TensorBoard scalars (`eval/`) and, every Kth evaluation, a
+short video (`eval_videos/` in the run folder; in TensorBoard too where moviepy, which its
+video encoder needs, is installed).
+
+Scheduling stays in the learner's process (`Evaluator.on_update`, called after every
+update): when an evaluation is due and the worker is idle, it publishes the weights once
+into the worker's own shared memory; the worker waits for a new version, evaluates it,
+and goes back to waiting. So training never waits for an evaluation, a slow evaluation
+only skips the ones that came due meanwhile, and the worker runs at a low CPU priority:
+on a small machine its games take what training leaves (benchmarks/eval_overhead.py)."""
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from herd.evaluate import play_episodes, quiet_sdl, render_episodes
+from herd.models import build_model
+from herd.weights import SharedWeights
+
+log = logging.getLogger("herd")
+
+EVAL_COLUMNS = ["evaluation", "update", "env_step", "wall_time", "mean", "std", "min", "max", "episodes", "greedy"]
+VIDEO_GAMES, VIDEO_FRAMES = 1, 2000
+POLL_S = 0.2
+NICENESS = 10        # the worker yields the cores to actors and learner
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """What the worker needs, unpacked from the config by the caller."""
+    env_id: str
+    env_kwargs: dict            # the test wrappers: episodic_life False, clip_rewards False
+    model_kwargs: dict
+    episodes: int
+    greedy: bool
+    video_every: int            # a video every Kth evaluation; 0: never
+    seed: int
+    tensorboard: bool = True    # eval/ scalars (and videos) in the run's TensorBoard folder
+    num_envs: int = 4
+
+
+def write_row(path: Path, row: dict) -> None:
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        writer = csv.writer(f)
+        if new:
+            writer.writerow(EVAL_COLUMNS)
+        writer.writerow([row.get(c, "") for c in EVAL_COLUMNS])
+
+
+def tensorboard_video(writer, path: Path, update: int) -> None:
+    """The MP4's frames into TensorBoard, where its video encoder (moviepy) is installed."""
+    try:
+        import imageio.v2 as imageio
+        import moviepy  # noqa: F401  (torch's add_video needs it)
+    except ImportError:
+        return
+    frames = np.stack(imageio.mimread(path, memtest=False))[None]            # [1, T, H, W, C]
+    writer.add_video("eval/video", torch.from_numpy(frames).permute(0, 1, 4, 2, 3), update, fps=15)
+
+
+def run_evaluations(spec: EvalSpec, weights: SharedWeights, env_steps, run_dir: Path, stop) -> None:
+    """The worker process's body."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the learner's process decides when to stop
+    try:
+        os.nice(NICENESS)
+    except OSError:
+        pass
+    quiet_sdl(display=False)
+    torch.set_num_threads(1)
+    model = build_model(**spec.model_kwargs)
+    model.eval()
+    writer = None
+    if spec.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+        writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), filename_suffix=".eval")
+    start, seen, evaluation = time.monotonic(), -1, 0
+    try:
+        while not stop.is_set():
+            if weights.version == seen:
+                stop.wait(POLL_S)
+                continue
+            seen = weights.pull(model, seen)
+            steps = int(env_steps.value)
+            evaluation += 1
+            scores = play_episodes(model, spec.env_id, spec.env_kwargs, spec.episodes, spec.num_envs,
+                                   spec.seed + 1000 * evaluation, greedy=spec.greedy)
+            row = {"evaluation": evaluation, "update": seen, "env_step": steps,
+                   "wall_time": round(time.monotonic() - start, 2), "mean": float(np.mean(scores)),
+                   "std": float(np.std(scores)), "min": float(np.min(scores)), "max": float(np.max(scores)),
+                   "episodes": len(scores), "greedy": spec.greedy}
+            write_row(run_dir / "eval.csv", row)
+            for name in ("mean", "min", "max") if writer is not None else ():
+                writer.add_scalar(f"eval/{name}", row[name], steps)
+            if spec.video_every and evaluation % spec.video_every == 0:
+                folder = run_dir / "eval_videos"
+                folder.mkdir(exist_ok=True)
+                video = render_episodes(model, spec.env_id, spec.env_kwargs, spec.seed + evaluation,
+                                        folder / f"eval_{seen:08d}.mp4", greedy=spec.greedy, games=VIDEO_GAMES,
+                                        max_frames=VIDEO_FRAMES, window=False)
+                if video is not None and writer is not None:
+                    tensorboard_video(writer, video, steps)
+            if writer is not None:
+                writer.flush()
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+class Evaluator:
+    """The learner-side half: starts the worker, publishes weights when an evaluation is
+    due and the worker waits for them, stops it."""
+
+    def __init__(self, spec: EvalSpec, model: torch.nn.Module, run_dir: Path, every_updates: int | None,
+                 every_seconds: float | None, context):
+        self.every_updates, self.every_seconds = every_updates, every_seconds
+        self.weights = SharedWeights(model, context)
+        self.weights.publish(model, version=-1)          # nothing to evaluate until the first is due
+        self.env_steps = context.Value("q", 0, lock=False)
+        self.stop = context.Event()
+        self.last_update, self.last_time = 0, time.monotonic()
+        self.process = context.Process(target=run_evaluations, name="herd-eval", daemon=True,
+                                       args=(spec, self.weights, self.env_steps, run_dir, self.stop))
+        self.process.start()
+
+    def due(self, updates: int) -> bool:
+        if self.every_updates is not None:
+            return updates - self.last_update >= self.every_updates
+        return time.monotonic() - self.last_time >= self.every_seconds
+
+    def on_update(self, model: torch.nn.Module, updates: int, env_steps: int) -> None:
+        """After every update; costs a comparison unless an evaluation is due."""
+        if not self.due(updates):
+            return
+        self.last_update, self.last_time = updates, time.monotonic()
+        self.env_steps.value = env_steps
+        self.weights.publish(model, version=updates)     # a busy worker takes the newest when done
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.stop.set()
+        self.process.join(timeout)
+        if self.process.is_alive():                      # in the middle of a long game
+            self.process.terminate()
+            self.process.join(2.0)
