@@ -16,6 +16,7 @@ import csv
 import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ log = logging.getLogger("herd")
 EVAL_COLUMNS = ["evaluation", "update", "env_step", "wall_time", "mean", "std", "min", "max", "episodes", "greedy"]
 VIDEO_GAMES, VIDEO_FRAMES = 1, 2000
 POLL_S = 0.2
+CRASHED = 3          # the worker's exit code when an evaluation raised
+MAX_RESTARTS = 5     # then evaluation stops for the rest of the run (training goes on)
 NICENESS = 10        # the worker yields the cores to actors and learner
 
 
@@ -86,15 +89,20 @@ def run_evaluations(spec: EvalSpec, weights: SharedWeights, env_steps, run_dir: 
         writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), filename_suffix=".eval")
     start, seen, evaluation = time.monotonic(), -1, 0
     try:
-        while not stop.is_set():
+        while not stop.value:
             if weights.version == seen:
-                stop.wait(POLL_S)
+                time.sleep(POLL_S)
                 continue
             seen = weights.pull(model, seen)
             steps = int(env_steps.value)
             evaluation += 1
-            scores = play_episodes(model, spec.env_id, spec.env_kwargs, spec.episodes, spec.num_envs,
-                                   spec.seed + 1000 * evaluation, greedy=spec.greedy)
+            try:
+                scores = play_episodes(model, spec.env_id, spec.env_kwargs, spec.episodes, spec.num_envs,
+                                       spec.seed + 1000 * evaluation, greedy=spec.greedy)
+            except Exception as err:  # a crashed env: end this process; the Evaluator starts a new one
+                print(f"[herd] evaluation {evaluation} failed ({type(err).__name__}: {err}): the worker ends "
+                      "and is restarted", file=sys.stderr, flush=True)
+                raise SystemExit(CRASHED) from None
             row = {"evaluation": evaluation, "update": seen, "env_step": steps,
                    "wall_time": round(time.monotonic() - start, 2), "mean": float(np.mean(scores)),
                    "std": float(np.std(scores)), "min": float(np.min(scores)), "max": float(np.max(scores)),
@@ -122,16 +130,41 @@ class Evaluator:
     due and the worker waits for them, stops it."""
 
     def __init__(self, spec: EvalSpec, model: torch.nn.Module, run_dir: Path, every_updates: int | None,
-                 every_seconds: float | None, context):
+                 every_seconds: float | None, context, on_restart=None):
+        """on_restart(pid): told the new worker's pid after a restart (process registry)."""
+        self.spec, self.run_dir, self.context = spec, run_dir, context
         self.every_updates, self.every_seconds = every_updates, every_seconds
         self.weights = SharedWeights(model, context)
         self.weights.publish(model, version=-1)          # nothing to evaluate until the first is due
         self.env_steps = context.Value("q", 0, lock=False)
-        self.stop = context.Event()
+        # A plain shared flag, not an Event: a worker killed while waiting on an Event's
+        # condition would leave set() waiting forever for it to acknowledge the wake-up.
+        self.stop = context.Value("b", 0, lock=False)
         self.last_update, self.last_time = 0, time.monotonic()
-        self.process = context.Process(target=run_evaluations, name="herd-eval", daemon=True,
-                                       args=(spec, self.weights, self.env_steps, run_dir, self.stop))
-        self.process.start()
+        self.restarts, self.on_restart = 0, on_restart
+        self.process = self.start_worker()
+
+    def start_worker(self):
+        process = self.context.Process(target=run_evaluations, name="herd-eval", daemon=True,
+                                       args=(self.spec, self.weights, self.env_steps, self.run_dir, self.stop))
+        process.start()
+        return process
+
+    def running(self) -> bool:
+        """True while a worker runs; a dead one is restarted (counted) up to MAX_RESTARTS."""
+        if self.process.is_alive():
+            return True
+        if self.restarts >= MAX_RESTARTS:
+            return False
+        self.restarts += 1
+        log.warning("the evaluation worker ended (exit code %s): restart %d of at most %d",
+                    self.process.exitcode, self.restarts, MAX_RESTARTS)
+        if self.restarts == MAX_RESTARTS:
+            log.warning("evaluation stops after this restart if the worker ends again; training goes on")
+        self.process = self.start_worker()
+        if self.on_restart is not None:
+            self.on_restart(self.process.pid)
+        return True
 
     def due(self, updates: int) -> bool:
         if self.every_updates is not None:
@@ -140,14 +173,14 @@ class Evaluator:
 
     def on_update(self, model: torch.nn.Module, updates: int, env_steps: int) -> None:
         """After every update; costs a comparison unless an evaluation is due."""
-        if not self.due(updates):
+        if not self.due(updates) or not self.running():
             return
         self.last_update, self.last_time = updates, time.monotonic()
         self.env_steps.value = env_steps
         self.weights.publish(model, version=updates)     # a busy worker takes the newest when done
 
     def close(self, timeout: float = 5.0) -> None:
-        self.stop.set()
+        self.stop.value = 1
         self.process.join(timeout)
         if self.process.is_alive():                      # in the middle of a long game
             self.process.terminate()

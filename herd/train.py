@@ -125,8 +125,12 @@ def start_evaluator(plan: Plan, session: TrainingSession, run_dir: Path) -> Eval
     spec = EvalSpec(cfg.env.env, test_env, plan.model_kwargs, cfg.test.eval_episodes, cfg.test.eval_greedy,
                     cfg.test.eval_video_every, cfg.general.seed + 7_000_000, tensorboard=cfg.stats.tensorboard)
     model = session.learner.model
-    evaluator = Evaluator(spec, model, run_dir, every_updates, every_seconds, mp.get_context("spawn"))
-    session.processes["evaluator"] = evaluator.process.pid
+    def registered(pid: int) -> None:
+        session.processes["evaluator"] = pid
+    evaluator = Evaluator(spec, model, run_dir, every_updates, every_seconds, mp.get_context("spawn"),
+                          on_restart=registered)
+    registered(evaluator.process.pid)
+    session.summary_extra["evaluator_restarts"] = lambda: evaluator.restarts
     session.update_hooks.append(lambda updates: evaluator.on_update(model, updates, session.counters.env_steps))
     return evaluator
 

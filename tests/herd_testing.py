@@ -8,6 +8,9 @@ from contextlib import contextmanager
 import sys
 from pathlib import Path
 
+import numpy as np
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -86,3 +89,25 @@ def corrupt_first_weight(checkpoint: Path, count: int = 256) -> None:
         data = f.read(count)
         f.seek(start)
         f.write(bytes(b ^ 0xFF for b in data))
+
+
+# Fixed CartPole policies: push the cart the way the pole leans (w . obs > 0 -> right),
+# obs = (position, velocity, angle, angular velocity). The first balances every game to
+# the 500-step cap; the second, the angle alone, loses after 25 to 52 steps: games of
+# different lengths, so a score list that matches is no coincidence.
+BALANCER = (0.0, 0.0, 1.0, 0.3)
+ANGLE_ONLY = (0.0, 0.0, 1.0, 0.0)
+SHARP = 1e6   # logits +-SHARP * tanh(tanh(w . obs)): the sampled action is the sign, with certainty
+
+
+def fixed_policy_state(model_state: dict, w) -> dict:
+    """The MLP's weights set to act by sign(w . obs), through both tanh layers."""
+    state = {k: torch.zeros_like(v) for k, v in model_state.items()}
+    state["torso.0.weight"][0] = torch.tensor(w)
+    state["torso.2.weight"][0, 0] = 1.0
+    state["heads.policy.weight"][0, 0], state["heads.policy.weight"][1, 0] = -SHARP, SHARP
+    return state
+
+
+def fixed_action(w, obs) -> int:
+    return int(float(np.dot(np.asarray(w, np.float32), np.asarray(obs, np.float32))) > 0)

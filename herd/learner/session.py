@@ -86,6 +86,7 @@ class TrainingSession:
         # as it starts and restarts them: what the hardware monitor measures.
         self.processes: dict[str, int] = {"learner": os.getpid()}
         self.update_hooks: list = []   # fn(updates) after every update (the evaluator's schedule)
+        self.summary_extra: dict = {}  # name -> fn() -> value: what other parts add to summary.json
 
     # ------------------------------------------------------------------ progress
     @property
@@ -218,6 +219,7 @@ class TrainingSession:
             "last_lr": self.learner.optimizer.param_groups[0]["lr"],
             "total_time_s": round(self.elapsed, 2),
             **self.options.description,
+            **{name: value() for name, value in self.summary_extra.items()},
         }
 
     def finish(self, reason: str) -> Path | None:

@@ -29,3 +29,55 @@ def test_a_run_evaluates_every_n_updates_and_records_a_video(tmp_path):
     assert all(int(r["episodes"]) == 3 and 1 <= float(r["min"]) <= float(r["mean"]) <= float(r["max"]) <= 500
                for r in rows)
     assert (run / "eval_videos" / f"eval_{updates[0]:08d}.mp4").stat().st_size > 1000
+
+
+def read_rows(path):
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def cartpole_evaluator(tmp_path, model_kwargs):
+    import torch.multiprocessing as mp
+
+    from herd.eval_worker import EvalSpec, Evaluator
+    from herd.models import build_model
+    model = build_model(**model_kwargs)
+    spec = EvalSpec("CartPole-v1", {"episodic_life": False, "clip_rewards": False}, model_kwargs, episodes=4,
+                    greedy=False, video_every=0, seed=11, tensorboard=False)
+    return model, Evaluator(spec, model, tmp_path, every_updates=10, every_seconds=None,
+                            context=mp.get_context("spawn"))
+
+
+def test_the_worker_follows_new_weights_survives_a_crash_and_stops_with_the_run(tmp_path):
+    import psutil
+
+    from herd_testing import ANGLE_ONLY, BALANCER, fixed_policy_state, wait_for
+    model_kwargs = dict(network="mlp", obs_shape=(4,), obs_dtype="float32", num_actions=2, feature_size=64)
+    model, evaluator = cartpole_evaluator(tmp_path, model_kwargs)
+    rows = lambda: read_rows(tmp_path / "eval.csv")  # noqa: E731
+    try:
+        model.load_state_dict(fixed_policy_state(model.state_dict(), BALANCER))
+        evaluator.on_update(model, 10, env_steps=1000)
+        assert wait_for(lambda: len(rows()) == 1, 60)
+        model.load_state_dict(fixed_policy_state(model.state_dict(), ANGLE_ONLY))
+        evaluator.on_update(model, 15, env_steps=1500)             # not due: nothing published
+        evaluator.on_update(model, 20, env_steps=2000)
+        assert wait_for(lambda: len(rows()) == 2, 60)
+        first, second = rows()
+        assert (first["update"], first["env_step"], float(first["mean"])) == ("10", "1000", 500.0)
+        assert (second["update"], second["env_step"]) == ("20", "2000") and float(second["mean"]) < 60
+        # A crash (kill -9: what a segfaulting emulator does to the process): the next due
+        # evaluation restarts the worker, counted, and evaluations go on.
+        dead = evaluator.process
+        dead.kill()
+        dead.join(5)
+        model.load_state_dict(fixed_policy_state(model.state_dict(), BALANCER))
+        evaluator.on_update(model, 30, env_steps=3000)
+        assert evaluator.restarts == 1 and evaluator.process.pid != dead.pid
+        assert wait_for(lambda: len(rows()) == 3, 60) and float(rows()[2]["mean"]) == 500.0
+        worker = psutil.Process(evaluator.process.pid)
+    finally:
+        evaluator.close()
+    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE

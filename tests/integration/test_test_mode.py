@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from herd_testing import ROOT, only_run, run_cli
+from herd_testing import ANGLE_ONLY, BALANCER, ROOT, fixed_action, fixed_policy_state, only_run, run_cli
 from herd.checkpoint import load_checkpoint, save_checkpoint
 from herd.evaluate import MAX_TEST_ENVS, VIDEO_EPISODES, ProgressBar, split_episodes
 
@@ -30,28 +30,6 @@ def folder_hashes(folder):
 
 def no_display_env():
     return {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
-
-
-# Fixed CartPole policies: push the cart the way the pole leans (w . obs > 0 -> right),
-# obs = (position, velocity, angle, angular velocity). The first balances every game to
-# the 500-step cap; the second, the angle alone, loses after 25 to 52 steps: games of
-# different lengths, so a score list that matches is no coincidence.
-BALANCER = (0.0, 0.0, 1.0, 0.3)
-ANGLE_ONLY = (0.0, 0.0, 1.0, 0.0)
-SHARP = 1e6   # logits +-SHARP * tanh(tanh(w . obs)): the sampled action is the sign, with certainty
-
-
-def fixed_policy_state(model_state: dict, w) -> dict:
-    """The MLP's weights set to act by sign(w . obs), through both tanh layers."""
-    state = {k: torch.zeros_like(v) for k, v in model_state.items()}
-    state["torso.0.weight"][0] = torch.tensor(w)
-    state["torso.2.weight"][0, 0] = 1.0
-    state["heads.policy.weight"][0, 0], state["heads.policy.weight"][1, 0] = -SHARP, SHARP
-    return state
-
-
-def fixed_action(w, obs) -> int:
-    return int(float(np.dot(np.asarray(w, np.float32), np.asarray(obs, np.float32))) > 0)
 
 
 def fixed_policy_run(results, w):
