@@ -3,7 +3,8 @@
 Same seeds, same budget, same half-fresh / half-replayed batches; only the off-policy
 replay differs. Prints the mean and spread (std over seeds) of the 100-episode average
 score at fixed environment-step marks, and records them in results/.
-Usage: python benchmarks/elite_vs_uniform.py [--env CartPole-v1] [--seeds 1 2 3] [--steps 200000]
+Usage: python benchmarks/elite_vs_uniform.py [--env CartPole-v1] [--seeds 1 2 3] [--steps 200000] [--keep DIR]
+(then `herd plot --compare DIR/*` draws both replays' curves, mean and spread over seeds)
 """
 from __future__ import annotations
 
@@ -42,16 +43,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200_000)
     parser.add_argument("--points", type=int, default=8)
     parser.add_argument("--extra", default="", help="extra herd flags in one string")
+    parser.add_argument("--keep", help="keep the run folders here (for `herd plot --compare DIR/*`)")
     args = parser.parse_args()
     marks = [args.steps * (i + 1) // args.points for i in range(args.points)]
     curves: dict[str, list[list[float]]] = {name: [] for name in REPLAYS}
     with tempfile.TemporaryDirectory() as tmp:
+        results = Path(args.keep) if args.keep else Path(tmp)
         for seed in args.seeds:
             for name, replay in REPLAYS.items():
                 run_dir, _, code = run_herd(["train", f"--env={args.env}", f"--seed={seed}",
                                              f"--environment_max_steps={args.steps}", f"--replay_parameters={replay}",
                                              "--basic_verbose=False", "--tensorboard=False", *shlex.split(args.extra)],
-                                            Path(tmp))
+                                            results)
                 if code != 0:
                     raise SystemExit(f"{name} seed {seed} failed with exit code {code}")
                 curves[name].append(curve(read_csv(run_dir / "episodes.csv"), marks))
