@@ -4,16 +4,16 @@ writes the final checkpoint and the summary however the run ends."""
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 
 import torch
 
 from herd.actors.actor import ActorSpec
 from herd.backends import get_backend
+from herd import stopping
 from herd.backends.signals import install_stop_signals
 from herd.devices import learner_device
-from herd.errors import ActorFailure, TrainingDiverged
+from herd.errors import ActorFailure, SaveFailed, TrainingDiverged
 from herd.files import write_json
 from herd.learner.batches import DirectBatches, PrefetchedBatches
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
@@ -101,20 +101,35 @@ def inference_device(cfg, device: torch.device) -> str | None:
 
 def train(plan: Plan, run_dir: Path) -> int:
     cfg = plan.cfg
-    session = build_session(plan, run_dir)
-    backend = get_backend(cfg.parallel.multiprocessing_backend)
-    stop = threading.Event()
+    # The process-wide stop event: a stop that came while the session was being built
+    # (the CLI's handlers were already set) ends the run here, saved at its first step.
+    stop = stopping.STOP
     restore_signals = install_stop_signals(stop)
+    session = failed_save = None
     reason, code = "failed", 1
     try:
-        reason = backend(session, actor_spec(plan), cfg.parallel.worker_count, cfg.parallel.shared_queue_size, stop,
-                         cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts,
-                         inference_device=inference_device(cfg, session.options.device))
-        code = 0
-    except (TrainingDiverged, ActorFailure) as err:
-        reason = "diverged" if isinstance(err, TrainingDiverged) else "actors failed"
+        session = build_session(plan, run_dir)
+        if stop.is_set():
+            reason, code = "stopped", 0
+        else:
+            backend = get_backend(cfg.parallel.multiprocessing_backend)
+            reason = backend(session, actor_spec(plan), cfg.parallel.worker_count, cfg.parallel.shared_queue_size,
+                             stop, cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts,
+                             inference_device=inference_device(cfg, session.options.device))
+            code = 0
+    except (TrainingDiverged, ActorFailure, SaveFailed) as err:
+        reason = {TrainingDiverged: "diverged", ActorFailure: "actors failed"}.get(type(err), "save failed")
+        failed_save = err if isinstance(err, SaveFailed) else None
         log.error("%s", err)
+    except OSError as err:  # the disk filled up or went away under the metric files or the log
+        reason = "file system error"
+        log.error("file system error: %s", one_line(err))
     finally:
-        session.finish(reason)
+        if session is not None and not session.finish(reason, failed_save):
+            code = code or 1
         restore_signals()
     return code
+
+
+def one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
