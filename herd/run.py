@@ -177,6 +177,10 @@ def run_multi(experiments: list[dict], command_line: dict) -> int:
     """Runs experiments in sequence; a failing one is logged and the rest go on, but a stop
     request (Ctrl+C, SIGTERM) ends the sequence. Returns 0 when all succeeded, 1 when any
     failed, 130 when stopped."""
+    bad = first_bad_experiment(experiments, command_line)
+    if bad:
+        print(f"herd: error: {bad}", file=sys.stderr)
+        return 2
     failed = []
     for index, overrides in enumerate(experiments, start=1):
         if stopping.requested():   # a stop between two experiments ends the sequence too
@@ -199,6 +203,18 @@ def run_multi(experiments: list[dict], command_line: dict) -> int:
     print(f"[herd] {len(experiments) - len(failed)}/{len(experiments)} experiments succeeded"
           + (f"; failed: {', '.join(map(str, failed))}" if failed else ""), file=sys.stderr)
     return 0 if not failed else 1
+
+
+def first_bad_experiment(experiments: list[dict], command_line: dict) -> str | None:
+    """Checks every experiment with prepare() (which writes nothing) before the first runs,
+    so a typo in the last one costs one line now, not a failure hours later. Returns the
+    first problem as one line, or None."""
+    for index, overrides in enumerate(experiments, start=1):
+        try:
+            prepare(command_line, overrides)
+        except USER_ERRORS as err:
+            return f"experiment {index}/{len(experiments)} {json.dumps(overrides)}: {err} (nothing was run)"
+    return None
 
 
 def run_multi_file(path: str, command_line: dict) -> int:
