@@ -120,7 +120,7 @@ class TrainingSession:
             if metrics["skipped"]:
                 self.counters.skipped_updates += 1
                 self.bad_in_a_row += 1
-                log.warning("non-finite loss at update %d: update skipped", self.counters.updates)
+                log.warning("non-finite loss or weights at update %d: update skipped", self.counters.updates)
                 if self.bad_in_a_row >= self.options.max_bad_updates:
                     raise TrainingDiverged(f"{self.bad_in_a_row} non-finite losses in a row: training diverged; "
                                            "the checkpoint keeps the last good weights (try a lower --lr)")
