@@ -8,9 +8,8 @@ experiment cleanly (checkpoint and summary saved) and the sequence with it (exit
 `herd multi FILE` does the same with experiments in a JSON or YAML file."""
 import sys
 
-from herd.cli import build_seed_parser, explicit_options, report_error
-from herd.config import ConfigError
-from herd.run import run_multi
+from herd.cli import build_seed_parser, explicit_options, report_error, stop_handling
+from herd.errors import ConfigError
 
 EXPERIMENTS = [
     {"env": "CartPole-v1", "lr": 0.001},
@@ -21,11 +20,13 @@ EXPERIMENTS = [
 
 
 def main(argv=None) -> int:
-    try:
-        command_line = explicit_options(build_seed_parser().parse_args(sys.argv[1:] if argv is None else argv))
-    except ConfigError as err:
-        return report_error(err)
-    return run_multi(EXPERIMENTS, command_line)
+    with stop_handling():   # before the slow imports: a stop at any instant is handled
+        from herd.run import run_multi
+        try:
+            command_line = explicit_options(build_seed_parser().parse_args(sys.argv[1:] if argv is None else argv))
+        except ConfigError as err:
+            return report_error(err)
+        return run_multi(EXPERIMENTS, command_line)
 
 
 if __name__ == "__main__":

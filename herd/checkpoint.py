@@ -171,6 +171,9 @@ def find_checkpoint(url: str | os.PathLike) -> Path:
         found = list_checkpoints(folder)
         if found:
             return found[0]
+    if (path / "config.json").exists():   # a run folder: killed (kill -9, power loss) before its first save
+        raise CheckpointError(f"run folder '{url}' has no checkpoint: the run ended before its first save, so there "
+                              "is nothing to resume (start a new run with herd train)")
     raise CheckpointError(f"--load_model_url '{url}' is a folder with no checkpoint (expected {CHECKPOINT_DIR}/ckpt_*.pt)")
 
 

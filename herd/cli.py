@@ -4,12 +4,16 @@ under its seed name and a dashed alias (`--batch_size` and `--batch-size`)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any, Sequence
 
-from herd.config import FIELD_INFO, PROFILES, SECTIONS, ConfigError
-from herd.errors import UserError
-import dataclasses
+from herd import stopping
+from herd.errors import ConfigError, UserError
+
+# herd.config (and with it torch) is imported inside the functions: main() must install
+# the stop handlers before any slow import, or a Ctrl+C in the first seconds is a
+# KeyboardInterrupt traceback and a SIGTERM a silent exit 143.
 
 
 KIND_NAMES = {"atari": "Atari", "vector": "vector tasks"}
@@ -25,6 +29,7 @@ class OneLineParser(argparse.ArgumentParser):
 def default_text(f: dataclasses.Field) -> str:
     """' [default: ...]' as a run gets it: from the field, or per environment kind where a
     profile sets it (so --help can never disagree with what runs)."""
+    from herd.config import PROFILES
     per_kind = {kind: values[f.name] for kind, values in PROFILES.items() if f.name in values}
     if per_kind:
         shown = "; ".join(f"{KIND_NAMES[kind]} {value}" for kind, value in per_kind.items())
@@ -33,6 +38,7 @@ def default_text(f: dataclasses.Field) -> str:
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    from herd.config import SECTIONS
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(section)
         for f in dataclasses.fields(cls):
@@ -78,6 +84,7 @@ def build_seed_parser() -> argparse.ArgumentParser:
 
 def explicit_options(namespace: argparse.Namespace) -> dict[str, Any]:
     """The options the user actually typed (argparse defaults are suppressed)."""
+    from herd.config import FIELD_INFO
     return {k: v for k, v in vars(namespace).items() if k in FIELD_INFO}
 
 
@@ -100,36 +107,50 @@ def report_error(err: Exception) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from herd.run import run_experiment, run_multi_file
+    with stop_handling():
+        from herd.run import run_experiment, run_multi_file
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        command, options, namespace = parse_herd_args(argv)
-        if command == "plot":
-            from herd.monitor.plot import plot_runs
-            for path in plot_runs(namespace.runs, namespace.out, namespace.compare):
-                print(path)
-            return 0
-        if command == "watch":
-            from herd.monitor.watch import watch
-            return watch(namespace.run, namespace.interval, namespace.once)
-        if command == "multi":
-            return run_multi_file(namespace.file, options)
-        return run_experiment(options)
-    except UserError as err:
-        return report_error(err)
+        argv = list(sys.argv[1:] if argv is None else argv)
+        try:
+            command, options, namespace = parse_herd_args(argv)
+            if command == "plot":
+                from herd.monitor.plot import plot_runs
+                for path in plot_runs(namespace.runs, namespace.out, namespace.compare):
+                    print(path)
+                return 0
+            if command == "watch":
+                from herd.monitor.watch import watch
+                return watch(namespace.run, namespace.interval, namespace.once)
+            if command == "multi":
+                return run_multi_file(namespace.file, options)
+            return run_experiment(options)
+        except UserError as err:
+            return report_error(err)
 
 
 def seed_main(argv: Sequence[str] | None = None) -> int:
     """`python main.py --op_mode=train ...`."""
-    from herd.run import run_experiment
+    with stop_handling():
+        from herd.run import run_experiment
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        options = explicit_options(build_seed_parser().parse_args(argv))
-        return run_experiment(options)
-    except ConfigError as err:
-        return report_error(err)
+        argv = list(sys.argv[1:] if argv is None else argv)
+        try:
+            options = explicit_options(build_seed_parser().parse_args(argv))
+            return run_experiment(options)
+        except UserError as err:
+            return report_error(err)
+
+
+class stop_handling:  # noqa: N801 (used as a statement: `with stop_handling():`)
+    """SIGINT/SIGTERM only request a stop (herd.stopping) from here until the command
+    returns; the previous handlers come back after, for in-process callers."""
+
+    def __enter__(self):
+        stopping.STOP.clear()          # a new command: an earlier in-process stop is not ours
+        self.restore = stopping.install()
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
 
 
 if __name__ == "__main__":

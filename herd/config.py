@@ -363,14 +363,67 @@ def _positive(cfg: Config) -> dict[str, Any]:
     }
 
 
+# Seeds go to numpy's legacy RNG (32-bit) and to every RNG herd uses; one range for all.
+MAX_SEED = 2**32 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+# The fewest seconds --actor_timeout may be: its clock starts when an actor is launched,
+# and starting one (a spawned Python importing torch, then making its environments) takes
+# about a second even on an idle machine, so a shorter timeout restarts healthy actors
+# until --max_actor_restarts ends the run (measured: 0 s, 21 restarts, no step taken).
+MIN_ACTOR_TIMEOUT = 2.0
+# Each actor is a Python process with torch loaded (about 300 MB resident, several
+# threads). Past 8 per core they only time-share the cores, and far past that the machine
+# runs out of memory or threads mid-start; the bound is the smaller of the two.
+ACTORS_PER_CORE = 8
+ACTOR_MEMORY_BYTES = 300 * 2**20
+
+
+def max_worker_count() -> int:
+    import psutil
+    by_cores = ACTORS_PER_CORE * max(1, os.cpu_count() or 1)
+    by_memory = max(1, psutil.virtual_memory().total // ACTOR_MEMORY_BYTES)
+    return int(min(by_cores, by_memory))
+
+
+def check_finite(cfg: Config) -> None:
+    """nan and inf pass every comparison-based check below (nan <= 0 is False)."""
+    for section in SECTIONS:
+        for f in dataclasses.fields(getattr(cfg, section)):
+            value = getattr(getattr(cfg, section), f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{f.name} must be a finite number, got {value}")
+
+
+def validate_general(cfg: Config) -> None:
+    g, p = cfg.general, cfg.parallel
+    if not str(g.results_dir).strip():
+        raise ConfigError("--results_dir is empty: give the folder for run folders (default: results)")
+    if g.seed is not None and not 0 <= g.seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be an integer from 0 to {MAX_SEED}, got {g.seed}")
+    if p.actor_timeout < MIN_ACTOR_TIMEOUT:
+        raise ConfigError(f"--actor_timeout must be >= {MIN_ACTOR_TIMEOUT:g} seconds (starting an actor takes "
+                          f"seconds), got {p.actor_timeout:g}")
+    if p.max_actor_restarts < 0:
+        raise ConfigError(f"--max_actor_restarts must be >= 0, got {p.max_actor_restarts}")
+    bound = max_worker_count()
+    if p.worker_count is not None and p.worker_count > bound:
+        raise ConfigError(f"--worker_count={p.worker_count} is more actor processes than this machine can run "
+                          f"(at most {bound}: {ACTORS_PER_CORE} per core, about "
+                          f"{ACTOR_MEMORY_BYTES // 2**20} MB of memory each)")
+
+
 def validate(cfg: Config) -> None:
     """Checks the rules that span fields, after the profile is applied. Raises ConfigError."""
+    check_finite(cfg)
     for name, value in _positive(cfg).items():
         if value is None or value < 1:
             raise ConfigError(f"--{name} must be >= 1, got {value}")
+    validate_general(cfg)
     t, lo = cfg.train, cfg.loss
     if not t.lr or t.lr <= 0:
         raise ConfigError(f"--lr must be > 0, got {t.lr}")
+    if t.lr > FLOAT32_MAX:   # the optimizers compute in float32: such an lr is infinite there
+        raise ConfigError(f"--lr={t.lr:g} is beyond float32's range (the weights' type): use a learning rate < 1")
     if t.rmsprop_eps is None or not t.rmsprop_eps > 0:
         raise ConfigError(f"--rmsprop_eps must be > 0, got {t.rmsprop_eps}")
     if not 0 <= t.gamma <= 1:

@@ -28,3 +28,7 @@ class ActorFailure(RuntimeError):
 
 class TrainingDiverged(RuntimeError):
     """Too many non-finite losses in a row."""
+
+
+class SaveFailed(RuntimeError):
+    """A checkpoint could not be written (a full disk, a vanished folder); the previous one is kept."""

@@ -26,6 +26,7 @@ import torch
 
 from herd.evaluate import play_episodes, quiet_sdl, render_episodes
 from herd.models import build_model
+from herd.stopping import sigint_blocked
 from herd.weights import SharedWeights
 
 log = logging.getLogger("herd")
@@ -147,7 +148,8 @@ class Evaluator:
     def start_worker(self):
         process = self.context.Process(target=run_evaluations, name="herd-eval", daemon=True,
                                        args=(self.spec, self.weights, self.env_steps, self.run_dir, self.stop))
-        process.start()
+        with sigint_blocked():           # Ctrl+C is for the learner's process to handle
+            process.start()
         return process
 
     def running(self) -> bool:

@@ -22,6 +22,7 @@ from herd.envs import env_kind, make_env
 from herd.files import write_json
 from herd.models import build_model
 from herd.plan import Plan, env_kwargs
+from herd.stopping import sigint_blocked
 
 log = logging.getLogger("herd")
 
@@ -232,7 +233,8 @@ class Renderer:
                                        args=(self.log_queue, child_conn, model_kwargs, weights, env_id,
                                              env_kwargs, seed, video_path, self.scoring_done, greedy))
         self.listener.start()
-        self.process.start()
+        with sigint_blocked():   # Ctrl+C reaches the group: the child must never see it
+            self.process.start()
         child_conn.close()   # so that recv() sees EOF if the child dies without answering
 
     def finish(self) -> Path | None:

@@ -4,6 +4,7 @@ before any process starts and before anything is written, so bad input costs one
 and changes nothing. run.py makes Plans; train.py and evaluate.py consume them."""
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,7 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
                                cfg.network.feature_out_layer_size)
     if mode != "test":
         check_memory(cfg, layout)
+    check_results_dir(cfg.general.results_dir)
     return Plan(cfg, spec, model_kwargs, layout, algorithm, checkpoint, path)
 
 
@@ -106,3 +108,18 @@ def check_memory(cfg: Config, layout: TrajectoryLayout) -> None:
     if needed > 0.8 * available:
         raise ConfigError(f"the replays and trajectory slots need {needed / 2**30:.1f} GiB but this machine has "
                           f"{available / 2**30:.1f} GiB: lower the replay capacities, envs_per_worker or r_f_steps")
+
+
+def check_results_dir(results_dir: str) -> None:
+    """The results folder must be a folder that can be made or written, checked on the
+    nearest part of the path that exists (nothing is created here)."""
+    path = Path(results_dir).absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"is under '{existing}', which is a file"
+        raise ConfigError(f"--results_dir '{results_dir}' {where}, not a folder: give a folder for the run folders")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--results_dir '{results_dir}': '{existing}' is not writable (permissions or a "
+                          "read-only file system): give a folder you can write")

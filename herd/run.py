@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from herd import stopping
 from herd.config import Config, ConfigError, resolve
 from herd.errors import UserError
 from herd.evaluate import test_policy
@@ -23,6 +25,11 @@ from herd.train import train
 log = logging.getLogger("herd")
 
 USER_ERRORS = (UserError,)
+
+
+class RunDirError(UserError):
+    """The run folder cannot be made (prepare() checked the path, but the file system can
+    still refuse: a read-only mount, a full disk, a folder removed meanwhile)."""
 
 
 def make_run_dir(cfg: Config) -> Path:
@@ -36,7 +43,27 @@ def make_run_dir(cfg: Config) -> Path:
             run_dir.mkdir(parents=True, exist_ok=False)
             return run_dir
         except FileExistsError:
+            if not run_dir.is_dir():   # a file on the way (not a taken name): another stamp cannot help
+                raise RunDirError(f"cannot create the run folder '{run_dir}': a file is in the way") from None
             stamp += 1
+        except OSError as err:
+            raise RunDirError(f"cannot create the run folder '{run_dir}': {err.strerror or err}") from None
+
+
+class RunLogFile(logging.FileHandler):
+    """log.txt; when it cannot be written (a full disk), one console line says so and the
+    run goes on logging to the console, instead of logging's traceback per record."""
+
+    broken = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.broken:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        self.broken = True
+        err = sys.exc_info()[1]
+        print(f"[herd] cannot write {self.baseFilename} ({err}): logging to the console only", file=sys.stderr)
 
 
 def setup_logging(run_dir: Path, debug: bool) -> None:
@@ -45,7 +72,7 @@ def setup_logging(run_dir: Path, debug: bool) -> None:
         log.removeHandler(handler)
     log.setLevel(logging.DEBUG if debug else logging.INFO)
     log.propagate = False
-    file_handler = logging.FileHandler(run_dir / "log.txt")
+    file_handler = RunLogFile(run_dir / "log.txt")
     file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(logging.Formatter("[herd] %(message)s"))
@@ -69,17 +96,47 @@ def run_experiment(options: dict, overrides: dict | None = None) -> int:
     except USER_ERRORS as err:
         print(f"herd: error: {err}", file=sys.stderr)
         return 2
-    run_dir = make_run_dir(plan.cfg)
-    setup_logging(run_dir, plan.cfg.general.debug)
-    seed_everything(plan.cfg)
-    config = plan.cfg.to_flat()
-    if plan.checkpoint_path is not None:
-        config["continues_from"] = str(plan.checkpoint_path)
-    write_json(run_dir / "config.json", config)
+    if stopping.requested():   # Ctrl+C or SIGTERM while checking: nothing was written yet
+        print("[herd] stopped before the run started: no run folder was made", file=sys.stderr)
+        return 0
+    try:
+        run_dir = make_run_dir(plan.cfg)
+        setup_logging(run_dir, plan.cfg.general.debug)
+        seed_everything(plan.cfg)
+        config = plan.cfg.to_flat()
+        if plan.checkpoint_path is not None:
+            config["continues_from"] = str(plan.checkpoint_path)
+        write_json(run_dir / "config.json", config)
+    except OSError as err:
+        print(f"herd: error: cannot write the run folder: {' '.join(str(err).split())}", file=sys.stderr)
+        return 1
+    except RunDirError as err:
+        print(f"herd: error: {err}", file=sys.stderr)
+        return 1
     log.info("run folder %s", run_dir)
     if plan.cfg.general.op_mode == "test":
-        return test_policy(plan, run_dir)
+        return interruptible_test(plan, run_dir)
     return train(plan, run_dir)
+
+
+def interruptible_test(plan, run_dir: Path) -> int:
+    """Test mode writes nothing until its games are complete, so a stop may interrupt it
+    anywhere: SIGINT and SIGTERM raise KeyboardInterrupt, which test_policy turns into
+    'no results written' (exit 130), as one line."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in stopping.STOP_SIGNALS}
+    try:
+        if stopping.requested():
+            raise KeyboardInterrupt
+        return test_policy(plan, run_dir)
+    except KeyboardInterrupt:
+        log.warning("test interrupted before its games began: no results written")
+        return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def load_experiments(path: str) -> list[dict]:
@@ -120,8 +177,14 @@ def run_multi(experiments: list[dict], command_line: dict) -> int:
     """Runs experiments in sequence; a failing one is logged and the rest go on, but a stop
     request (Ctrl+C, SIGTERM) ends the sequence. Returns 0 when all succeeded, 1 when any
     failed, 130 when stopped."""
+    bad = first_bad_experiment(experiments, command_line)
+    if bad:
+        print(f"herd: error: {bad}", file=sys.stderr)
+        return 2
     failed = []
     for index, overrides in enumerate(experiments, start=1):
+        if stopping.requested():   # a stop between two experiments ends the sequence too
+            return 130
         print(f"[herd] experiment {index}/{len(experiments)}: {json.dumps(overrides)}", file=sys.stderr)
         before = summaries(command_line, overrides)
         try:
@@ -140,6 +203,18 @@ def run_multi(experiments: list[dict], command_line: dict) -> int:
     print(f"[herd] {len(experiments) - len(failed)}/{len(experiments)} experiments succeeded"
           + (f"; failed: {', '.join(map(str, failed))}" if failed else ""), file=sys.stderr)
     return 0 if not failed else 1
+
+
+def first_bad_experiment(experiments: list[dict], command_line: dict) -> str | None:
+    """Checks every experiment with prepare() (which writes nothing) before the first runs,
+    so a typo in the last one costs one line now, not a failure hours later. Returns the
+    first problem as one line, or None."""
+    for index, overrides in enumerate(experiments, start=1):
+        try:
+            prepare(command_line, overrides)
+        except USER_ERRORS as err:
+            return f"experiment {index}/{len(experiments)} {json.dumps(overrides)}: {err} (nothing was run)"
+    return None
 
 
 def run_multi_file(path: str, command_line: dict) -> int:

@@ -4,20 +4,19 @@ writes the final checkpoint and the summary however the run ends."""
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
 
+from herd import stopping
 from herd.actors.actor import ActorSpec
 from herd.backends import get_backend
 from herd.backends.signals import install_stop_signals
 from herd.config import parse_eval_interval
 from herd.devices import learner_device
-from herd.errors import ActorFailure, TrainingDiverged
+from herd.errors import ActorFailure, SaveFailed, TrainingDiverged
 from herd.eval_worker import EvalSpec, Evaluator
-from herd.files import write_json
 from herd.learner.batches import DirectBatches, PrefetchedBatches
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.session import SessionOptions, TrainingSession
@@ -125,8 +124,10 @@ def start_evaluator(plan: Plan, session: TrainingSession, run_dir: Path) -> Eval
     spec = EvalSpec(cfg.env.env, test_env, plan.model_kwargs, cfg.test.eval_episodes, cfg.test.eval_greedy,
                     cfg.test.eval_video_every, cfg.general.seed + 7_000_000, tensorboard=cfg.stats.tensorboard)
     model = session.learner.model
+
     def registered(pid: int) -> None:
         session.processes["evaluator"] = pid
+
     evaluator = Evaluator(spec, model, run_dir, every_updates, every_seconds, mp.get_context("spawn"),
                           on_restart=registered)
     registered(evaluator.process.pid)
@@ -137,26 +138,42 @@ def start_evaluator(plan: Plan, session: TrainingSession, run_dir: Path) -> Eval
 
 def train(plan: Plan, run_dir: Path) -> int:
     cfg = plan.cfg
-    session = build_session(plan, run_dir)
-    backend = get_backend(cfg.parallel.multiprocessing_backend)
-    stop = threading.Event()
+    # The process-wide stop event: a stop that came while the session was being built
+    # (the CLI's handlers were already set) ends the run here, saved at its first step.
+    stop = stopping.STOP
     restore_signals = install_stop_signals(stop)
+    session = failed_save = monitor = evaluator = None
     reason, code = "failed", 1
-    monitor = start_hardware_monitor(plan, session, run_dir)
-    evaluator = start_evaluator(plan, session, run_dir)
     try:
-        reason = backend(session, actor_spec(plan), cfg.parallel.worker_count, cfg.parallel.shared_queue_size, stop,
-                         cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts,
-                         inference_device=inference_device(cfg, session.options.device, plan.algorithm.inference_server))
-        code = 0
-    except (TrainingDiverged, ActorFailure) as err:
-        reason = "diverged" if isinstance(err, TrainingDiverged) else "actors failed"
+        session = build_session(plan, run_dir)
+        monitor = start_hardware_monitor(plan, session, run_dir)
+        evaluator = start_evaluator(plan, session, run_dir)
+        if stop.is_set():
+            reason, code = "stopped", 0
+        else:
+            backend = get_backend(cfg.parallel.multiprocessing_backend)
+            reason = backend(session, actor_spec(plan), cfg.parallel.worker_count, cfg.parallel.shared_queue_size,
+                             stop, cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts,
+                             inference_device=inference_device(cfg, session.options.device,
+                                                               plan.algorithm.inference_server))
+            code = 0
+    except (TrainingDiverged, ActorFailure, SaveFailed) as err:
+        reason = {TrainingDiverged: "diverged", ActorFailure: "actors failed"}.get(type(err), "save failed")
+        failed_save = err if isinstance(err, SaveFailed) else None
         log.error("%s", err)
+    except OSError as err:  # the disk filled up or went away under the metric files or the log
+        reason = "file system error"
+        log.error("file system error: %s", one_line(err))
     finally:
         if evaluator is not None:
             evaluator.close()
         if monitor is not None:
             monitor.close()
-        session.finish(reason)
+        if session is not None and not session.finish(reason, failed_save):
+            code = code or 1
         restore_signals()
     return code
+
+
+def one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__

@@ -26,6 +26,7 @@ from multiprocessing.connection import wait
 import torch.multiprocessing as mp
 
 from herd.actors.actor import ActorSpec, run_actor
+from herd.stopping import sigint_blocked
 from herd.errors import ActorFailure
 from herd.inference import InferenceChannels, run_inference_server
 from herd.learner.session import TrainingSession
@@ -84,7 +85,8 @@ class ActorPool:
         process = self.context.Process(
             target=run_actor, name=f"herd-actor-{actor_id}", daemon=True,
             args=(actor_id, spec, self.slots, free, sender, self.weights, self.stop_event, self.inference))
-        process.start()
+        with sigint_blocked():   # Ctrl+C reaches the group: the child must never see it
+            process.start()
         sender.close()  # the child holds the write end; EOF then means the actor is gone
         self.actors[actor_id] = ActorHandle(process, free, receiver, time.monotonic())
         self.registry[f"actor-{actor_id}"] = process.pid
@@ -164,7 +166,8 @@ def start_inference_server(spec: ActorSpec, worker_count: int, weights: SharedWe
     process = context.Process(target=run_inference_server, name="herd-inference", daemon=True,
                               args=(channels, spec.model_kwargs, weights, device, stop),
                               kwargs=dict(torch_threads=spec.torch_threads, seed=spec.seed))
-    process.start()
+    with sigint_blocked():
+        process.start()
     return channels, process
 
 

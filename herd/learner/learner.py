@@ -106,9 +106,34 @@ class Learner:
             # A finite loss can still overflow in the backward pass: never apply such a step.
             self.optimizer.zero_grad(set_to_none=True)
             return {**metrics, "grad_norm": grad_norm, "skipped": 1.0}
-        self.optimizer.step()
+        if not self.apply_step():
+            return {**metrics, "grad_norm": grad_norm, "skipped": 1.0}
         self.scheduler.step()
         metrics["grad_norm"] = grad_norm
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["skipped"] = 0.0
         return metrics
+
+    def apply_step(self) -> bool:
+        """The optimizer step, undone when it makes a parameter non-finite: finite
+        gradients can still overflow in the update itself (a huge --lr, Adam's
+        m/sqrt(v) on a tiny v), and such weights must never be published or saved: the
+        checkpoint promises the last good ones. Returns whether the step was kept."""
+        before = [p.detach().clone() for p in self.trainable]
+        self.optimizer.step()
+        if bool(torch.stack([torch.isfinite(p).all() for p in self.trainable]).all()):  # one device sync
+            return True
+        with torch.no_grad():
+            for param, old in zip(self.trainable, before):
+                param.copy_(old)
+        self.drop_nonfinite_optimizer_state()
+        return False
+
+    def drop_nonfinite_optimizer_state(self) -> None:
+        """An optimizer's running averages that overflowed would poison every later step;
+        such a parameter's state starts afresh (as at the first update)."""
+        for param in self.trainable:
+            state = self.optimizer.state.get(param, {})
+            if any(torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all())
+                   for v in state.values()):
+                self.optimizer.state[param] = {}

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from herd.checkpoint import save_checkpoint
-from herd.errors import TrainingDiverged
+from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints, save_checkpoint
+from herd.errors import SaveFailed, TrainingDiverged
 from herd.files import write_json
 from herd.learner.learner import LEARNER_METRICS, Learner
 from herd.monitor.metrics import RunMetrics
@@ -126,7 +126,7 @@ class TrainingSession:
             if metrics["skipped"]:
                 self.counters.skipped_updates += 1
                 self.bad_in_a_row += 1
-                log.warning("non-finite loss at update %d: update skipped", self.counters.updates)
+                log.warning("non-finite loss or weights at update %d: update skipped", self.counters.updates)
                 if self.bad_in_a_row >= self.options.max_bad_updates:
                     raise TrainingDiverged(f"{self.bad_in_a_row} non-finite losses in a row: training diverged; "
                                            "the checkpoint keeps the last good weights (try a lower --lr)")
@@ -185,10 +185,19 @@ class TrainingSession:
         return state
 
     def save(self) -> Path | None:
-        """Writes a checkpoint (the primary process only); returns its path."""
+        """Writes a checkpoint (the primary process only); returns its path. Raises
+        SaveFailed (one line, naming the checkpoint that is kept) when the write fails:
+        save_checkpoint removes its temporary file, so the previous checkpoint is intact."""
         if not self.options.primary:
             return None
-        path = save_checkpoint(self.state_dict(), self.run_dir, self.counters.updates)
+        try:
+            path = save_checkpoint(self.state_dict(), self.run_dir, self.counters.updates)
+        except OSError as err:
+            kept = list_checkpoints(self.run_dir / CHECKPOINT_DIR)
+            raise SaveFailed(f"cannot write the checkpoint at update {self.counters.updates} "
+                             f"({' '.join(str(err).split())}); "
+                             + (f"the previous checkpoint {kept[0]} is kept" if kept else "no checkpoint was saved")
+                             ) from None
         log.debug("checkpoint %s", path)
         return path
 
@@ -222,22 +231,46 @@ class TrainingSession:
             **{name: value() for name, value in self.summary_extra.items()},
         }
 
-    def finish(self, reason: str) -> Path | None:
+    def finish(self, reason: str, failed_save: SaveFailed | None = None) -> bool:
         """However the run ended: the last progress line and metrics row, the final
-        checkpoint and summary.json (primary only), then everything closed."""
+        checkpoint and summary.json (primary only), then everything closed. Writes what
+        it can: a failed write (a full disk) is one logged line, not an exception, and
+        the summary says what was saved. failed_save: the save that ended the run (it was
+        logged; trying again would only write another doomed temporary file). Returns
+        whether everything was written."""
+        self.show_progress(force=True)
+        self.progress.finish()
+        failures: list[str] = [str(failed_save)] if failed_save else []
+        path = None
+        if self.counters.updates and self.metrics is not None:
+            self.attempt(failures, "train.csv", self.write_train_metrics)  # the last row, whatever the log interval
         try:
-            self.show_progress(force=True)
-            self.progress.finish()
-            if self.counters.updates:
-                self.write_train_metrics()  # the last row, whatever the log interval
-            path = self.save()
-            if self.options.primary:
-                write_json(self.run_dir / "summary.json", {**self.summary(), "ended": reason, "checkpoint": str(path)})
-        finally:
-            if self.metrics is not None:
-                self.metrics.close()
-            self.batches.close()
+            path = self.save() if failed_save is None else None
+        except SaveFailed as err:
+            failures.append(str(err))
+            log.error("%s", err)
+        if path is None and self.options.primary:
+            kept = list_checkpoints(self.run_dir / CHECKPOINT_DIR)
+            path = kept[0] if kept else None
+        if self.metrics is not None:
+            self.attempt(failures, "the metric files", self.metrics.close)
+        self.batches.close()
+        if self.options.primary:
+            summary = {**self.summary(), "ended": reason, "checkpoint": str(path) if path else None}
+            if failures:
+                summary["write_failures"] = failures
+            self.attempt(failures, "summary.json", lambda: write_json(self.run_dir / "summary.json", summary))
         log.info("%s after %d environment steps and %d updates; average score %s; checkpoint %s",
                  reason, self.counters.env_steps, self.counters.updates,
                  format_score(self.stats.average if self.stats.episodes else None), path)
-        return path
+        return not failures
+
+    @staticmethod
+    def attempt(failures: list, what: str, write) -> None:
+        """Runs one write of finish(); an OSError becomes one logged line."""
+        try:
+            write()
+        except OSError as err:
+            message = f"cannot write {what}: {' '.join(str(err).split())}"
+            failures.append(message)
+            log.error("%s", message)

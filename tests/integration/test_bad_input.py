@@ -23,7 +23,7 @@ CASES = [
     (["--env=PongNoFrameskip-v4", '--replay_parameters=[{"type": "custom", "capacity": 10, "sample_ratio": 1, '
       '"dist_function": "ln_norm", "lambda": 6}]'], "unknown key 'lambda'"),
     (["--env=CartPole-v1", "--multiprocessing_backend=ray"], "Ray backend is not built yet"),
-    (["--env=CartPole-v1", "--algorithm=dqn"], "unknown algorithm 'dqn'"),
+    (["--env=CartPole-v1", "--algorithm=dqn"], "--algorithm: 'dqn' is not one of impala"),
     (["--env=CartPole-v1", "--actions_count=3"], "--actions_count=3 but CartPole-v1 has 2 actions"),
     (["--env=PongNoFrameskip-v4", "--observation_shape=(3, 84, 84)"], "gives 4,84,84 after preprocessing"),
 ]

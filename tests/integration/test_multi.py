@@ -19,27 +19,44 @@ def configs(results):
 
 
 def test_multi_file_runs_the_others_when_one_fails(tmp_path):
+    """A failure no check can foresee (this lr overflows the weights at every update, so
+    the run diverges) is logged and the sequence goes on."""
     experiments = tmp_path / "experiments.yaml"
     experiments.write_text(
         "- {env: CartPole-v1, environment_max_steps: 2000, tensorboard: false, lr: 0.002}\n"
-        "- {env: NoSuchEnv-v0}\n"
+        "- {env: CartPole-v1, environment_max_steps: 2000, tensorboard: false, optimizer: rmsprop, lr: 3.0e+38}\n"
         "- {env: CartPole-v1, environment_max_steps: 2000, tensorboard: false, gamma: 0.9, envs_per_worker: 8}\n")
     results = tmp_path / "results"
     result = subprocess.run([sys.executable, "-m", "herd.cli", "multi", str(experiments), "--worker_count=1",
                              "--envs_per_worker=4", "--seed=7", f"--results_dir={results}"],
                             cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert result.returncode == 1, result.stderr[-3000:]
-    assert "NoSuchEnv-v0" in result.stderr
-    assert "experiment 2 failed (exit code 2)" in result.stderr
+    assert "experiment 2 failed (exit code 1)" in result.stderr
     assert "2/3 experiments succeeded; failed: 2" in result.stderr
     saved, runs = configs(results)
-    assert len(runs) == 2 and all((run / "summary.json").exists() for run in runs)
-    assert all(json.loads((run / "summary.json").read_text())["ended"] == "finished" for run in runs)
+    assert len(runs) == 3 and all((run / "summary.json").exists() for run in runs)
+    assert [json.loads((run / "summary.json").read_text())["ended"] for run in runs] == ["finished", "diverged",
+                                                                                         "finished"]
     # Precedence: the experiment's values over the defaults, the command line's over both.
-    assert [c["lr"] for c in saved] == [0.002, 0.001]
-    assert [c["gamma"] for c in saved] == [0.99, 0.9]
-    assert [c["envs_per_worker"] for c in saved] == [4, 4]
-    assert [c["worker_count"] for c in saved] == [1, 1] and [c["seed"] for c in saved] == [7, 7]
+    assert [c["lr"] for c in saved] == [0.002, 3e38, 0.001]
+    assert [c["gamma"] for c in saved] == [0.99, 0.99, 0.9]
+    assert [c["envs_per_worker"] for c in saved] == [4, 4, 4]
+    assert [c["worker_count"] for c in saved] == [1, 1, 1] and [c["seed"] for c in saved] == [7, 7, 7]
+
+
+def test_a_bad_experiment_is_found_before_the_first_runs(tmp_path):
+    experiments = tmp_path / "experiments.yaml"
+    experiments.write_text("- {env: CartPole-v1, environment_max_steps: 2000, tensorboard: false}\n"
+                           "- {env: CartPole-v1, lr: .nan}\n"
+                           "- {env: NoSuchEnv-v0}\n")
+    results = tmp_path / "results"
+    result = subprocess.run([sys.executable, "-m", "herd.cli", "multi", str(experiments), "--worker_count=1",
+                             f"--results_dir={results}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("herd: error: experiment 2/3") and "--lr must be a finite number" in lines[0]
+    assert not results.exists()     # nothing ran, nothing was written
 
 
 def test_ctrl_c_stops_the_whole_sequence(tmp_path):

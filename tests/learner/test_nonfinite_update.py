@@ -1,0 +1,53 @@
+"""An optimizer step with finite loss and gradients can still overflow the weights (a
+huge but finite --lr): the learner must keep the previous weights, never publish or save
+non-finite ones, and count the update as skipped."""
+import functools
+
+import torch
+
+from herd.learner.learner import Learner, build_optimizer, build_scheduler
+from herd.losses.impala import ImpalaLossWeights, impala_loss
+from herd.models import build_model
+
+T, B, A, OBS = 5, 4, 3, (6,)
+
+
+def batch() -> dict:
+    g = torch.Generator().manual_seed(1)
+    return {"obs": torch.randn(T + 1, B, *OBS, generator=g), "action": torch.randint(0, A, (T, B), generator=g),
+            "reward": torch.randn(T, B, generator=g), "done": torch.zeros(T, B, dtype=torch.bool),
+            "trunc_value": torch.zeros(T, B), "behaviour_logits": torch.randn(T, B, A, generator=g),
+            "behaviour_value": torch.randn(T, B, generator=g), "replayed": torch.zeros(B, dtype=torch.bool)}
+
+
+def make_learner(lr: float, optimizer: str = "adam") -> Learner:
+    torch.manual_seed(0)
+    model = build_model(network="mlp", obs_shape=OBS, obs_dtype="float32", num_actions=A, feature_size=8,
+                        use_feature_layer=True, hidden_sizes=(16,))
+    opt = build_optimizer(optimizer, model.parameters(), lr, 0.01)
+    return Learner(model, opt, build_scheduler(opt, lr, 1e-5, 100),
+                   functools.partial(impala_loss, weights=ImpalaLossWeights()), 40.0)
+
+
+def test_an_update_that_overflows_the_weights_is_undone():
+    # RMSprop's first step is lr * g / (0.1 |g|): 1e39, beyond float32, from a finite lr.
+    learner = make_learner(lr=1e38, optimizer="rmsprop")
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    metrics = learner.step(batch())
+    assert metrics["skipped"] == 1.0 and torch.isfinite(torch.tensor(metrics["grad_norm"]))
+    after = learner.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    # The optimizer's state holds no overflowed values that would poison later steps.
+    for state in learner.optimizer.state.values():
+        assert all(torch.isfinite(v).all() for v in state.values() if torch.is_tensor(v) and v.is_floating_point())
+    assert learner.scheduler.last_epoch == 0     # a skipped update does not advance the schedule
+
+
+def test_a_normal_update_is_kept():
+    learner = make_learner(lr=1e-3)
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    metrics = learner.step(batch())
+    assert metrics["skipped"] == 0.0 and learner.scheduler.last_epoch == 1
+    after = learner.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.isfinite(v).all() for v in after.values())
