@@ -28,3 +28,7 @@ class ActorFailure(RuntimeError):
 
 class TrainingDiverged(RuntimeError):
     """Too many non-finite losses in a row."""
+
+
+class LearnerFailure(RuntimeError):
+    """With several learners: one died or stopped answering, so the others cannot go on."""

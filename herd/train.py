@@ -1,21 +1,33 @@
 """Training (new or resumed): builds the learner side from a checked Plan and the
 algorithm's builder, hands it to the backend that --multiprocessing_backend names, and
-writes the final checkpoint and the summary however the run ends."""
+writes the final checkpoint and the summary however the run ends.
+
+With --learner_count N > 1, `train` starts N-1 more learner processes (or torchrun
+started them all) that join one process group (herd/learner/distributed.py); each runs
+the backend with its share of the actors and 1/N of every batch, and learner 0 (the
+primary, in the first process) writes checkpoints, metrics and the summary."""
 from __future__ import annotations
 
 import logging
+import os
+import random
+import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.multiprocessing as mp
 
 from herd.actors.actor import ActorSpec
 from herd.backends import get_backend
 from herd.backends.signals import install_stop_signals
 from herd.devices import learner_device
-from herd.errors import ActorFailure, TrainingDiverged
+from herd.errors import ActorFailure, LearnerFailure, TrainingDiverged
 from herd.files import write_json
 from herd.learner.batches import DirectBatches, PrefetchedBatches
+from herd.learner.distributed import (GroupSync, LearnerGroup, broadcast_state, free_port, join_group, leave_group,
+                                      share_of)
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.session import SessionOptions, TrainingSession
 from herd.models import build_model, model_signature
@@ -30,36 +42,45 @@ from herd.replay.spec import batch_shares
 log = logging.getLogger("herd")
 
 
-def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device):
-    """The replays of --replay_parameters, their mixer, and the batch source over it."""
+def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device, rank: int = 0):
+    """The replays of --replay_parameters, their mixer, and the batch source over it; with
+    several learners, learner `rank`'s own, drawing its 1/N of every batch."""
     cfg, r = plan.cfg, plan.cfg.replay
     specs = cfg.replays
-    shares = batch_shares(specs, cfg.train.batch_size)
+    shares = batch_shares(specs, cfg.train.batch_size // cfg.parallel.learner_count)
+    seed = cfg.general.seed + 1000 * rank       # each learner samples its replays its own way
     replays = [build_replay(spec, plan.layout, share, cfg.parallel.envs_per_worker, compress=r.use_replay_compression,
                             compression_level=r.lz4_compression_level, anneal_rounds_base=cfg.train.lr_scheduler_steps,
-                            seed=cfg.general.seed + index)
+                            seed=seed + index)
                for index, (spec, share) in enumerate(zip(specs, shares))]
     for replay in replays:
         # Elite/attentive replays score with the learner's model, in the learner's precision.
         replay.attach_model(model, device, bf16=cfg.train.learner_precision == "bf16")
-    mixer = ReplayMixer(replays, shares, r.training_fill_in_factor, seed=cfg.general.seed)
+    mixer = ReplayMixer(replays, shares, r.training_fill_in_factor, seed=seed)
     if r.caching:
         return PrefetchedBatches(mixer, device, r.caching_threads, r.cache_sample_size, r.cache_output_buffer_size,
                                  r.replay_writer_queue_size, r.discarding_strategy)
     return DirectBatches(mixer, device)
 
 
-def build_session(plan: Plan, run_dir: Path, primary: bool = True) -> TrainingSession:
+def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: LearnerGroup | None = None
+                  ) -> TrainingSession:
     """primary: this process writes checkpoints, metrics and the summary (with several
-    learners, only one does)."""
+    learners, only one does). group: this learner's place among several."""
     cfg, algorithm = plan.cfg, plan.algorithm
+    primary = primary if group is None else group.primary
     torch.set_num_threads(cfg.train.learner_thread_count)
     device = learner_device(cfg.general.device)
+    if device.type == "cuda" and group is not None:
+        device = torch.device("cuda", group.local_rank % torch.cuda.device_count())  # one GPU per learner
+        torch.cuda.set_device(device)
     model = build_model(**plan.model_kwargs).to(device)
     optimizer = build_optimizer(cfg.train.optimizer, model.parameters(), cfg.train.lr, cfg.train.rmsprop_eps)
     scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps)
+    sync = GroupSync(group, [p for p in model.parameters() if p.requires_grad]) if group is not None else None
     learner = Learner(model, optimizer, scheduler, algorithm.build_loss(cfg), cfg.train.gradient_clip_by_norm_threshold,
-                      precision=cfg.train.learner_precision, compile_model=cfg.train.learner_compile)
+                      precision=cfg.train.learner_precision, compile_model=cfg.train.learner_compile,
+                      grad_sync=sync.exchange if sync is not None else None)
     options = SessionOptions(
         max_env_steps=cfg.train.environment_max_steps, save_model_period=cfg.general.save_model_period,
         log_interval=cfg.stats.verbose_learner_out_int, device=device,
@@ -71,20 +92,32 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True) -> TrainingSe
     metrics = RunMetrics(run_dir, cfg.stats.tensorboard, options.train_columns(),
                          background=cfg.stats.background_save) if primary else None
     progress = ProgressLine(cfg.train.environment_max_steps, enabled=cfg.stats.basic_verbose and primary)
-    session = TrainingSession(plan.layout, learner, build_batches(plan, model, device),
+    session = TrainingSession(plan.layout, learner, build_batches(plan, model, device, group.rank if group else 0),
                               EpisodeStats(cfg.stats.avg_buff_size), metrics, progress, run_dir, options)
+    session.sync = sync
     if plan.checkpoint is not None:
-        session.load_state_dict(plan.checkpoint, load_optimizer=cfg.general.load_optimizer_save)
+        state = plan.checkpoint
+        saved_count = int(state["config"].get("learner_count") or 1)
+        if not primary:
+            state = {k: v for k, v in state.items() if k != "replay"}   # only the primary's replay was saved
+        session.load_state_dict(state, load_optimizer=cfg.general.load_optimizer_save,
+                                fresh_replay=saved_count == cfg.parallel.learner_count)
         log.info("resumed from %s at %d environment steps, %d updates", plan.checkpoint_path,
                  session.counters.env_steps, session.counters.updates)
+    if group is not None:
+        broadcast_state(model)      # identical weights on every learner from the start
     return session
 
 
-def actor_spec(plan: Plan) -> ActorSpec:
+def actor_spec(plan: Plan, first_actor: int = 0) -> ActorSpec:
+    """first_actor: with several learners, the global index of this learner's first actor,
+    so that no two actors of the run share environment seeds (ActorPool seeds actor i
+    with seed + 10,000 i)."""
     cfg = plan.cfg
     p = cfg.parallel
     return ActorSpec(env_id=cfg.env.env, env_kwargs=env_kwargs(cfg), model_kwargs=plan.model_kwargs,
-                     envs_per_worker=p.envs_per_worker, unroll_length=cfg.train.r_f_steps, seed=cfg.general.seed,
+                     envs_per_worker=p.envs_per_worker, unroll_length=cfg.train.r_f_steps,
+                     seed=cfg.general.seed + 10_000 * first_actor,
                      env_backend=p.env_backend, env_threads=p.env_threads, env_batch_size=p.env_batch_size,
                      algorithm=plan.algorithm.name, verbose_interval=cfg.stats.verbose_worker_out_int
                      if cfg.stats.worker_verbose else 0)
@@ -95,26 +128,94 @@ def inference_device(cfg, device: torch.device) -> str | None:
     CPU (--actor_inference: auto means a server exactly when the learner is on a GPU)."""
     mode = cfg.general.actor_inference
     if mode == "server" or (mode == "auto" and device.type == "cuda"):
-        return device.type
+        return str(device)              # "cuda:1": each learner's server beside it
     return None
 
 
-def train(plan: Plan, run_dir: Path) -> int:
+def train(plan: Plan, run_dir: Path, group: LearnerGroup | None = None) -> int:
+    """Trains; returns the exit code. group: set when torchrun started the learners."""
+    if plan.cfg.parallel.learner_count > 1 and group is None:
+        return launch_learners(plan, run_dir)
+    return train_learner(plan, run_dir, group)
+
+
+def train_learner(plan: Plan, run_dir: Path, group: LearnerGroup | None) -> int:
+    """One learner (the only one, or one of a group) with its actors, until the end."""
     cfg = plan.cfg
-    session = build_session(plan, run_dir)
+    session = build_session(plan, run_dir, group=group)
     backend = get_backend(cfg.parallel.multiprocessing_backend)
+    first_actor, worker_count = (share_of(cfg.parallel.worker_count, group.size, group.rank) if group is not None
+                                 else (0, cfg.parallel.worker_count))
     stop = threading.Event()
     restore_signals = install_stop_signals(stop)
     reason, code = "failed", 1
     try:
-        reason = backend(session, actor_spec(plan), cfg.parallel.worker_count, cfg.parallel.shared_queue_size, stop,
+        reason = backend(session, actor_spec(plan, first_actor), worker_count, cfg.parallel.shared_queue_size, stop,
                          cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts,
                          inference_device=inference_device(cfg, session.options.device))
         code = 0
     except (TrainingDiverged, ActorFailure) as err:
         reason = "diverged" if isinstance(err, TrainingDiverged) else "actors failed"
         log.error("%s", err)
+    except LearnerFailure as err:
+        reason = "learner failed"
+        dead = group.dead_ranks()
+        log.error("%s%s: the run stops%s", err, f"; learner {', '.join(map(str, dead))} died" if dead else "",
+                  " and this learner saves the checkpoint" if group.saver() and not group.primary else "")
+        session.options.primary = group.saver()   # the primary, or the first survivor when it died
     finally:
         session.finish(reason)
         restore_signals()
     return code
+
+
+def launch_learners(plan: Plan, run_dir: Path) -> int:
+    """Learner 0 runs here; learners 1..N-1 in spawned processes, all on 127.0.0.1:<free port>.
+    Returns 1 when any learner failed."""
+    cfg = plan.cfg
+    count, port = cfg.parallel.learner_count, free_port()
+    context = mp.get_context("spawn")
+    # The others never load the replay (only the primary's is saved): don't pickle it to them.
+    light = Plan(**{**plan.__dict__, "checkpoint": None if plan.checkpoint is None else
+                    {k: v for k, v in plan.checkpoint.items() if k != "replay"}})
+    # Not daemonic: a learner starts actor processes of its own.
+    others = [context.Process(target=learner_process, name=f"herd-learner-{rank}",
+                              args=(rank, count, port, light, run_dir)) for rank in range(1, count)]
+    for process in others:
+        process.start()
+    log.info("%d learners (pids %s); each trains on %d of every %d trajectories", count,
+             ", ".join(str(p) for p in [os.getpid(), *(q.pid for q in others)]),
+             cfg.train.batch_size // count, cfg.train.batch_size)
+    code = 1
+    try:
+        group = join_group(0, count, learner_device(cfg.general.device).type, cfg.parallel.learner_timeout, port)
+        code = train_learner(plan, run_dir, group)
+    finally:
+        leave_group()
+        for rank, process in enumerate(others, start=1):
+            process.join(30.0)
+            if process.is_alive():
+                log.warning("learner %d did not stop in time: terminating it", rank)
+                process.terminate()
+                process.join(5.0)
+            if process.exitcode:
+                code = 1
+    return code
+
+
+def learner_process(rank: int, count: int, port: int, plan: Plan, run_dir: Path) -> None:
+    """A learner other than the primary, in its own process (launch_learners)."""
+    logging.basicConfig(format=f"[herd learner {rank}] %(message)s", stream=sys.stderr)
+    log.setLevel(logging.DEBUG if plan.cfg.general.debug else logging.INFO)
+    seed = plan.cfg.general.seed + rank
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(plan.cfg.general.reproducible)
+    try:
+        group = join_group(rank, count, learner_device(plan.cfg.general.device).type,
+                           plan.cfg.parallel.learner_timeout, port)
+        code = train_learner(plan, run_dir, group)
+    finally:
+        leave_group()
+    sys.exit(code)
