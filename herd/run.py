@@ -18,7 +18,9 @@ from herd.errors import UserError
 from herd.evaluate import test_policy
 from herd.files import write_json
 from herd.plan import prepare
-from herd.train import train
+from herd.devices import learner_device
+from herd.learner.distributed import from_primary, leave_group, torchrun_group, torchrun_world_size
+from herd.train import learner_logging, train
 
 log = logging.getLogger("herd")
 
@@ -69,17 +71,43 @@ def run_experiment(options: dict, overrides: dict | None = None) -> int:
     except USER_ERRORS as err:
         print(f"herd: error: {err}", file=sys.stderr)
         return 2
+    if plan.cfg.general.op_mode != "test" and torchrun_world_size() is not None:
+        return run_under_torchrun(plan)
     run_dir = make_run_dir(plan.cfg)
     setup_logging(run_dir, plan.cfg.general.debug)
     seed_everything(plan.cfg)
-    config = plan.cfg.to_flat()
-    if plan.checkpoint_path is not None:
-        config["continues_from"] = str(plan.checkpoint_path)
-    write_json(run_dir / "config.json", config)
+    write_config(plan, run_dir)
     log.info("run folder %s", run_dir)
     if plan.cfg.general.op_mode == "test":
         return test_policy(plan, run_dir)
     return train(plan, run_dir)
+
+
+def write_config(plan, run_dir: Path) -> None:
+    config = plan.cfg.to_flat()
+    if plan.checkpoint_path is not None:
+        config["continues_from"] = str(plan.checkpoint_path)
+    write_json(run_dir / "config.json", config)
+
+
+def run_under_torchrun(plan) -> int:
+    """torchrun started every learner process: they join one group, and learner 0 makes
+    the run folder and picks the seed for all of them."""
+    cfg = plan.cfg
+    group = torchrun_group(learner_device(cfg.general.device).type, cfg.parallel.learner_timeout)
+    try:
+        run_dir = make_run_dir(cfg) if group.primary else None
+        run_dir, cfg.general.seed = from_primary([run_dir, cfg.general.seed])
+        if group.primary:
+            setup_logging(run_dir, cfg.general.debug)
+            write_config(plan, run_dir)
+            log.info("run folder %s (torchrun: %d learners)", run_dir, group.size)
+        else:
+            learner_logging(group.rank, cfg.general.debug)
+        seed_everything(cfg)
+        return train(plan, run_dir, group)
+    finally:
+        leave_group()
 
 
 def load_experiments(path: str) -> list[dict]:

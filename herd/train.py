@@ -160,9 +160,10 @@ def train_learner(plan: Plan, run_dir: Path, group: LearnerGroup | None) -> int:
     except LearnerFailure as err:
         reason = "learner failed"
         dead = group.dead_ranks()
-        log.error("%s%s: the run stops%s", err, f"; learner {', '.join(map(str, dead))} died" if dead else "",
-                  " and this learner saves the checkpoint" if group.saver() and not group.primary else "")
-        session.options.primary = group.saver()   # the primary, or the first survivor when it died
+        saver = group.saver()                     # the primary, or the first survivor when it died
+        log.error("%s%s: the run stops%s", f"learner {', '.join(map(str, dead))} died; " if dead else "", err,
+                  " and this learner writes the checkpoint" if saver and not group.primary else "")
+        session.options.primary = saver
     finally:
         session.finish(reason)
         restore_signals()
@@ -205,8 +206,7 @@ def launch_learners(plan: Plan, run_dir: Path) -> int:
 
 def learner_process(rank: int, count: int, port: int, plan: Plan, run_dir: Path) -> None:
     """A learner other than the primary, in its own process (launch_learners)."""
-    logging.basicConfig(format=f"[herd learner {rank}] %(message)s", stream=sys.stderr)
-    log.setLevel(logging.DEBUG if plan.cfg.general.debug else logging.INFO)
+    learner_logging(rank, plan.cfg.general.debug)
     seed = plan.cfg.general.seed + rank
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -219,3 +219,13 @@ def learner_process(rank: int, count: int, port: int, plan: Plan, run_dir: Path)
     finally:
         leave_group()
     sys.exit(code)
+
+
+def learner_logging(rank: int, debug: bool) -> None:
+    """A learner other than the primary logs to stderr only, its lines marked with its rank
+    (log.txt is the primary's)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"[herd learner {rank}] %(message)s"))
+    log.handlers[:] = [handler]
+    log.propagate = False
+    log.setLevel(logging.DEBUG if debug else logging.INFO)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -107,6 +108,29 @@ def join_group(rank: int, size: int, device_type: str, timeout_s: float, port: i
     return LearnerGroup(rank, size, local, members)
 
 
+def torchrun_group(device_type: str, timeout_s: float) -> LearnerGroup | None:
+    """The group of the processes torchrun started (MASTER_ADDR/PORT, RANK, WORLD_SIZE,
+    LOCAL_RANK from it), or None when torchrun did not start this one."""
+    size = torchrun_world_size()
+    if size is None:
+        return None
+    return join_group(int(os.environ["RANK"]), size, device_type, timeout_s)
+
+
+def from_primary(values: list) -> list:
+    """The primary's values (picklable objects) on every learner: the run folder, the seed."""
+    values = list(values)
+    dist.broadcast_object_list(values, src=0)
+    return values
+
+
+def short_reason(err: Exception) -> str:
+    """The gist of a gloo/NCCL error, without the C++ source location it starts with."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text)
+    return text.split(". This is typically")[0][:160]
+
+
 def leave_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -186,8 +210,7 @@ class GroupSync:
             dist.all_reduce(buffer)
         except Exception as err:  # gloo/NCCL raise RuntimeError or DistBackendError subclasses
             self.broken = True
-            reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
-            raise LearnerFailure(f"learner {self.group.rank} lost the other learners ({reason})") from None
+            raise LearnerFailure(f"learner {self.group.rank} lost the other learners ({short_reason(err)})") from None
         rows = buffer[self.numel:].view(self.group.size, self.row).cpu().numpy()
         self.received = [self.unpack_row(r) for r in rows]
         self.more = bool(rows[:, 1].any())
@@ -198,11 +221,10 @@ class GroupSync:
         averaged = buffer[:self.numel].div_(self.group.size)
         offset = 0
         for p in self.params:
-            part = averaged[offset:offset + p.numel()].view_as(p)
-            if p.grad is None:
-                p.grad = part.clone()
-            else:
-                p.grad.copy_(part)
+            # A parameter the loss does not reach (the feature head) has no gradient on any
+            # learner (same model, same loss): it stays None, as with one learner.
+            if p.grad is not None:
+                p.grad.copy_(averaged[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
         return True
 
