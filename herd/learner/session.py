@@ -126,6 +126,10 @@ class TrainingSession:
         """Trains on every batch the replays can give; calls on_update(version) after each."""
         trained = 0
         while (ready := self.batches.next_ready()) is not None:
+            if self.sync is not None and self.done:
+                # Every learner knows the budget is spent after the same round and stops
+                # there; one more step would wait for learners that have left.
+                break
             batch, mixed = ready                                # tensors, herd.replay.mixer.MixedBatch
             metrics = self.learner.step(batch)
             if self.sync is not None:

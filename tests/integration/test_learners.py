@@ -123,3 +123,39 @@ def test_bad_learner_options_are_one_line(tmp_path, args, env, words):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], result.stderr
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+REPLAY = '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, ' \
+         '{"type": "standard", "capacity": 64, "sample_ratio": 0.5}]'
+
+
+def test_resume_a_one_learner_run_with_two_the_primary_keeps_the_replay(tmp_path):
+    one = ["--env=CartPole-v1", "--worker_count=2", f"--envs_per_worker={E}", f"--batch_size={BATCH}",
+           f"--r_f_steps={T}", "--seed=4", "--tensorboard=False", "--training_fill_in_factor=0.1", REPLAY]
+    first = run_cli(["train", *one, "--environment_max_steps=3000"], tmp_path / "one", timeout=120)
+    assert first.returncode == 0, first.stderr[-2000:]
+    saved, _ = load_checkpoint(only_run(tmp_path / "one"))
+    filled = saved["replay"]["replays"][1]["sampler"]["ring"]["filled"]
+    steps = saved["counters"]["env_steps"]
+    two = run_cli(["resume", str(only_run(tmp_path / "one")), "--learner_count=2",
+                   f"--environment_max_steps={steps + 3000}"], tmp_path / "two", timeout=120)
+    assert two.returncode == 0, two.stderr[-2000:]
+    state, _ = load_checkpoint(only_run(tmp_path / "two"))
+    assert state["counters"]["env_steps"] >= steps + 3000 and state["counters"]["updates"] > saved["counters"]["updates"]
+    # The primary's uniform replay continued from the saved one (it holds more than the
+    # new steps alone could have put into the primary's half).
+    assert state["replay"]["replays"][1]["sampler"]["ring"]["filled"] >= min(64, filled + 1)
+    assert state["config"]["learner_count"] == 2
+
+
+def test_torchrun_starts_the_learners(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0", "-m", "herd.cli",
+               "train", "--env=CartPole-v1", "--worker_count=2", f"--envs_per_worker={E}", "--tensorboard=False",
+               "--environment_max_steps=3000", "--seed=6", f"--results_dir={tmp_path}"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = only_run(tmp_path)                       # one run folder, made by learner 0
+    assert "(torchrun: 2 learners)" in result.stderr and "[herd learner 1] finished" in result.stderr
+    config = json.loads((run / "config.json").read_text())
+    assert config["learner_count"] == 2 and config["seed"] == 6
+    assert json.loads((run / "summary.json").read_text())["environment_steps"] >= 3000
