@@ -98,13 +98,17 @@ def join_group(rank: int, size: int, device_type: str, timeout_s: float, port: i
     when port is None)."""
     if port is not None:
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    # Gloo carries everything on CPUs; on GPUs NCCL reduces the (CUDA) round buffer.
-    backend = "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+    local = int(os.environ.get("LOCAL_RANK", rank)) if local_rank is None else local_rank
+    # Gloo carries everything on CPUs; on GPUs NCCL reduces the (CUDA) round buffer, and
+    # each learner must own its GPU before NCCL's first collective (one GPU per learner).
+    backend = "gloo"
+    if device_type == "cuda":
+        backend = "cpu:gloo,cuda:nccl"
+        torch.cuda.set_device(local % torch.cuda.device_count())
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size,
                             timeout=timedelta(seconds=timeout_s))
     members: list = [None] * size
     dist.all_gather_object(members, (socket.gethostname(), os.getpid()))
-    local = int(os.environ.get("LOCAL_RANK", rank)) if local_rank is None else local_rank
     return LearnerGroup(rank, size, local, members)
 
 
