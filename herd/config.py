@@ -416,6 +416,10 @@ def validate_learners(cfg: Config, specs: list) -> None:
                           "drop --learner_count or make them equal")
     if n == 1:
         return
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", n))      # learners on this machine (torchrun: per node)
+    if learner_device(cfg.general.device).type == "cuda" and torch.cuda.device_count() < here:
+        raise ConfigError(f"{here} learners on this machine need {here} GPUs (one each) but it has "
+                          f"{torch.cuda.device_count()}: lower --learner_count or use --device=cpu")
     if cfg.parallel.worker_count < n:
         raise ConfigError(f"--worker_count={cfg.parallel.worker_count} is less than --learner_count={n}: "
                           "every learner needs at least one actor")
