@@ -56,8 +56,11 @@ def params(model) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+HANG_TIMEOUT = 15.0      # the group's timeout in the "hangs" scenario
+
+
 def worker(rank: int, port: int, out: str, scenario: str) -> None:
-    group = join_group(rank, 2, "cpu", timeout_s=120, port=port)
+    group = join_group(rank, 2, "cpu", timeout_s=HANG_TIMEOUT if scenario == "hangs" else 120, port=port)
     try:
         model = new_model(seed=rank + 1)        # different on purpose: broadcast_state makes them equal
         broadcast_state(model)
@@ -89,9 +92,14 @@ def worker(rank: int, port: int, out: str, scenario: str) -> None:
                 result["metrics"] = [learner.step(make_batch(0))]
             else:
                 result["applied"] = sync.exchange(with_gradients=False, stop=True)
-        elif scenario == "dies":
-            if rank == 1:
+        elif scenario in ("dies", "hangs"):
+            released = os.path.join(out, "released")
+            if rank == 1 and scenario == "dies":
                 os._exit(3)                     # gone without a word, like kill -9
+            if rank == 1:                       # alive but never joins the round, until rank 0 has given up
+                while not os.path.exists(released):
+                    time.sleep(0.1)
+                os._exit(0)
             learner = new_learner(model, "adam", sync.exchange)
             started = time.monotonic()
             try:
@@ -100,6 +108,7 @@ def worker(rank: int, port: int, out: str, scenario: str) -> None:
             except LearnerFailure as err:
                 result["error"] = str(err)
             result["seconds"] = time.monotonic() - started
+            open(released, "w").close()
         result["final"] = params(model)
         torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     finally:
@@ -118,7 +127,7 @@ def run_pair(tmp_path, scenario: str, timeout: float = 90) -> list:
         if p.is_alive():
             p.kill()
             pytest.fail(f"{scenario}: a learner process hung")
-    ranks = [0] if scenario == "dies" else [0, 1]
+    ranks = [0] if scenario in ("dies", "hangs") else [0, 1]
     for rank in ranks:
         assert processes[rank].exitcode == 0, (scenario, rank, processes[rank].exitcode)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in ranks]
@@ -192,3 +201,9 @@ def test_learner_group_saver_is_the_first_survivor():
     group = LearnerGroup(rank=1, size=3, members=[(here, gone), (here, os.getpid()), (here, os.getpid())])
     assert group.dead_ranks() == [0] and group.saver()
     assert not LearnerGroup(rank=2, size=3, members=group.members).saver()
+
+
+def test_a_learner_that_hangs_is_given_up_after_the_timeout(tmp_path):
+    (first,) = run_pair(tmp_path, "hangs")
+    assert first["error"] is not None and "lost the other learners" in first["error"], first["error"]
+    assert HANG_TIMEOUT - 1 <= first["seconds"] < 4 * HANG_TIMEOUT, first["seconds"]
