@@ -92,10 +92,19 @@ def sync_worker(rank: int, port: int, queue, scale: float) -> None:
                 return True
             learner.forward, learner.grad_sync = ddp, control_round
             ddp_ms = time_steps(learner, batch, repeats)
+            # The communication alone: herd's round buffer, all-reduced back to back.
+            buffer = torch.zeros(sum(p.numel() for p in learner.trainable) + control.numel())
+            for _ in range(3):
+                dist.all_reduce(buffer)
+            start = time.perf_counter()
+            for _ in range(repeats):
+                dist.all_reduce(buffer)
+            comm_ms = (time.perf_counter() - start) / repeats * 1000
+            dist.barrier()
             alone_ms = time_steps(make_learner(network, shape, dtype, actions), batch, repeats) if rank == 0 else 0.0
             if rank == 0:
                 params = sum(p.numel() for p in learner.model.parameters())
-                queue.put((name, params, B, T, herd_ms, ddp_ms, alone_ms))
+                queue.put((name, params, B, T, herd_ms, ddp_ms, alone_ms, comm_ms))
             dist.barrier()
     finally:
         leave_group()
@@ -110,15 +119,15 @@ def grad_sync(args) -> None:
     results = [queue.get(timeout=900) for _ in MODELS]
     for w in workers:
         w.join()
-    rows = [[name, f"{params:,}", f"{B} x {T}", f"{alone:.1f}", f"{ours:.1f}", f"{ddp:.1f}"]
-            for name, params, B, T, ours, ddp, alone in results]
+    rows = [[name, f"{params:,}", f"{B} x {T}", f"{alone:.1f}", f"{ours:.1f}", f"{ddp:.1f}", f"{comm:.2f}"]
+            for name, params, B, T, ours, ddp, alone, comm in results]
     print("ms per update; two learners are two gloo processes with one torch thread each")
     print_table(["model", "parameters", "batch per learner B x T", "1 learner", "2 learners, herd all-reduce",
-                 "2 learners, DDP"], rows)
+                 "2 learners, DDP", "the all-reduce alone"], rows)
     record("learners_grad_sync", {"command": f"python benchmarks/learners.py grad_sync --scale {args.scale}",
                                   "timed_updates": {k: max(1, int(v[-1] * args.scale)) for k, v in MODELS.items()},
                                   "results": [dict(zip(["model", "parameters", "batch", "unroll", "herd_ms", "ddp_ms",
-                                                        "one_learner_ms"], r)) for r in results]})
+                                                        "one_learner_ms", "allreduce_only_ms"], r)) for r in results]})
 
 
 def steady_rates(run: Path) -> tuple[float, float, int]:
