@@ -24,6 +24,7 @@ from herd.backends import BACKEND_CHOICES, check_backend
 from herd.devices import fast_bf16, learner_device
 from herd.envs.actor_envs import ENV_BACKENDS
 from herd.envs.wrappers import REWARD_CLIPPING_METHODS
+from herd.learner.distributed import torchrun_world_size
 from herd.errors import ConfigError
 from herd.models import NETWORKS
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters
@@ -103,6 +104,8 @@ class ParallelConfig:
     env_batch_size: int = opt(0, "ale_vector: environments per batch; 0 = all (synchronous), fewer = asynchronous (envs step while the policy acts on the previous batch)")
     actor_timeout: float = opt(60.0, "seconds without a rollout after which an actor counts as hung and is restarted (its first rollout may take up to 60 s: start-up)")
     max_actor_restarts: int = opt(20, "actor restarts allowed in one run before it stops with an error")
+    learner_count: Optional[int] = opt(None, "data-parallel learner processes (torch.distributed), each with its share of the actors and of every batch, gradients averaged every update (default 1; under torchrun: WORLD_SIZE)")
+    learner_timeout: float = opt(600.0, "seconds a learner waits for the others in one update before the run stops as failed (a learner process that dies is noticed at once)")
 
 
 DEFAULT_REPLAY = '[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]'
@@ -325,6 +328,8 @@ def apply_profile(cfg: Config, kind: str) -> Config:
             setattr(section, name, value)
     if cfg.parallel.worker_count is None:
         cfg.parallel.worker_count = max(1, os.cpu_count() or 1)
+    if cfg.parallel.learner_count is None:
+        cfg.parallel.learner_count = torchrun_world_size() or 1
     if cfg.train.learner_precision == "auto":
         cfg.train.learner_precision = "bf16" if fast_bf16(learner_device(cfg.general.device)) else "fp32"
     if cfg.train.learner_thread_count is None:
@@ -360,6 +365,7 @@ def _positive(cfg: Config) -> dict[str, Any]:
         "verbose_learner_out_int": cfg.stats.verbose_learner_out_int,
         "replay_writer_queue_size": cfg.replay.replay_writer_queue_size, "cache_sample_size": cfg.replay.cache_sample_size,
         "env_threads": cfg.parallel.env_threads, "verbose_worker_out_int": cfg.stats.verbose_worker_out_int,
+        "learner_count": cfg.parallel.learner_count,
     }
 
 
@@ -475,6 +481,35 @@ def validate(cfg: Config) -> None:
                               f"{spec.sample_ratio:g} gives it no trajectory per batch")
     if not any(spec.on_policy for spec in specs) and t.batch_size > max(spec.capacity for spec in specs):
         raise ConfigError(f"--batch_size={t.batch_size} exceeds every replay's capacity")
+    validate_learners(cfg, specs)
+
+
+def validate_learners(cfg: Config, specs: list) -> None:
+    """--learner_count N splits the actors and every batch across N learners."""
+    n, batch = cfg.parallel.learner_count, cfg.train.batch_size
+    if not 0 < cfg.parallel.learner_timeout < float("inf"):
+        raise ConfigError(f"--learner_timeout must be a positive number of seconds, got {cfg.parallel.learner_timeout}")
+    world = torchrun_world_size()
+    if world is not None and n != world:
+        raise ConfigError(f"--learner_count={n} but torchrun started {world} processes (WORLD_SIZE): "
+                          "drop --learner_count or make them equal")
+    if n == 1:
+        return
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", n))      # learners on this machine (torchrun: per node)
+    if learner_device(cfg.general.device).type == "cuda" and torch.cuda.device_count() < here:
+        raise ConfigError(f"{here} learners on this machine need {here} GPUs (one each) but it has "
+                          f"{torch.cuda.device_count()}: lower --learner_count or use --device=cpu")
+    if cfg.parallel.worker_count < n:
+        raise ConfigError(f"--worker_count={cfg.parallel.worker_count} is less than --learner_count={n}: "
+                          "every learner needs at least one actor")
+    if batch % n:
+        raise ConfigError(f"--batch_size={batch} does not split evenly across --learner_count={n} learners: "
+                          f"use a multiple of {n} (the batch size is the total over all learners)")
+    for spec, share in zip(specs, batch_shares(specs, batch // n)):
+        if spec.sample_ratio > 0 and share == 0:
+            raise ConfigError(f"--batch_size={batch} split across {n} learners gives each {batch // n} trajectories, "
+                              f"and the {spec.type} replay's sample_ratio {spec.sample_ratio:g} then no trajectory: "
+                              "raise --batch_size or lower --learner_count")
 
 
 def resolve(command_line: dict[str, Any], overrides: dict[str, Any] | None = None,

@@ -32,3 +32,7 @@ class TrainingDiverged(RuntimeError):
 
 class SaveFailed(RuntimeError):
     """A checkpoint could not be written (a full disk, a vanished folder); the previous one is kept."""
+
+
+class LearnerFailure(RuntimeError):
+    """With several learners: one died or stopped answering, so the others cannot go on."""

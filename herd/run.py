@@ -20,7 +20,9 @@ from herd.errors import UserError
 from herd.evaluate import test_policy
 from herd.files import write_json
 from herd.plan import prepare
-from herd.train import train
+from herd.devices import learner_device
+from herd.learner.distributed import from_primary, leave_group, torchrun_group, torchrun_world_size
+from herd.train import learner_logging, train
 
 log = logging.getLogger("herd")
 
@@ -99,14 +101,13 @@ def run_experiment(options: dict, overrides: dict | None = None) -> int:
     if stopping.requested():   # Ctrl+C or SIGTERM while checking: nothing was written yet
         print("[herd] stopped before the run started: no run folder was made", file=sys.stderr)
         return 0
+    if plan.cfg.general.op_mode != "test" and torchrun_world_size() is not None:
+        return run_under_torchrun(plan)
     try:
         run_dir = make_run_dir(plan.cfg)
         setup_logging(run_dir, plan.cfg.general.debug)
         seed_everything(plan.cfg)
-        config = plan.cfg.to_flat()
-        if plan.checkpoint_path is not None:
-            config["continues_from"] = str(plan.checkpoint_path)
-        write_json(run_dir / "config.json", config)
+        write_config(plan, run_dir)
     except OSError as err:
         print(f"herd: error: cannot write the run folder: {' '.join(str(err).split())}", file=sys.stderr)
         return 1
@@ -137,6 +138,33 @@ def interruptible_test(plan, run_dir: Path) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def write_config(plan, run_dir: Path) -> None:
+    config = plan.cfg.to_flat()
+    if plan.checkpoint_path is not None:
+        config["continues_from"] = str(plan.checkpoint_path)
+    write_json(run_dir / "config.json", config)
+
+
+def run_under_torchrun(plan) -> int:
+    """torchrun started every learner process: they join one group, and learner 0 makes
+    the run folder and picks the seed for all of them."""
+    cfg = plan.cfg
+    group = torchrun_group(learner_device(cfg.general.device).type, cfg.parallel.learner_timeout)
+    try:
+        run_dir = make_run_dir(cfg) if group.primary else None
+        run_dir, cfg.general.seed = from_primary([run_dir, cfg.general.seed])
+        if group.primary:
+            setup_logging(run_dir, cfg.general.debug)
+            write_config(plan, run_dir)
+            log.info("run folder %s (torchrun: %d learners)", run_dir, group.size)
+        else:
+            learner_logging(group.rank, cfg.general.debug)
+        seed_everything(cfg)
+        return train(plan, run_dir, group)
+    finally:
+        leave_group()
 
 
 def load_experiments(path: str) -> list[dict]:

@@ -1,11 +1,20 @@
 """Training (new or resumed): builds the learner side from a checked Plan and the
 algorithm's builder, hands it to the backend that --multiprocessing_backend names, and
-writes the final checkpoint and the summary however the run ends."""
+writes the final checkpoint and the summary however the run ends.
+
+With --learner_count N > 1, `train` starts N-1 more learner processes (or torchrun
+started them all) that join one process group (herd/learner/distributed.py); each runs
+the backend with its share of the actors and 1/N of every batch, and learner 0 (the
+primary, in the first process) writes checkpoints, metrics and the summary."""
 from __future__ import annotations
 
 import logging
+import os
+import random
+import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.multiprocessing as mp
 
@@ -15,9 +24,11 @@ from herd.backends import get_backend
 from herd.backends.signals import install_stop_signals
 from herd.config import parse_eval_interval
 from herd.devices import learner_device
-from herd.errors import ActorFailure, SaveFailed, TrainingDiverged
+from herd.errors import ActorFailure, LearnerFailure, SaveFailed, TrainingDiverged
 from herd.eval_worker import EvalSpec, Evaluator
 from herd.learner.batches import DirectBatches, PrefetchedBatches
+from herd.learner.distributed import (GroupSync, LearnerGroup, broadcast_state, free_port, join_group, leave_group,
+                                      share_of)
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.session import SessionOptions, TrainingSession
 from herd.models import build_model, model_signature
@@ -33,36 +44,45 @@ from herd.replay.spec import batch_shares
 log = logging.getLogger("herd")
 
 
-def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device):
-    """The replays of --replay_parameters, their mixer, and the batch source over it."""
+def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device, rank: int = 0):
+    """The replays of --replay_parameters, their mixer, and the batch source over it; with
+    several learners, learner `rank`'s own, drawing its 1/N of every batch."""
     cfg, r = plan.cfg, plan.cfg.replay
     specs = cfg.replays
-    shares = batch_shares(specs, cfg.train.batch_size)
+    shares = batch_shares(specs, cfg.train.batch_size // cfg.parallel.learner_count)
+    seed = cfg.general.seed + 1000 * rank       # each learner samples its replays its own way
     replays = [build_replay(spec, plan.layout, share, cfg.parallel.envs_per_worker, compress=r.use_replay_compression,
                             compression_level=r.lz4_compression_level, anneal_rounds_base=cfg.train.lr_scheduler_steps,
-                            seed=cfg.general.seed + index)
+                            seed=seed + index)
                for index, (spec, share) in enumerate(zip(specs, shares))]
     for replay in replays:
         # Elite/attentive replays score with the learner's model, in the learner's precision.
         replay.attach_model(model, device, bf16=cfg.train.learner_precision == "bf16")
-    mixer = ReplayMixer(replays, shares, r.training_fill_in_factor, seed=cfg.general.seed)
+    mixer = ReplayMixer(replays, shares, r.training_fill_in_factor, seed=seed)
     if r.caching:
         return PrefetchedBatches(mixer, device, r.caching_threads, r.cache_sample_size, r.cache_output_buffer_size,
                                  r.replay_writer_queue_size, r.discarding_strategy)
     return DirectBatches(mixer, device)
 
 
-def build_session(plan: Plan, run_dir: Path, primary: bool = True) -> TrainingSession:
+def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: LearnerGroup | None = None
+                  ) -> TrainingSession:
     """primary: this process writes checkpoints, metrics and the summary (with several
-    learners, only one does)."""
+    learners, only one does). group: this learner's place among several."""
     cfg, algorithm = plan.cfg, plan.algorithm
+    primary = primary if group is None else group.primary
     torch.set_num_threads(cfg.train.learner_thread_count)
     device = learner_device(cfg.general.device)
+    if device.type == "cuda" and group is not None:
+        device = torch.device("cuda", group.local_rank % torch.cuda.device_count())  # one GPU per learner
+        torch.cuda.set_device(device)
     model = build_model(**plan.model_kwargs).to(device)
     optimizer = build_optimizer(cfg.train.optimizer, model.parameters(), cfg.train.lr, cfg.train.rmsprop_eps)
     scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps)
+    sync = GroupSync(group, [p for p in model.parameters() if p.requires_grad]) if group is not None else None
     learner = Learner(model, optimizer, scheduler, algorithm.build_loss(cfg), cfg.train.gradient_clip_by_norm_threshold,
-                      precision=cfg.train.learner_precision, compile_model=cfg.train.learner_compile)
+                      precision=cfg.train.learner_precision, compile_model=cfg.train.learner_compile,
+                      grad_sync=sync.exchange if sync is not None else None)
     options = SessionOptions(
         max_env_steps=cfg.train.environment_max_steps, save_model_period=cfg.general.save_model_period,
         log_interval=cfg.stats.verbose_learner_out_int, device=device,
@@ -74,20 +94,32 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True) -> TrainingSe
     metrics = RunMetrics(run_dir, cfg.stats.tensorboard, options.train_columns(),
                          background=cfg.stats.background_save) if primary else None
     progress = ProgressLine(cfg.train.environment_max_steps, enabled=cfg.stats.basic_verbose and primary)
-    session = TrainingSession(plan.layout, learner, build_batches(plan, model, device),
+    session = TrainingSession(plan.layout, learner, build_batches(plan, model, device, group.rank if group else 0),
                               EpisodeStats(cfg.stats.avg_buff_size), metrics, progress, run_dir, options)
+    session.sync = sync
     if plan.checkpoint is not None:
-        session.load_state_dict(plan.checkpoint, load_optimizer=cfg.general.load_optimizer_save)
+        state = plan.checkpoint
+        saved_count = int(state["config"].get("learner_count") or 1)
+        if not primary:
+            state = {k: v for k, v in state.items() if k != "replay"}   # only the primary's replay was saved
+        session.load_state_dict(state, load_optimizer=cfg.general.load_optimizer_save,
+                                fresh_replay=saved_count == cfg.parallel.learner_count)
         log.info("resumed from %s at %d environment steps, %d updates", plan.checkpoint_path,
                  session.counters.env_steps, session.counters.updates)
+    if group is not None:
+        broadcast_state(model)      # identical weights on every learner from the start
     return session
 
 
-def actor_spec(plan: Plan) -> ActorSpec:
+def actor_spec(plan: Plan, first_actor: int = 0) -> ActorSpec:
+    """first_actor: with several learners, the global index of this learner's first actor,
+    so that no two actors of the run share environment seeds (ActorPool seeds actor i
+    with seed + 10,000 i)."""
     cfg = plan.cfg
     p = cfg.parallel
     return ActorSpec(env_id=cfg.env.env, env_kwargs=env_kwargs(cfg), model_kwargs=plan.model_kwargs,
-                     envs_per_worker=p.envs_per_worker, unroll_length=cfg.train.r_f_steps, seed=cfg.general.seed,
+                     envs_per_worker=p.envs_per_worker, unroll_length=cfg.train.r_f_steps,
+                     seed=cfg.general.seed + 10_000 * first_actor,
                      env_backend=p.env_backend, env_threads=p.env_threads, env_batch_size=p.env_batch_size,
                      algorithm=plan.algorithm.name, verbose_interval=cfg.stats.verbose_worker_out_int
                      if cfg.stats.worker_verbose else 0)
@@ -100,7 +132,7 @@ def inference_device(cfg, device: torch.device, serves_algorithm: bool = True) -
     in herd/plan.py)."""
     mode = cfg.general.actor_inference
     if mode == "server" or (mode == "auto" and device.type == "cuda" and serves_algorithm):
-        return device.type
+        return str(device)              # "cuda:1": each learner's server beside it
     return None
 
 
@@ -136,8 +168,18 @@ def start_evaluator(plan: Plan, session: TrainingSession, run_dir: Path) -> Eval
     return evaluator
 
 
-def train(plan: Plan, run_dir: Path) -> int:
+def train(plan: Plan, run_dir: Path, group: LearnerGroup | None = None) -> int:
+    """Trains; returns the exit code. group: set when torchrun started the learners."""
+    if plan.cfg.parallel.learner_count > 1 and group is None:
+        return launch_learners(plan, run_dir)
+    return train_learner(plan, run_dir, group)
+
+
+def train_learner(plan: Plan, run_dir: Path, group: LearnerGroup | None) -> int:
+    """One learner (the only one, or one of a group) with its actors, until the end."""
     cfg = plan.cfg
+    first_actor, worker_count = (share_of(cfg.parallel.worker_count, group.size, group.rank) if group is not None
+                                 else (0, cfg.parallel.worker_count))
     # The process-wide stop event: a stop that came while the session was being built
     # (the CLI's handlers were already set) ends the run here, saved at its first step.
     stop = stopping.STOP
@@ -145,14 +187,14 @@ def train(plan: Plan, run_dir: Path) -> int:
     session = failed_save = monitor = evaluator = None
     reason, code = "failed", 1
     try:
-        session = build_session(plan, run_dir)
+        session = build_session(plan, run_dir, group=group)
         monitor = start_hardware_monitor(plan, session, run_dir)
         evaluator = start_evaluator(plan, session, run_dir)
         if stop.is_set():
             reason, code = "stopped", 0
         else:
             backend = get_backend(cfg.parallel.multiprocessing_backend)
-            reason = backend(session, actor_spec(plan), cfg.parallel.worker_count, cfg.parallel.shared_queue_size,
+            reason = backend(session, actor_spec(plan, first_actor), worker_count, cfg.parallel.shared_queue_size,
                              stop, cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts,
                              inference_device=inference_device(cfg, session.options.device,
                                                                plan.algorithm.inference_server))
@@ -161,6 +203,14 @@ def train(plan: Plan, run_dir: Path) -> int:
         reason = {TrainingDiverged: "diverged", ActorFailure: "actors failed"}.get(type(err), "save failed")
         failed_save = err if isinstance(err, SaveFailed) else None
         log.error("%s", err)
+    except LearnerFailure as err:
+        reason = "learner failed"
+        dead = group.dead_ranks()
+        saver = group.saver()                     # the primary, or the first survivor when it died
+        log.error("%s%s: the run stops%s", f"learner {', '.join(map(str, dead))} died; " if dead else "", err,
+                  " and this learner writes the checkpoint" if saver and not group.primary else "")
+        if session is not None:
+            session.options.primary = saver
     except OSError as err:  # the disk filled up or went away under the metric files or the log
         reason = "file system error"
         log.error("file system error: %s", one_line(err))
@@ -177,3 +227,64 @@ def train(plan: Plan, run_dir: Path) -> int:
 
 def one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
+
+
+def launch_learners(plan: Plan, run_dir: Path) -> int:
+    """Learner 0 runs here; learners 1..N-1 in spawned processes, all on 127.0.0.1:<free port>.
+    Returns 1 when any learner failed."""
+    cfg = plan.cfg
+    count, port = cfg.parallel.learner_count, free_port()
+    context = mp.get_context("spawn")
+    # The others never load the replay (only the primary's is saved): don't pickle it to them.
+    light = Plan(**{**plan.__dict__, "checkpoint": None if plan.checkpoint is None else
+                    {k: v for k, v in plan.checkpoint.items() if k != "replay"}})
+    # Not daemonic: a learner starts actor processes of its own.
+    others = [context.Process(target=learner_process, name=f"herd-learner-{rank}",
+                              args=(rank, count, port, light, run_dir)) for rank in range(1, count)]
+    for process in others:
+        process.start()
+    log.info("%d learners (pids %s); each trains on %d of every %d trajectories", count,
+             ", ".join(str(p) for p in [os.getpid(), *(q.pid for q in others)]),
+             cfg.train.batch_size // count, cfg.train.batch_size)
+    code = 1
+    try:
+        group = join_group(0, count, learner_device(cfg.general.device).type, cfg.parallel.learner_timeout, port)
+        code = train_learner(plan, run_dir, group)
+    finally:
+        leave_group()
+        for rank, process in enumerate(others, start=1):
+            process.join(30.0)
+            if process.is_alive():
+                log.warning("learner %d did not stop in time: terminating it", rank)
+                process.terminate()
+                process.join(5.0)
+            if process.exitcode:
+                code = 1
+    return code
+
+
+def learner_process(rank: int, count: int, port: int, plan: Plan, run_dir: Path) -> None:
+    """A learner other than the primary, in its own process (launch_learners)."""
+    learner_logging(rank, plan.cfg.general.debug)
+    seed = plan.cfg.general.seed + rank
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(plan.cfg.general.reproducible)
+    try:
+        group = join_group(rank, count, learner_device(plan.cfg.general.device).type,
+                           plan.cfg.parallel.learner_timeout, port)
+        code = train_learner(plan, run_dir, group)
+    finally:
+        leave_group()
+    sys.exit(code)
+
+
+def learner_logging(rank: int, debug: bool) -> None:
+    """A learner other than the primary logs to stderr only, its lines marked with its rank
+    (log.txt is the primary's)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"[herd learner {rank}] %(message)s"))
+    log.handlers[:] = [handler]
+    log.propagate = False
+    log.setLevel(logging.DEBUG if debug else logging.INFO)

@@ -55,8 +55,8 @@ class DirectBatches:
     def replay_nbytes(self) -> int:
         return self.mixer.nbytes()
 
-    def load_replay_state(self, state: dict) -> None:
-        self.mixer.load_state_dict(state)
+    def load_replay_state(self, state: dict, fresh: bool = True) -> None:
+        self.mixer.load_state_dict(state, fresh)
 
     def close(self) -> None:
         pass
@@ -145,9 +145,9 @@ class PrefetchedBatches:
         with self.lock:
             return self.mixer.state_dict()
 
-    def load_replay_state(self, state: dict) -> None:
+    def load_replay_state(self, state: dict, fresh: bool = True) -> None:
         with self.lock:
-            self.mixer.load_state_dict(state)
+            self.mixer.load_state_dict(state, fresh)
 
     def close(self) -> None:
         self.stopping.set()

@@ -52,14 +52,17 @@ def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch
 
 class Learner:
     def __init__(self, model: torch.nn.Module, optimizer, scheduler, loss_fn, grad_clip_norm: float,
-                 precision: str = "fp32", compile_model: bool = False):
+                 precision: str = "fp32", compile_model: bool = False, grad_sync=None):
         """loss_fn(batch, out) -> (scalar loss, metrics): the algorithm's (herd/algos); a
         metric "priorities" [B] (a tensor) comes back as numpy for the replays.
         precision "bf16": the forward pass runs under bfloat16 autocast (the backward
         follows it); parameters, optimizer state and the loss stay float32.
         compile_model: the training forward pass goes through torch.compile (compiled at
         the first update; `model` itself stays a plain module, so checkpoints, weight
-        publishing and elite scoring see the usual parameter names)."""
+        publishing and elite scoring see the usual parameter names).
+        grad_sync(): with several learners, averages the gradients in place across them
+        (herd.learner.distributed.GroupSync.exchange); False means the learners stopped
+        and this update must not be applied. None: one learner."""
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"unknown learner precision '{precision}' (use fp32 or bf16)")
         self.model = model
@@ -71,6 +74,7 @@ class Learner:
         self.loss_fn = loss_fn
         self.grad_clip_norm = grad_clip_norm
         self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.grad_sync = grad_sync
 
     def run_model(self, obs: torch.Tensor):
         """The training forward pass; a torch.compile that fails (no C compiler, an
@@ -95,11 +99,21 @@ class Learner:
         loss, metrics = self.loss_fn(batch, out)
         if "priorities" in metrics:
             metrics["priorities"] = metrics["priorities"].detach().float().cpu().numpy()
-        if not math.isfinite(metrics["loss"]):
+        finite = math.isfinite(metrics["loss"])
+        if not finite and self.grad_sync is None:
             self.optimizer.zero_grad(set_to_none=True)
             return {**metrics, "skipped": 1.0}
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if finite:
+            loss.backward()
+        else:
+            # The others are waiting for our gradients: send NaN, so that every learner sees
+            # a non-finite average below and skips this update together with us.
+            for p in self.trainable:
+                p.grad = torch.full_like(p, float("nan"))
+        if self.grad_sync is not None and not self.grad_sync():
+            self.optimizer.zero_grad(set_to_none=True)
+            return {**metrics, "skipped": 0.0, "stopped": 1.0}
         max_norm = self.grad_clip_norm if self.grad_clip_norm > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, max_norm))
         if not math.isfinite(grad_norm):

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints, save_checkpoint
-from herd.errors import SaveFailed, TrainingDiverged
+from herd.errors import LearnerFailure, SaveFailed, TrainingDiverged
 from herd.files import write_json
+from herd.learner.distributed import GroupSync, Tally
 from herd.learner.learner import LEARNER_METRICS, Learner
 from herd.monitor.metrics import RunMetrics
 from herd.monitor.progress import ProgressLine, format_score
@@ -87,6 +88,10 @@ class TrainingSession:
         self.processes: dict[str, int] = {"learner": os.getpid()}
         self.update_hooks: list = []   # fn(updates) after every update (the evaluator's schedule)
         self.summary_extra: dict = {}  # name -> fn() -> value: what other parts add to summary.json
+        # With several learners (herd.learner.distributed): what this one counts waits in
+        # sync.pending for the next round, and every learner counts every learner's tally
+        # from the round, so counters and statistics are the group's totals everywhere.
+        self.sync: GroupSync | None = None
 
     # ------------------------------------------------------------------ progress
     @property
@@ -95,20 +100,29 @@ class TrainingSession:
 
     @property
     def done(self) -> bool:
-        return self.counters.env_steps >= self.options.max_env_steps
+        """The step budget is spent, or (several learners) the group stopped."""
+        return self.counters.env_steps >= self.options.max_env_steps or (self.sync is not None and self.sync.stopped)
 
     def ingest(self, views: dict[str, np.ndarray], version: int, steps: int, episodes: list) -> None:
         """One finished rollout: views field -> [time, E, ...] (copied out, the slot may be reused)."""
         envs = views["action"].shape[1]
         lag = self.counters.updates - version
-        if self.options.max_policy_lag is not None and lag > self.options.max_policy_lag:
-            self.counters.stale_rollouts += 1  # too far off-policy to train on; its steps and games still count
-        else:
+        # Too far off-policy to train on; its steps and games still count.
+        stale = self.options.max_policy_lag is not None and lag > self.options.max_policy_lag
+        if not stale:
             # Views into the slot: the batch source copies what it keeps before this returns.
             self.batches.put([{name: view[:, e] for name, view in views.items()} for e in range(envs)], version)
-        self.counters.env_steps += steps
-        self.counters.rollouts += 1
-        for score, length in episodes:
+        if self.sync is not None:
+            self.sync.pending.add(steps, stale, episodes)
+        else:
+            self.count(Tally(steps, 1, int(stale), list(episodes)))
+
+    def count(self, tally: Tally) -> None:
+        """Adds one learner's steps, rollouts and finished games to the counters and statistics."""
+        self.counters.env_steps += tally.env_steps
+        self.counters.rollouts += tally.rollouts
+        self.counters.stale_rollouts += tally.stale
+        for score, length in tally.episodes:
             self.stats.add(score)
             if self.metrics is not None:
                 self.metrics.episode(self.counters.env_steps, episode=self.stats.episodes, score=score, length=length,
@@ -118,8 +132,16 @@ class TrainingSession:
         """Trains on every batch the replays can give; calls on_update(version) after each."""
         trained = 0
         while (ready := self.batches.next_ready()) is not None:
+            if self.sync is not None and self.done:
+                # Every learner knows the budget is spent after the same round and stops
+                # there; one more step would wait for learners that have left.
+                break
             batch, mixed = ready                                # tensors, herd.replay.mixer.MixedBatch
             metrics = self.learner.step(batch)
+            if self.sync is not None:
+                self.count_received()
+                if metrics.get("stopped"):
+                    break                                       # the group stopped: this batch is not used
             priorities = metrics.pop("priorities", None)        # [B], from algorithms with prioritized replay
             if priorities is not None:
                 self.batches.update(mixed.keys, priorities)
@@ -201,7 +223,9 @@ class TrainingSession:
         log.debug("checkpoint %s", path)
         return path
 
-    def load_state_dict(self, state: dict, load_optimizer: bool) -> None:
+    def load_state_dict(self, state: dict, load_optimizer: bool, fresh_replay: bool = True) -> None:
+        """fresh_replay=False: the saved queue (fresh trajectories) is not loaded (see
+        ReplayMixer.load_state_dict)."""
         self.learner.model.load_state_dict(state["model"])  # copies onto the model's device
         if load_optimizer:
             self.learner.optimizer.load_state_dict(state["optimizer"])
@@ -210,10 +234,31 @@ class TrainingSession:
         self.stats.load_state_dict(state["stats"])
         torch.set_rng_state(state["rng"]["torch"])
         if "replay" in state:
-            self.batches.load_replay_state(state["replay"])
+            self.batches.load_replay_state(state["replay"], fresh_replay)
         self.start_steps = self.counters.env_steps
         self.start_wall = self.counters.wall_time
         self.fps_mark = (time.monotonic(), self.counters.env_steps)
+
+    def end_rounds(self) -> None:
+        """Several learners: a learner that stops before the group knows (Ctrl+C, a failure)
+        votes stop in one last round, and every learner drains the episodes still held
+        (the same rounds on every learner: each decides from the same rows)."""
+        sync = self.sync
+        if sync is None or sync.broken:
+            return
+        try:
+            if not sync.stopped and not self.counters.env_steps >= self.options.max_env_steps:
+                sync.exchange(with_gradients=False, stop=True)
+                self.count_received()
+            while sync.more:
+                sync.exchange(with_gradients=False, stop=True)
+                self.count_received()
+        except LearnerFailure as err:
+            log.error("%s", err)
+
+    def count_received(self) -> None:
+        for tally in self.sync.take_received():
+            self.count(tally)
 
     def summary(self) -> dict:
         return {
@@ -238,6 +283,7 @@ class TrainingSession:
         the summary says what was saved. failed_save: the save that ended the run (it was
         logged; trying again would only write another doomed temporary file). Returns
         whether everything was written."""
+        self.end_rounds()   # several learners: the group's last round, so the totals below agree
         self.show_progress(force=True)
         self.progress.finish()
         failures: list[str] = [str(failed_save)] if failed_save else []

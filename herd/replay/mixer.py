@@ -94,8 +94,11 @@ class ReplayMixer:
         return {"replays": [r.state_dict() for r in self.replays], "credit": self.credit,
                 "rng": self.rng.bit_generator.state}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, fresh: bool = True) -> None:
+        """fresh=False leaves the on-policy (queue) replays empty: their capacity depends on
+        the batch share, which changes when a run resumes with another --learner_count."""
         for replay, replay_state in zip(self.replays, state["replays"]):
-            replay.load_state_dict(replay_state)
+            if fresh or not replay.on_policy:
+                replay.load_state_dict(replay_state)
         self.credit = int(state["credit"])
         self.rng.bit_generator.state = state["rng"]

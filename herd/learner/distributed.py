@@ -1,0 +1,237 @@
+"""Several learners (--learner_count N): data-parallel learners in one torch.distributed
+process group (gloo on CPUs; NCCL for gradients on GPUs, gloo beside it), each with its
+own actors and replays and 1/N of every batch.
+
+Every update is one *round*: each learner all-reduces a single flat float32 buffer
+
+    [ gradients (P values) | row of learner 0 | row of learner 1 | ... ]
+
+in which it filled the gradients of its own batch and its own row (others' rows are
+zeros, so the sum hands every learner every row exactly). A row carries what that learner
+counted since its last round (environment steps, rollouts, stale rollouts dropped,
+finished episodes) and two votes: `stop` (Ctrl+C, a failure, the end of the run) and
+`more` (it holds episodes that did not fit in the row). So one collective per update
+averages the gradients, keeps the counters and episode statistics identical on every
+learner (totals over all of them) and makes stopping a collective decision: a learner
+that stops joins the next round with zero gradients and its stop vote, and nobody applies
+that round's gradients. We measured this against DistributedDataParallel
+(benchmarks/learners.py --grad_sync): see the README.
+
+A learner that dies breaks the round for the others: gloo notices the closed connection
+at once, a hung learner after --learner_timeout; the survivors raise LearnerFailure."""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import numpy as np
+import psutil
+import torch
+import torch.distributed as dist
+
+from herd.errors import LearnerFailure
+
+log = logging.getLogger("herd")
+
+HEADER = ("stop", "more", "env_steps", "rollouts", "stale", "episodes")
+MAX_EPISODES = 256      # episodes one row carries; more wait for the next round
+
+
+def torchrun_world_size() -> int | None:
+    """WORLD_SIZE when this process was started by torchrun (RANK and WORLD_SIZE set), else None."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    return None
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for the group's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def share_of(total: int, count: int, rank: int) -> tuple[int, int]:
+    """(first index, how many) of `total` items for learner `rank` of `count`, as even as can be."""
+    base, extra = divmod(total, count)
+    return rank * base + min(rank, extra), base + (rank < extra)
+
+
+@dataclass
+class LearnerGroup:
+    """Where this process stands among the learners."""
+    rank: int
+    size: int
+    local_rank: int = 0
+    members: list = field(default_factory=list)     # (host, pid) of every learner, by rank
+
+    @property
+    def primary(self) -> bool:
+        return self.rank == 0
+
+    def dead_ranks(self) -> list[int]:
+        """Learners on this host whose process is gone (others cannot be checked from here)."""
+        here = socket.gethostname()
+        return [rank for rank, (host, pid) in enumerate(self.members)
+                if host == here and rank != self.rank and not pid_alive(pid)]
+
+    def saver(self) -> bool:
+        """After a failure: the lowest-ranked learner still alive writes the last checkpoint."""
+        dead = set(self.dead_ranks())
+        return min(r for r in range(self.size) if r not in dead) == self.rank
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def join_group(rank: int, size: int, device_type: str, timeout_s: float, port: int | None = None,
+               local_rank: int | None = None) -> LearnerGroup:
+    """Joins the process group (rendezvous on 127.0.0.1:port, or torchrun's MASTER_ADDR/PORT
+    when port is None)."""
+    if port is not None:
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    local = int(os.environ.get("LOCAL_RANK", rank)) if local_rank is None else local_rank
+    # Gloo carries everything on CPUs; on GPUs NCCL reduces the (CUDA) round buffer, and
+    # each learner must own its GPU before NCCL's first collective (one GPU per learner).
+    backend = "gloo"
+    if device_type == "cuda":
+        backend = "cpu:gloo,cuda:nccl"
+        torch.cuda.set_device(local % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size,
+                            timeout=timedelta(seconds=timeout_s))
+    members: list = [None] * size
+    dist.all_gather_object(members, (socket.gethostname(), os.getpid()))
+    return LearnerGroup(rank, size, local, members)
+
+
+def torchrun_group(device_type: str, timeout_s: float) -> LearnerGroup | None:
+    """The group of the processes torchrun started (MASTER_ADDR/PORT, RANK, WORLD_SIZE,
+    LOCAL_RANK from it), or None when torchrun did not start this one."""
+    size = torchrun_world_size()
+    if size is None:
+        return None
+    return join_group(int(os.environ["RANK"]), size, device_type, timeout_s)
+
+
+def from_primary(values: list) -> list:
+    """The primary's values (picklable objects) on every learner: the run folder, the seed."""
+    values = list(values)
+    dist.broadcast_object_list(values, src=0)
+    return values
+
+
+def short_reason(err: Exception) -> str:
+    """The gist of a gloo/NCCL error, without the C++ source location it starts with."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text)
+    return text.split(". This is typically")[0][:160]
+
+
+def leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast_state(module: torch.nn.Module) -> None:
+    """Every learner starts from the primary's weights (and buffers)."""
+    with torch.no_grad():
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
+
+@dataclass
+class Tally:
+    """What one learner counted since its last round."""
+    env_steps: int = 0
+    rollouts: int = 0
+    stale: int = 0
+    episodes: list = field(default_factory=list)    # (score, length)
+
+    def add(self, env_steps: int, stale: bool, episodes: list) -> None:
+        self.env_steps += env_steps
+        self.rollouts += 1
+        self.stale += int(stale)
+        self.episodes.extend(episodes)
+
+
+class GroupSync:
+    """The round of every update (module docstring). Learner.step calls `exchange` between
+    backward and clip; the session feeds `pending` and counts what `received` holds."""
+
+    def __init__(self, group: LearnerGroup, params, max_episodes: int = MAX_EPISODES):
+        self.group = group
+        self.params = list(params)
+        self.numel = sum(p.numel() for p in self.params)
+        self.max_episodes = max_episodes
+        self.row = len(HEADER) + 2 * max_episodes
+        self.pending = Tally()
+        self.received: list[Tally] = []     # by rank, from the last round; the session takes them
+        self.stopped = False                # a round carried a stop vote: no more updates
+        self.more = False                   # some learner still holds episodes: drain before the end
+        self.broken = False                 # a round failed: no more collectives
+
+    def pack_row(self, stop: bool) -> np.ndarray:
+        row = np.zeros(self.row, dtype=np.float32)
+        sent, rest = self.pending.episodes[:self.max_episodes], self.pending.episodes[self.max_episodes:]
+        row[:len(HEADER)] = (stop, bool(rest), self.pending.env_steps, self.pending.rollouts, self.pending.stale,
+                             len(sent))
+        if sent:
+            # score, length, score, length... (float32: exact for integer scores and lengths below 2**24)
+            row[len(HEADER):len(HEADER) + 2 * len(sent)] = np.asarray(sent, dtype=np.float32).reshape(-1)
+        self.pending = Tally(episodes=rest)
+        return row
+
+    @staticmethod
+    def unpack_row(row: np.ndarray) -> Tally:
+        count = int(row[5])
+        pairs = row[len(HEADER):len(HEADER) + 2 * count].reshape(count, 2)
+        return Tally(int(row[2]), int(row[3]), int(row[4]), [(float(s), int(n)) for s, n in pairs])
+
+    def exchange(self, with_gradients: bool = True, stop: bool = False) -> bool:
+        """One round. Returns True when the averaged gradients are now in the parameters'
+        .grad and the update is to be applied (no learner voted stop)."""
+        if self.broken:
+            raise LearnerFailure("the learner group already failed")
+        device = self.params[0].device
+        buffer = torch.zeros(self.numel + self.group.size * self.row, dtype=torch.float32, device=device)
+        if with_gradients:
+            offset = 0
+            for p in self.params:
+                if p.grad is not None:
+                    buffer[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+                offset += p.numel()
+        start = self.numel + self.group.rank * self.row
+        buffer[start:start + self.row] = torch.from_numpy(self.pack_row(stop)).to(device)
+        try:
+            dist.all_reduce(buffer)
+        except Exception as err:  # gloo/NCCL raise RuntimeError or DistBackendError subclasses
+            self.broken = True
+            raise LearnerFailure(f"learner {self.group.rank} lost the other learners ({short_reason(err)})") from None
+        rows = buffer[self.numel:].view(self.group.size, self.row).cpu().numpy()
+        self.received = [self.unpack_row(r) for r in rows]
+        self.more = bool(rows[:, 1].any())
+        self.stopped = self.stopped or stop or bool(rows[:, 0].any())
+        if self.stopped or not with_gradients:
+            return False
+        # The sum is identical on every learner, and so is this division: identical weights.
+        averaged = buffer[:self.numel].div_(self.group.size)
+        offset = 0
+        for p in self.params:
+            # A parameter the loss does not reach (the feature head) has no gradient on any
+            # learner (same model, same loss): it stays None, as with one learner.
+            if p.grad is not None:
+                p.grad.copy_(averaged[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return True
+
+    def take_received(self) -> list[Tally]:
+        received, self.received = self.received, []
+        return received

@@ -1,0 +1,209 @@
+"""Several learners (herd/learner/distributed.py), two CPU processes on gloo: the weights
+stay bit-identical, one update of two learners equals one update of one learner on both
+batches, counters and episodes reach every learner, a non-finite loss or a stop vote on
+one learner is honoured by both, and a learner that dies is noticed at once."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from herd.errors import LearnerFailure
+from herd.learner.distributed import GroupSync, LearnerGroup, broadcast_state, free_port, join_group, leave_group
+from herd.learner.learner import Learner, build_optimizer, build_scheduler
+from herd.losses.impala import ImpalaLossWeights, impala_loss
+from herd.models import build_model
+
+T, B, A = 5, 4, 3
+K = 6                   # updates in the bit-identity check
+
+
+def make_batch(seed: int, columns: int = B, nan_reward: bool = False) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    reward = torch.randn(T, columns, generator=g)
+    if nan_reward:
+        reward[0, 0] = float("nan")
+    return {"obs": torch.randn(T + 1, columns, 4, generator=g), "action": torch.randint(0, A, (T, columns), generator=g),
+            "reward": reward, "done": torch.zeros(T, columns, dtype=torch.bool),
+            "trunc_value": torch.zeros(T, columns), "behaviour_logits": torch.randn(T, columns, A, generator=g),
+            "behaviour_value": torch.randn(T, columns, generator=g), "replayed": torch.zeros(columns, dtype=torch.bool)}
+
+
+def concat(a: dict, b: dict) -> dict:
+    """Batches are time-major [T(+1), B, ...] ("replayed" is [B]): join them on the B axis."""
+    return {k: torch.cat([a[k], b[k]], dim=0 if k == "replayed" else 1) for k in a}
+
+
+def new_model(seed: int):
+    torch.manual_seed(seed)
+    return build_model("mlp", (4,), "float32", A, 8, hidden_sizes=(16,))
+
+
+def new_learner(model, optimizer: str, grad_sync=None) -> Learner:
+    loss = lambda batch, out: impala_loss(batch, out, weights=ImpalaLossWeights())  # noqa: E731
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        return Learner(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), loss, 0.0,
+                       grad_sync=grad_sync)
+    opt = build_optimizer("adam", model.parameters(), 0.01, 0.01)
+    return Learner(model, opt, build_scheduler(opt, 0.01, 1e-5, 100), loss, 40.0, grad_sync=grad_sync)
+
+
+def params(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+HANG_TIMEOUT = 15.0      # the group's timeout in the "hangs" scenario
+
+
+def worker(rank: int, port: int, out: str, scenario: str) -> None:
+    group = join_group(rank, 2, "cpu", timeout_s=HANG_TIMEOUT if scenario == "hangs" else 120, port=port)
+    try:
+        model = new_model(seed=rank + 1)        # different on purpose: broadcast_state makes them equal
+        broadcast_state(model)
+        result = {"initial": params(model)}
+        sync = GroupSync(group, model.parameters(), max_episodes=4)
+        if scenario == "identical":
+            learner = new_learner(model, "adam", sync.exchange)
+            result["metrics"] = [learner.step(make_batch(100 * k + rank)) for k in range(K)]
+        elif scenario == "one_update":
+            learner = new_learner(model, "sgd", sync.exchange)
+            result["metrics"] = [learner.step(make_batch(rank))]
+        elif scenario == "counters":
+            # 6 episodes on learner 0 with room for 4 per row: two rounds; counters exact.
+            sync.pending.add(1000 + rank, stale=bool(rank), episodes=[(float(i), 10 + i) for i in range(6 - 5 * rank)])
+            rounds = [sync.exchange(with_gradients=False)]
+            result["first_more"] = sync.more
+            tallies = sync.take_received()
+            while sync.more:
+                sync.exchange(with_gradients=False, stop=True)
+                tallies += sync.take_received()
+            result["tallies"] = [(t.env_steps, t.rollouts, t.stale, t.episodes) for t in tallies]
+            result["rounds"], result["stopped"] = rounds, sync.stopped
+        elif scenario == "nan_on_one":
+            learner = new_learner(model, "adam", sync.exchange)
+            result["metrics"] = [learner.step(make_batch(rank, nan_reward=rank == 1))]
+        elif scenario == "stop_vote":
+            if rank == 0:
+                learner = new_learner(model, "adam", sync.exchange)
+                result["metrics"] = [learner.step(make_batch(0))]
+            else:
+                result["applied"] = sync.exchange(with_gradients=False, stop=True)
+        elif scenario in ("dies", "hangs"):
+            released = os.path.join(out, "released")
+            if rank == 1 and scenario == "dies":
+                os._exit(3)                     # gone without a word, like kill -9
+            if rank == 1:                       # alive but never joins the round, until rank 0 has given up
+                while not os.path.exists(released):
+                    time.sleep(0.1)
+                os._exit(0)
+            learner = new_learner(model, "adam", sync.exchange)
+            started = time.monotonic()
+            try:
+                learner.step(make_batch(0))
+                result["error"] = None
+            except LearnerFailure as err:
+                result["error"] = str(err)
+            result["seconds"] = time.monotonic() - started
+            open(released, "w").close()
+        result["final"] = params(model)
+        torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        leave_group()
+
+
+def run_pair(tmp_path, scenario: str, timeout: float = 90) -> list:
+    context = mp.get_context("spawn")
+    port = free_port()
+    processes = [context.Process(target=worker, args=(rank, port, str(tmp_path), scenario)) for rank in range(2)]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join(timeout)
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+            pytest.fail(f"{scenario}: a learner process hung")
+    ranks = [0] if scenario in ("dies", "hangs") else [0, 1]
+    for rank in ranks:
+        assert processes[rank].exitcode == 0, (scenario, rank, processes[rank].exitcode)
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in ranks]
+
+
+def test_weights_are_bit_identical_on_both_learners_after_k_updates(tmp_path):
+    first, second = run_pair(tmp_path, "identical")
+    for name in first["initial"]:
+        assert torch.equal(first["initial"][name], second["initial"][name]), name     # broadcast at start
+        assert torch.equal(first["final"][name], second["final"][name]), name         # same bits after K updates
+    changed = [n for n in first["initial"] if not torch.equal(first["initial"][n], first["final"][n])]
+    assert len(changed) >= len(first["initial"]) - 2, changed      # all but the feature head (no gradient)
+    assert all(m["skipped"] == 0 for m in first["metrics"] + second["metrics"])
+    # The averaged gradient is identical on both, so is its norm; the losses are each learner's own.
+    assert [m["grad_norm"] for m in first["metrics"]] == [m["grad_norm"] for m in second["metrics"]]
+    assert first["metrics"][0]["loss"] != second["metrics"][0]["loss"]
+
+
+def test_one_update_of_two_learners_equals_one_learner_on_both_batches(tmp_path):
+    """herd's losses are means over the batch's T x B steps, so the average of the two
+    learners' gradients (batches A and B) equals the gradient on A+B only because A and B
+    have the same size (B columns each, no LASER mask, no replayed columns)."""
+    first, second = run_pair(tmp_path, "one_update")
+    single = new_model(seed=0)
+    single.load_state_dict(first["initial"])
+    new_learner(single, "sgd").step(concat(make_batch(0), make_batch(1)))     # SGD lr 1: params move by -grad
+    moved = 0.0
+    for name, value in single.state_dict().items():
+        assert torch.equal(first["final"][name], second["final"][name])
+        torch.testing.assert_close(first["final"][name], value, rtol=1e-5, atol=1e-6)
+        moved = max(moved, float((value - first["initial"][name]).abs().max()))
+    assert moved > 1e-3                                                        # the update did something
+
+
+def test_counters_and_episodes_reach_every_learner_in_rank_order(tmp_path):
+    first, second = run_pair(tmp_path, "counters")
+    assert first["tallies"] == second["tallies"]
+    assert first["first_more"] and first["rounds"] == [False]        # no gradients: nothing to apply
+    (steps0, rollouts0, stale0, episodes0), (steps1, rollouts1, stale1, episodes1) = first["tallies"][:2]
+    assert (steps0, rollouts0, stale0, steps1, rollouts1, stale1) == (1000, 1, 0, 1001, 1, 1)
+    assert episodes0 == [(float(i), 10 + i) for i in range(4)] and episodes1 == [(0.0, 10)]
+    assert [e for t in first["tallies"][2:] for e in t[3]] == [(4.0, 14), (5.0, 15)]   # the drain round
+    assert first["stopped"] and second["stopped"]
+
+
+def test_a_non_finite_loss_on_one_learner_skips_the_update_on_both(tmp_path):
+    first, second = run_pair(tmp_path, "nan_on_one")
+    assert first["metrics"][0]["skipped"] == 1.0 and second["metrics"][0]["skipped"] == 1.0
+    for name in first["initial"]:
+        assert torch.equal(first["initial"][name], first["final"][name])
+        assert torch.equal(first["final"][name], second["final"][name])
+
+
+def test_a_stop_vote_means_nobody_applies_the_round(tmp_path):
+    first, second = run_pair(tmp_path, "stop_vote")
+    assert first["metrics"][0]["stopped"] == 1.0 and second["applied"] is False
+    for name in first["initial"]:
+        assert torch.equal(first["initial"][name], first["final"][name])
+
+
+def test_a_learner_that_dies_is_noticed_at_once_not_after_the_timeout(tmp_path):
+    (first,) = run_pair(tmp_path, "dies")
+    assert first["error"] is not None and "lost the other learners" in first["error"], first["error"]
+    assert first["seconds"] < 30           # the group's timeout is 120 s
+
+
+def test_learner_group_saver_is_the_first_survivor():
+    import socket
+    here = socket.gethostname()
+    gone = 2**22 + 12345                    # above the usual pid_max: no such process
+    group = LearnerGroup(rank=1, size=3, members=[(here, gone), (here, os.getpid()), (here, os.getpid())])
+    assert group.dead_ranks() == [0] and group.saver()
+    assert not LearnerGroup(rank=2, size=3, members=group.members).saver()
+
+
+def test_a_learner_that_hangs_is_given_up_after_the_timeout(tmp_path):
+    (first,) = run_pair(tmp_path, "hangs")
+    assert first["error"] is not None and "lost the other learners" in first["error"], first["error"]
+    assert HANG_TIMEOUT - 1 <= first["seconds"] < 4 * HANG_TIMEOUT, first["seconds"]
