@@ -399,10 +399,11 @@ def main() -> None:
     for kind, flag in FLAGS.items():
         parser.add_argument(f"--{flag}", type=int, default=2, help=f"number of {kind} cases")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--earliest", type=float, default=WINDOW[0], help="the earliest instant (s) of a signal or kill")
     parser.add_argument("--latest", type=float, default=WINDOW[1], help="the latest instant (s) of a signal or kill")
     parser.add_argument("--name", default="reliability", help="benchmarks/results/<name>.json")
     args = parser.parse_args()
-    WINDOW[1] = args.latest
+    WINDOW[:] = [args.earliest, args.latest]
     rng = random.Random(args.seed)
     plan = [kind for kind, flag in FLAGS.items() for _ in range(getattr(args, flag))]
     rng.shuffle(plan)    # kinds interleaved: a slow drift of the machine hits all of them alike
