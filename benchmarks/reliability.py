@@ -257,13 +257,16 @@ def check_stderr(err: str, outcome: Outcome) -> None:
         outcome.problems.append("traceback on stderr: " + err[err.find("Traceback"):][:300])
 
 
-def temp_file_exists(results: Path) -> bool:
+def writing_a_later_checkpoint(results: Path) -> bool:
+    """A checkpoint exists and the next one is being written (its temporary file is
+    there): a kill now must leave the existing one loadable."""
     run = run_folder(results)
     folder = run / CHECKPOINT_DIR if run else None
     try:
-        return bool(folder) and any(TEMP_FILE.match(n) for n in os.listdir(folder))
+        names = os.listdir(folder) if folder else []
     except FileNotFoundError:
         return False
+    return any(TEMP_FILE.match(n) for n in names) and any(n.endswith(".pt") for n in names)
 
 
 def signal_case(kind: str, rng: random.Random, work: Path, args=CARTPOLE, more_steps=1000) -> Outcome:
@@ -272,7 +275,7 @@ def signal_case(kind: str, rng: random.Random, work: Path, args=CARTPOLE, more_s
     instant = rng.uniform(*WINDOW)
     run = Run(["train", *args], work / "run")
     if kind == "kill9_ckpt":
-        hit = run.wait_until(60.0, lambda: temp_file_exists(run.results), poll=0.002)
+        hit = run.wait_until(60.0, lambda: writing_a_later_checkpoint(run.results), poll=0.002)
         outcome.detail["hit_checkpoint_write"] = hit
     else:
         run.wait_until(instant)
@@ -396,10 +399,11 @@ def main() -> None:
     for kind, flag in FLAGS.items():
         parser.add_argument(f"--{flag}", type=int, default=2, help=f"number of {kind} cases")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--earliest", type=float, default=WINDOW[0], help="the earliest instant (s) of a signal or kill")
     parser.add_argument("--latest", type=float, default=WINDOW[1], help="the latest instant (s) of a signal or kill")
     parser.add_argument("--name", default="reliability", help="benchmarks/results/<name>.json")
     args = parser.parse_args()
-    WINDOW[1] = args.latest
+    WINDOW[:] = [args.earliest, args.latest]
     rng = random.Random(args.seed)
     plan = [kind for kind, flag in FLAGS.items() for _ in range(getattr(args, flag))]
     rng.shuffle(plan)    # kinds interleaved: a slow drift of the machine hits all of them alike

@@ -36,16 +36,20 @@ from herd.weights import SharedWeights
 log = logging.getLogger("herd")
 
 
+# Seconds an actor may take to deliver its first rollout, or --actor_timeout if longer.
+# Its start (a spawned Python importing torch, then making its environments) is no hang:
+# under load it took over 3 s, and a timeout counted from the launch restarted every actor
+# until --max_actor_restarts ended the run (tests/integration/test_lifecycle.py, hung actor).
+START_GRACE = 60.0
+
+
 @dataclass
 class ActorHandle:
     process: object
     free: object            # queue of slot indices this actor may fill
     receiver: object        # read end of its rollout pipe
     last_seen: float        # when it last delivered a rollout (or started)
-    delivered: bool = False  # has delivered a rollout since it started
-
-
-STARTUP_GRACE_S = 60.0   # an actor's first rollout may take this long, whatever --actor_timeout says
+    delivered: bool = False  # any rollout yet: until then START_GRACE applies
 
 
 class ActorPool:
@@ -115,10 +119,7 @@ class ActorPool:
         now = time.monotonic()
         for actor_id, actor in enumerate(self.actors):
             alive = actor.process.is_alive()
-            # Start-up (imports, env and model construction) is not a hang: on a loaded
-            # machine it can outlast a short --actor_timeout, and every restart would then
-            # be judged hung before its first rollout, until the restart budget ran out.
-            limit = self.timeout if actor.delivered else max(self.timeout, STARTUP_GRACE_S)
+            limit = self.timeout if actor.delivered else max(self.timeout, START_GRACE)
             hung = alive and now - actor.last_seen > limit
             if alive and not hung:
                 continue

@@ -108,9 +108,10 @@ def games_logged(results) -> int:
 
 
 def test_start_up_slower_than_the_actor_timeout_is_not_a_hang(tmp_path):
-    # Actors take seconds to import torch and build their envs; a 1 s timeout applies only
+    # Actors take seconds to import torch and build their envs; a 2 s timeout (the least
+    # allowed) applies only
     # once an actor has delivered its first rollout.
-    result = run_cli(["train", *SMALL, "--environment_max_steps=20000", "--tensorboard=False", "--actor_timeout=1"],
+    result = run_cli(["train", *SMALL, "--environment_max_steps=20000", "--tensorboard=False", "--actor_timeout=2"],
                      tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "delivered nothing" not in (only_run(tmp_path) / "log.txt").read_text()

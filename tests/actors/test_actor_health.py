@@ -1,0 +1,46 @@
+"""The hang clock of an actor: --actor_timeout between rollouts, but a longer grace for
+its first one (its start is slow on a loaded machine, and no hang)."""
+import time
+
+from herd.backends.local import START_GRACE, ActorHandle, ActorPool
+
+
+class Alive:
+    exitcode = None
+
+    def is_alive(self):
+        return True
+
+    def kill(self):
+        self.killed = True
+
+    def join(self, timeout=None):
+        pass
+
+
+def pool_with(delivered: bool, silent_for: float) -> tuple[ActorPool, list]:
+    restarted = []
+    pool = ActorPool.__new__(ActorPool)
+    pool.timeout, pool.max_restarts, pool.restarts = 3.0, 20, 0
+    pool.actors = [ActorHandle(Alive(), None, None, time.monotonic() - silent_for, delivered=delivered)]
+    pool.close_channels = lambda actor: None
+    pool.start_actor = lambda actor_id, generation: restarted.append(actor_id)
+    return pool, restarted
+
+
+def test_a_starting_actor_is_not_hung_before_the_grace():
+    pool, restarted = pool_with(delivered=False, silent_for=10.0)
+    pool.check_health()
+    assert restarted == []
+
+
+def test_a_starting_actor_silent_past_the_grace_is_restarted():
+    pool, restarted = pool_with(delivered=False, silent_for=START_GRACE + 1)
+    pool.check_health()
+    assert restarted == [0]
+
+
+def test_an_actor_that_delivered_is_hung_after_the_timeout():
+    pool, restarted = pool_with(delivered=True, silent_for=4.0)
+    pool.check_health()
+    assert restarted == [0] and pool.restarts == 1
