@@ -109,8 +109,7 @@ def games_logged(results) -> int:
 
 def test_start_up_slower_than_the_actor_timeout_is_not_a_hang(tmp_path):
     # Actors take seconds to import torch and build their envs; a 2 s timeout (the least
-    # allowed) applies only
-    # once an actor has delivered its first rollout.
+    # allowed) applies only once an actor has delivered its first rollout.
     result = run_cli(["train", *SMALL, "--environment_max_steps=20000", "--tensorboard=False", "--actor_timeout=2"],
                      tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
