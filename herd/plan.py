@@ -76,17 +76,17 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
     cfg.parallel.env_backend = resolve_env_backend(cfg.parallel.env_backend, cfg.env.env)  # saved as it ran
     spec = describe_env(cfg.env.env, **{k: v for k, v in env_kwargs(cfg).items() if k != "max_episode_steps"})
     check_seed_shapes(cfg, spec)
+    algorithm = get_algorithm(cfg.general.algorithm)
     model_kwargs = dict(network=cfg.network.network, obs_shape=tuple(spec.obs_shape), obs_dtype=spec.obs_dtype,
                         num_actions=spec.num_actions, feature_size=cfg.network.feature_out_layer_size,
                         use_feature_layer=cfg.network.use_additional_scaling_FC_layer,
-                        hidden_sizes=tuple(cfg.network.hidden_sizes))
+                        hidden_sizes=tuple(cfg.network.hidden_sizes), **algorithm.model_options)
     try:
         model = build_model(**model_kwargs)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if checkpoint is not None:
         check_compatible(checkpoint, env_spec_dict(cfg, spec), model_signature(model), path)
-    algorithm = get_algorithm(cfg.general.algorithm)
     layout = trajectory_layout(algorithm, cfg.train.r_f_steps, spec.obs_shape, spec.obs_dtype, spec.num_actions,
                                cfg.network.feature_out_layer_size)
     if mode != "test":

@@ -40,11 +40,13 @@ class SumTree:
         self.nodes[nodes] = values        # numpy assigns repeats in order: the last one stays
         # Recompute each touched parent from its two children, level by level: a parent
         # touched by several leaves is simply recomputed once from the final values.
-        # (All leaves sit at one depth, so each pass handles exactly one level.)
+        # (All leaves sit at one depth, so each pass handles exactly one level.) Sorted
+        # once; halving keeps the order, so each level drops its repeats without a sort.
         nodes = np.unique(nodes >> 1)
         while nodes[0] >= 1:
             self.nodes[nodes] = self.nodes[2 * nodes] + self.nodes[2 * nodes + 1]
-            nodes = np.unique(nodes >> 1)
+            nodes >>= 1
+            nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
 
     def find(self, targets: np.ndarray) -> np.ndarray:
         """For each target in [0, total), the leaf whose prefix-sum interval holds it: the
