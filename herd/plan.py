@@ -70,6 +70,11 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
         # The saved run's own mode and source must not leak into this one.
         saved = {k: v for k, v in checkpoint["config"].items() if k not in ("op_mode", "load_model_url")}
     cfg = resolve(options, overrides, saved, env_kind=env_kind)
+    if saved is not None and saved.get("algorithm", "impala") != cfg.general.algorithm:
+        # Ape-X's dueling Q head has the same parameter shapes as IMPALA's heads: only the
+        # config can tell that the weights mean something else.
+        raise ConfigError(f"{path} was trained with --algorithm={saved.get('algorithm', 'impala')}, not "
+                          f"{cfg.general.algorithm}: drop --algorithm or start a new run")
     if cfg.general.seed is None:
         cfg.general.seed = random.randrange(2**31)
     cfg.validate()

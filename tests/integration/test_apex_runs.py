@@ -69,6 +69,11 @@ def test_cartpole_run_resume_and_greedy_test(tmp_path):
     resumed = json.loads((only_run(more) / "summary.json").read_text())
     assert resumed["environment_steps"] >= steps + 1000 and resumed["training_steps"] > updates
 
+    # The weights are Q values: they cannot continue as another algorithm's policy.
+    result = run_cli(["resume", str(run), "--algorithm=impala"], tmp_path / "other", timeout=60)
+    assert result.returncode == 2 and "trained with --algorithm=apex" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "other").exists()
+
     # herd test plays greedily by default, with the epsilon-greedy policy when told.
     tested = tmp_path / "test"
     result = run_cli(["test", str(run), "--test_episode_count=4", "--render=False"], tested, timeout=120)
