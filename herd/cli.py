@@ -29,12 +29,17 @@ class OneLineParser(argparse.ArgumentParser):
 def default_text(f: dataclasses.Field) -> str:
     """' [default: ...]' as a run gets it: from the field, or per environment kind where a
     profile sets it (so --help can never disagree with what runs)."""
-    from herd.config import PROFILES
+    from herd.config import ALGORITHM_PROFILES, PROFILES
     per_kind = {kind: values[f.name] for kind, values in PROFILES.items() if f.name in values}
+    text = f" [default: {f.default}]" if f.default is not None else ""
     if per_kind:
-        shown = "; ".join(f"{KIND_NAMES[kind]} {value}" for kind, value in per_kind.items())
-        return f" [default: {shown}]"
-    return f" [default: {f.default}]" if f.default is not None else ""
+        text = " [default: " + "; ".join(f"{KIND_NAMES[kind]} {value}" for kind, value in per_kind.items()) + "]"
+    for algorithm, kinds in ALGORITHM_PROFILES.items():
+        own = {kind: values[f.name] for kind, values in kinds.items() if f.name in values}
+        if own:
+            text += (f" [--algorithm={algorithm}: "
+                     + "; ".join(f"{KIND_NAMES[kind]} {value}" for kind, value in own.items()) + "]")
+    return text
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:

@@ -54,7 +54,7 @@ class GeneralConfig:
     results_dir: str = opt("results", "folder that holds one sub-folder per run")
     save_replay: bool = opt(True, "save the replays' contents (LZ4-packed) with every checkpoint; turn off for very large buffers")
     device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda", ("cpu", "auto", "cuda"))
-    algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER)", tuple(ALGORITHMS))
+    algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER) or apex (Ape-X: prioritized replay, n-step double dueling DQN; its own defaults, see README)", tuple(ALGORITHMS))
     actor_inference: str = opt("auto", "who chooses the actors' actions: local (each actor runs the model on its CPU), server (one batched inference server on --device for all actors), auto (server when the device is cuda)", ("auto", "local", "server"))
 
 
@@ -75,6 +75,11 @@ class TrainingConfig:
     max_policy_lag: Optional[int] = opt(None, "drop fresh rollouts made by a policy more than N updates older than the learner's (default: no bound; train.csv logs the lag)")
     learner_compile: bool = opt(False, "compile the learner's forward and backward with torch.compile (about 1.5-2x faster on a CPU; the first update then takes 20 s longer)")
     learner_precision: Optional[str] = opt(None, "learner arithmetic: fp32, bf16 (autocast: about 2x faster on CPUs with AMX and on GPUs with bf16), or auto (bf16 where the hardware has it, else fp32)", ("auto", "fp32", "bf16"))
+    replay_ratio: Optional[float] = opt(None, "without a queue replay: items the learner samples per item added (trajectories, or transitions for Ape-X); unset: 1")
+    n_step: int = opt(3, "Ape-X: steps of the n-step return (the last steps of a trajectory bootstrap from its final observation with fewer)")
+    target_update_period: Optional[int] = opt(None, "Ape-X: learner updates between syncs of the target network")
+    apex_epsilon: float = opt(0.4, "Ape-X: actor i of N explores with epsilon^(1 + apex_alpha * i / (N - 1))")
+    apex_alpha: float = opt(7.0, "Ape-X: the exponent spread of the actors' epsilons")
 
 
 @dataclass
@@ -146,6 +151,7 @@ class TestConfig:
     eval_greedy: bool = opt(False, "evaluations play the most probable action instead of sampling")
     eval_video_every: int = opt(5, "a short video (eval_videos/ and TensorBoard) every Kth evaluation; 0: never")
     test_greedy: bool = opt(False, "test mode plays the policy's most probable action instead of sampling from it (the policy herd trained is the sampled one; see README)")
+    apex_test_epsilon: float = opt(0.0, "Ape-X: epsilon of the epsilon-greedy policy in test mode (0: greedy)")
 
 
 @dataclass
@@ -193,6 +199,28 @@ PROFILES: dict[str, dict[str, Any]] = {
         feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
         use_replay_compression=False,
     ),
+}
+
+
+# Ape-X's defaults per environment kind, applied before (so over) the kind's own profile
+# where --algorithm=apex. Transitions, not trajectories, are its batch items (README, Ape-X).
+ALGORITHM_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    "apex": {
+        # Horgan et al.: Adam-like small steps (the paper: RMSprop 0.00025/4), n=3, target sync
+        # every 2500 updates, a replay ratio near 1; batch 128 instead of 512 on a CPU.
+        "atari": dict(
+            lr=0.0001, optimizer="adam", batch_size=128, r_f_steps=20, target_update_period=2500, replay_ratio=1.0,
+            replay_parameters='[{"type": "prioritized", "capacity": 5000, "sample_ratio": 1, "alpha": 0.6, '
+                              '"beta": 0.4}]',
+        ),
+        # CartPole-sized tasks: many cheap updates per environment step and a fast target.
+        "vector": dict(
+            lr=0.001, optimizer="adam", batch_size=128, r_f_steps=16, envs_per_worker=8, target_update_period=250,
+            replay_ratio=8.0, environment_max_steps=250_000,
+            replay_parameters='[{"type": "prioritized", "capacity": 3000, "sample_ratio": 1, "alpha": 0.6, '
+                              '"beta": 0.4}]',
+        ),
+    },
 }
 
 
@@ -321,8 +349,10 @@ def coerce(name: str, value: Any) -> Any:
 # ---------------------------------------------------------------------------- validation
 
 def apply_profile(cfg: Config, kind: str) -> Config:
-    """Fills the fields left at None with the defaults of the environment's kind."""
-    for name, value in PROFILES[kind].items():
+    """Fills the fields left at None with the defaults of the algorithm (for this kind of
+    environment, ALGORITHM_PROFILES), then of the environment's kind (PROFILES)."""
+    algorithm_profile = ALGORITHM_PROFILES.get(cfg.general.algorithm, {}).get(kind, {})
+    for name, value in [*algorithm_profile.items(), *PROFILES[kind].items()]:
         section = getattr(cfg, FIELD_SECTION[name])
         if getattr(section, name) is None:
             setattr(section, name, value)
@@ -342,14 +372,21 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     if cfg.train.lr_scheduler_steps is None:
         # Decay over the whole run: updates = fresh steps / fresh steps per update.
         shares = batch_shares(specs, cfg.train.batch_size)
-        fresh = sum(s for spec, s in zip(specs, shares) if spec.on_policy) or cfg.train.batch_size
-        per_update = max(1, fresh * cfg.train.r_f_steps)
+        fresh = sum(s for spec, s in zip(specs, shares) if spec.on_policy) or cfg.train.batch_size / (
+            cfg.train.replay_ratio or 1.0)
+        # A transition replay's items are steps; every other replay's are trajectories.
+        per_update = max(1, round(fresh * (1 if transition_items(specs) else cfg.train.r_f_steps)))
         cfg.train.lr_scheduler_steps = max(1, math.ceil(cfg.train.environment_max_steps / per_update))
     if cfg.loss.use_policy_cloning_loss is None:
         cfg.loss.use_policy_cloning_loss = off_policy
     if cfg.loss.use_value_cloning_loss is None:
         cfg.loss.use_value_cloning_loss = off_policy
     return cfg
+
+
+def transition_items(specs: list[ReplaySpec]) -> bool:
+    """The replays sample transitions (Ape-X's prioritized replay), not trajectories."""
+    return any(spec.type == "prioritized" for spec in specs)
 
 
 def _positive(cfg: Config) -> dict[str, Any]:
@@ -366,6 +403,8 @@ def _positive(cfg: Config) -> dict[str, Any]:
         "replay_writer_queue_size": cfg.replay.replay_writer_queue_size, "cache_sample_size": cfg.replay.cache_sample_size,
         "env_threads": cfg.parallel.env_threads, "verbose_worker_out_int": cfg.stats.verbose_worker_out_int,
         "learner_count": cfg.parallel.learner_count,
+        "n_step": cfg.train.n_step,
+        **({"target_update_period": cfg.train.target_update_period} if cfg.general.algorithm == "apex" else {}),
     }
 
 
@@ -468,6 +507,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--actions_count must be >= 1, got {cfg.env.actions_count}")
     if cfg.env.observation_shape is not None and (not cfg.env.observation_shape or min(cfg.env.observation_shape) < 1):
         raise ConfigError(f"--observation_shape must be positive integers (e.g. 4,84,84), got {cfg.env.observation_shape}")
+    validate_apex(cfg)
     specs = cfg.replays
     algorithm = ALGORITHMS[cfg.general.algorithm]
     for spec in specs:
@@ -479,8 +519,15 @@ def validate(cfg: Config) -> None:
         if spec.sample_ratio > 0 and share == 0:
             raise ConfigError(f"--batch_size={t.batch_size} is too small: the {spec.type} replay's sample_ratio "
                               f"{spec.sample_ratio:g} gives it no trajectory per batch")
-    if not any(spec.on_policy for spec in specs) and t.batch_size > max(spec.capacity for spec in specs):
+    items = t.r_f_steps if transition_items(specs) else 1      # a trajectory's items
+    if not any(spec.on_policy for spec in specs) and t.batch_size > max(spec.capacity * items for spec in specs):
         raise ConfigError(f"--batch_size={t.batch_size} exceeds every replay's capacity")
+    if t.replay_ratio is not None and any(spec.on_policy for spec in specs):
+        raise ConfigError("--replay_ratio paces training without a queue replay; with a queue, each fresh "
+                          "trajectory is used once: drop --replay_ratio or the queue")
+    if cfg.general.actor_inference == "server" and not algorithm.inference_server:
+        raise ConfigError(f"--actor_inference=server: {algorithm.name} actors need their own model "
+                          "(use --actor_inference=local)")
     validate_learners(cfg, specs)
 
 
@@ -495,6 +542,9 @@ def validate_learners(cfg: Config, specs: list) -> None:
                           "drop --learner_count or make them equal")
     if n == 1:
         return
+    if cfg.general.algorithm != "impala":
+        raise ConfigError(f"--learner_count={n}: several learners train IMPALA only so far; "
+                          f"use --learner_count=1 with --algorithm={cfg.general.algorithm}")
     here = int(os.environ.get("LOCAL_WORLD_SIZE", n))      # learners on this machine (torchrun: per node)
     if learner_device(cfg.general.device).type == "cuda" and torch.cuda.device_count() < here:
         raise ConfigError(f"{here} learners on this machine need {here} GPUs (one each) but it has "
@@ -510,6 +560,23 @@ def validate_learners(cfg: Config, specs: list) -> None:
             raise ConfigError(f"--batch_size={batch} split across {n} learners gives each {batch // n} trajectories, "
                               f"and the {spec.type} replay's sample_ratio {spec.sample_ratio:g} then no trajectory: "
                               "raise --batch_size or lower --learner_count")
+
+
+def validate_apex(cfg: Config) -> None:
+    """Ape-X's options (checked whatever the algorithm: a bad value is bad input anyway)."""
+    t = cfg.train
+    if not 0 <= t.apex_epsilon <= 1:
+        raise ConfigError(f"--apex_epsilon must be in [0, 1], got {t.apex_epsilon}")
+    if not (t.apex_alpha >= 0 and math.isfinite(t.apex_alpha)):
+        raise ConfigError(f"--apex_alpha must be a finite number >= 0, got {t.apex_alpha}")
+    if not 0 <= cfg.test.apex_test_epsilon <= 1:
+        raise ConfigError(f"--apex_test_epsilon must be in [0, 1], got {cfg.test.apex_test_epsilon}")
+    if t.replay_ratio is not None and not (t.replay_ratio > 0 and math.isfinite(t.replay_ratio)):
+        raise ConfigError(f"--replay_ratio must be a number > 0, got {t.replay_ratio}")
+    if t.target_update_period is not None and t.target_update_period < 1:
+        raise ConfigError(f"--target_update_period must be >= 1, got {t.target_update_period}")
+    if cfg.general.algorithm == "apex" and t.n_step > t.r_f_steps:
+        raise ConfigError(f"--n_step={t.n_step} is longer than a trajectory (--r_f_steps={t.r_f_steps})")
 
 
 def resolve(command_line: dict[str, Any], overrides: dict[str, Any] | None = None,

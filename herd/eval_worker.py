@@ -50,6 +50,7 @@ class EvalSpec:
     video_every: int            # a video every Kth evaluation; 0: never
     seed: int
     tensorboard: bool = True    # eval/ scalars (and videos) in the run's TensorBoard folder
+    policy: tuple | None = None  # (algorithm, test-act kwargs) where the algorithm acts its own way (Ape-X)
     num_envs: int = 4
 
 
@@ -99,7 +100,7 @@ def run_evaluations(spec: EvalSpec, weights: SharedWeights, env_steps, run_dir: 
             evaluation += 1
             try:
                 scores = play_episodes(model, spec.env_id, spec.env_kwargs, spec.episodes, spec.num_envs,
-                                       spec.seed + 1000 * evaluation, greedy=spec.greedy)
+                                       spec.seed + 1000 * evaluation, greedy=spec.greedy, policy=spec.policy)
             except Exception as err:  # a crashed env: end this process; the Evaluator starts a new one
                 print(f"[herd] evaluation {evaluation} failed ({type(err).__name__}: {err}): the worker ends "
                       "and is restarted", file=sys.stderr, flush=True)
@@ -116,7 +117,7 @@ def run_evaluations(spec: EvalSpec, weights: SharedWeights, env_steps, run_dir: 
                 folder.mkdir(exist_ok=True)
                 video = render_episodes(model, spec.env_id, spec.env_kwargs, spec.seed + evaluation,
                                         folder / f"eval_{seen:08d}.mp4", greedy=spec.greedy, games=VIDEO_GAMES,
-                                        max_frames=VIDEO_FRAMES, window=False)
+                                        max_frames=VIDEO_FRAMES, window=False, policy=spec.policy)
                 if video is not None and writer is not None:
                     tensorboard_video(writer, video, steps)
             if writer is not None:

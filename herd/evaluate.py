@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from herd.algos import get_algorithm
 from herd.envs import env_kind, make_env
 from herd.files import write_json
 from herd.models import build_model
-from herd.plan import Plan, env_kwargs
+from herd.plan import Plan, env_kwargs, test_policy_of
 from herd.stopping import sigint_blocked
 
 log = logging.getLogger("herd")
@@ -57,11 +58,16 @@ class ProgressBar:
         self.stream.flush()
 
 
-def act(model, obs: np.ndarray, greedy: bool = False) -> np.ndarray:
+def act(model, obs: np.ndarray, greedy: bool = False, policy: tuple[str, dict] | None = None) -> np.ndarray:
     """Actions [E] for a batch of observations [E, ...]: sampled from the stochastic policy,
-    or with `greedy` its most probable action."""
+    or with `greedy` its most probable action; with policy = (algorithm, its
+    test_act_kwargs), the algorithm's own act (Ape-X: epsilon-greedy on the Q values)."""
     with torch.no_grad():
-        logits = model(torch.from_numpy(obs).unsqueeze(0)).logits[0]       # [E, A]
+        out = model(torch.from_numpy(obs).unsqueeze(0))
+        if policy is not None:
+            name, kwargs = policy
+            return get_algorithm(name).act(out, None, **kwargs)[0].numpy()
+        logits = out.logits[0]                                              # [E, A]
         if greedy:
             return logits.argmax(-1).numpy()
         return torch.multinomial(torch.softmax(logits, -1), 1).squeeze(1).numpy()
@@ -75,7 +81,8 @@ def split_episodes(episodes: int, num_envs: int) -> list[int]:
 
 
 def play_episodes(model, env_id: str, env_kwargs: dict, episodes: int, num_envs: int, seed: int,
-                  progress: ProgressBar | None = None, greedy: bool = False) -> list[float]:
+                  progress: ProgressBar | None = None, greedy: bool = False,
+                  policy: tuple[str, dict] | None = None) -> list[float]:
     """Whole-game scores (info["episode_score"]) of `episodes` games, played by up to
     `num_envs` envs in lockstep so that one forward pass serves all of them."""
     left = split_episodes(episodes, num_envs)
@@ -84,7 +91,7 @@ def play_episodes(model, env_id: str, env_kwargs: dict, episodes: int, num_envs:
     try:
         obs = [env.reset()[0] for env in envs]
         while active := [i for i, n in enumerate(left) if n > 0]:
-            actions = act(model, np.stack([obs[i] for i in active]), greedy)
+            actions = act(model, np.stack([obs[i] for i in active]), greedy, policy)
             for i, action in zip(active, actions):
                 obs[i], _, terminated, truncated, info = envs[i].step(int(action))
                 if "episode_score" in info:          # the real game ended (not just a life)
@@ -142,7 +149,8 @@ def even_sized(frame) -> np.ndarray:
 
 def render_episodes(model, env_id: str, env_kwargs: dict, seed: int, video_path: Path,
                     scoring_done=None, greedy: bool = False, games: int = VIDEO_EPISODES,
-                    max_frames: int = VIDEO_MAX_FRAMES, window: bool = True) -> Path | None:
+                    max_frames: int = VIDEO_MAX_FRAMES, window: bool = True,
+                    policy: tuple[str, dict] | None = None) -> Path | None:
     """Records the first `games` games (at most `max_frames` steps) to `video_path`, or
     shows them in a window (where a display exists and `window`); a window closes once
     `scoring_done` is set and it has shown one whole game, since it plays at the game's
@@ -163,7 +171,7 @@ def render_episodes(model, env_id: str, env_kwargs: dict, seed: int, video_path:
         while episodes < games and frames < max_frames:
             if writer is None and episodes and scoring_done is not None and scoring_done.is_set():
                 break
-            obs, _, terminated, truncated, info = env.step(int(act(model, obs[None], greedy)[0]))
+            obs, _, terminated, truncated, info = env.step(int(act(model, obs[None], greedy, policy)[0]))
             frames += 1
             if writer is not None:
                 writer.append_data(even_sized(env.render()))   # human mode draws inside step()
@@ -197,7 +205,8 @@ def quiet_sdl(display: bool) -> None:
 
 
 def render_process(log_queue, result_conn, model_kwargs: dict, weights: dict, env_id: str, env_kwargs: dict,
-                   seed: int, video_path: Path, scoring_done, greedy: bool = False) -> None:
+                   seed: int, video_path: Path, scoring_done, greedy: bool = False,
+                   policy: tuple[str, dict] | None = None) -> None:
     """The render process's body; its warnings reach the parent's log through `log_queue`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl+C reaches the whole group; the parent ends us
     quiet_sdl(has_display())
@@ -209,7 +218,8 @@ def render_process(log_queue, result_conn, model_kwargs: dict, weights: dict, en
     model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
     model.eval()
     try:
-        result = render_episodes(model, env_id, env_kwargs, seed, video_path, scoring_done, greedy)
+        result = render_episodes(model, env_id, env_kwargs, seed, video_path, scoring_done, greedy,
+                                 policy=policy)
     except Exception as err:  # never let the window or video take the test down
         log.warning("rendering failed (%s)", first_line(err))
         result = None
@@ -221,7 +231,7 @@ class Renderer:
     ALE paces its window inside native code that holds the GIL, which stalled the scoring."""
 
     def __init__(self, model_kwargs: dict, state_dict: dict, env_id: str, env_kwargs: dict, seed: int,
-                 video_path: Path, greedy: bool = False):
+                 video_path: Path, greedy: bool = False, policy: tuple[str, dict] | None = None):
         context = mp.get_context("spawn")   # as herd's actors: no fork of a process running torch threads
         self.video_path = video_path
         self.log_queue = context.Queue()
@@ -231,7 +241,7 @@ class Renderer:
         weights = {k: v.detach().cpu().numpy() for k, v in state_dict.items()}
         self.process = context.Process(target=render_process, name="herd-render", daemon=True,
                                        args=(self.log_queue, child_conn, model_kwargs, weights, env_id,
-                                             env_kwargs, seed, video_path, self.scoring_done, greedy))
+                                             env_kwargs, seed, video_path, self.scoring_done, greedy, policy))
         self.listener.start()
         with sigint_blocked():   # Ctrl+C reaches the group: the child must never see it
             self.process.start()
@@ -269,14 +279,15 @@ def test_policy(plan: Plan, run_dir: Path) -> int:
     torch.set_num_threads(max(1, cfg.train.learner_thread_count or 1))
     count = cfg.test.test_episode_count
     kwargs = env_kwargs(cfg)
+    policy = test_policy_of(plan)
     # Its own seed: the rendered games are extra, not among the scored ones.
     renderer = Renderer(plan.model_kwargs, plan.checkpoint["model"], cfg.env.env, kwargs,
                         cfg.general.seed + MAX_TEST_ENVS, run_dir / "test_video.mp4",
-                        greedy=cfg.test.test_greedy) if cfg.test.render else None
+                        greedy=cfg.test.test_greedy, policy=policy) if cfg.test.render else None
     progress = ProgressBar(count)
     try:
         scores = play_episodes(model, cfg.env.env, kwargs, count, MAX_TEST_ENVS, cfg.general.seed, progress,
-                               greedy=cfg.test.test_greedy)
+                               greedy=cfg.test.test_greedy, policy=policy)
     except BaseException as err:
         if renderer is not None:
             renderer.abort()      # failing or interrupted: do not wait for the rendered games
@@ -293,7 +304,8 @@ def test_policy(plan: Plan, run_dir: Path) -> int:
             renderer.abort()
             log.warning("rendering interrupted: results saved without a video")
     result = {**summarize(scores), "greedy": cfg.test.test_greedy, "checkpoint": str(plan.checkpoint_path),
-              "video": str(video) if video else None}
+              "video": str(video) if video else None,
+              **({"policy": f"{policy[0]} {policy[1]}"} if policy else {})}
     write_json(run_dir / "test_results.json", result)
     print(f"test: {len(scores)} episodes, mean {result['mean']:.2f} ± {result['std']:.2f}, "
           f"min {result['min']:.2f}, max {result['max']:.2f}" + (f"; video {video}" if video else ""))

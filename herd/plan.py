@@ -71,26 +71,28 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
         # The saved run's own mode and source must not leak into this one.
         saved = {k: v for k, v in checkpoint["config"].items() if k not in ("op_mode", "load_model_url")}
     cfg = resolve(options, overrides, saved, env_kind=env_kind)
+    if saved is not None and saved.get("algorithm", "impala") != cfg.general.algorithm:
+        # Ape-X's dueling Q head has the same parameter shapes as IMPALA's heads: only the
+        # config can tell that the weights mean something else.
+        raise ConfigError(f"{path} was trained with --algorithm={saved.get('algorithm', 'impala')}, not "
+                          f"{cfg.general.algorithm}: drop --algorithm or start a new run")
     if cfg.general.seed is None:
         cfg.general.seed = random.randrange(2**31)
     cfg.validate()
     cfg.parallel.env_backend = resolve_env_backend(cfg.parallel.env_backend, cfg.env.env)  # saved as it ran
     spec = describe_env(cfg.env.env, **{k: v for k, v in env_kwargs(cfg).items() if k != "max_episode_steps"})
     check_seed_shapes(cfg, spec)
+    algorithm = get_algorithm(cfg.general.algorithm)
     model_kwargs = dict(network=cfg.network.network, obs_shape=tuple(spec.obs_shape), obs_dtype=spec.obs_dtype,
                         num_actions=spec.num_actions, feature_size=cfg.network.feature_out_layer_size,
                         use_feature_layer=cfg.network.use_additional_scaling_FC_layer,
-                        hidden_sizes=tuple(cfg.network.hidden_sizes))
+                        hidden_sizes=tuple(cfg.network.hidden_sizes), **algorithm.model_options)
     try:
         model = build_model(**model_kwargs)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if checkpoint is not None:
         check_compatible(checkpoint, env_spec_dict(cfg, spec), model_signature(model), path)
-    algorithm = get_algorithm(cfg.general.algorithm)
-    if cfg.general.actor_inference == "server" and not algorithm.inference_server:
-        raise ConfigError(f"--actor_inference=server: the inference server does not act for {algorithm.name} yet; "
-                          "use --actor_inference=local")
     layout = trajectory_layout(algorithm, cfg.train.r_f_steps, spec.obs_shape, spec.obs_dtype, spec.num_actions,
                                cfg.network.feature_out_layer_size)
     if mode != "test":
@@ -123,3 +125,10 @@ def check_results_dir(results_dir: str) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"--results_dir '{results_dir}': '{existing}' is not writable (permissions or a "
                           "read-only file system): give a folder you can write")
+
+
+def test_policy_of(plan: Plan) -> tuple | None:
+    """(algorithm, its test-act kwargs) where the algorithm acts its own way in test and
+    evaluation games (Ape-X: epsilon-greedy on Q values), else None: sample the policy."""
+    kwargs = plan.algorithm.test_act_kwargs(plan.cfg)
+    return None if kwargs is None else (plan.algorithm.name, kwargs)

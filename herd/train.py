@@ -36,7 +36,7 @@ from herd.monitor.hardware import HardwareMonitor
 from herd.monitor.metrics import RunMetrics
 from herd.monitor.progress import ProgressLine
 from herd.monitor.stats import EpisodeStats
-from herd.plan import Plan, env_kwargs, env_spec_dict
+from herd.plan import Plan, env_kwargs, env_spec_dict, test_policy_of
 from herd.replay.mixer import ReplayMixer
 from herd.replay.registry import build_replay
 from herd.replay.spec import batch_shares
@@ -53,12 +53,12 @@ def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device, rank
     seed = cfg.general.seed + 1000 * rank       # each learner samples its replays its own way
     replays = [build_replay(spec, plan.layout, share, cfg.parallel.envs_per_worker, compress=r.use_replay_compression,
                             compression_level=r.lz4_compression_level, anneal_rounds_base=cfg.train.lr_scheduler_steps,
-                            seed=seed + index)
+                            seed=seed + index, n_step=cfg.train.n_step)
                for index, (spec, share) in enumerate(zip(specs, shares))]
     for replay in replays:
         # Elite/attentive replays score with the learner's model, in the learner's precision.
         replay.attach_model(model, device, bf16=cfg.train.learner_precision == "bf16")
-    mixer = ReplayMixer(replays, shares, r.training_fill_in_factor, seed=seed)
+    mixer = ReplayMixer(replays, shares, r.training_fill_in_factor, seed=seed, replay_ratio=cfg.train.replay_ratio)
     if r.caching:
         return PrefetchedBatches(mixer, device, r.caching_threads, r.cache_sample_size, r.cache_output_buffer_size,
                                  r.replay_writer_queue_size, r.discarding_strategy)
@@ -80,7 +80,8 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
     optimizer = build_optimizer(cfg.train.optimizer, model.parameters(), cfg.train.lr, cfg.train.rmsprop_eps)
     scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps)
     sync = GroupSync(group, [p for p in model.parameters() if p.requires_grad]) if group is not None else None
-    learner = Learner(model, optimizer, scheduler, algorithm.build_loss(cfg), cfg.train.gradient_clip_by_norm_threshold,
+    learner = Learner(model, optimizer, scheduler, algorithm.build_loss(cfg, model),
+                      cfg.train.gradient_clip_by_norm_threshold,
                       precision=cfg.train.learner_precision, compile_model=cfg.train.learner_compile,
                       grad_sync=sync.exchange if sync is not None else None)
     options = SessionOptions(
@@ -90,9 +91,10 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
                           "model_signature": model_signature(model), "run_dir": str(run_dir)},
         max_bad_updates=cfg.train.max_bad_updates, save_replay=cfg.general.save_replay,
         max_policy_lag=cfg.train.max_policy_lag, metric_names=algorithm.metric_names,
-        description={"algorithm": algorithm.name, **algorithm.describe_optimization(cfg)}, primary=primary)
-    metrics = RunMetrics(run_dir, cfg.stats.tensorboard, options.train_columns(),
-                         background=cfg.stats.background_save) if primary else None
+        description={"algorithm": algorithm.name, **algorithm.describe_optimization(cfg)}, primary=primary,
+        least_exploring_actor=algorithm.least_exploring_actor(cfg.parallel.worker_count))
+    metrics = RunMetrics(run_dir, cfg.stats.tensorboard, options.train_columns(), background=cfg.stats.background_save,
+                         episode_columns=options.episode_columns()) if primary else None
     progress = ProgressLine(cfg.train.environment_max_steps, enabled=cfg.stats.basic_verbose and primary)
     session = TrainingSession(plan.layout, learner, build_batches(plan, model, device, group.rank if group else 0),
                               EpisodeStats(cfg.stats.avg_buff_size), metrics, progress, run_dir, options)
@@ -122,7 +124,8 @@ def actor_spec(plan: Plan, first_actor: int = 0) -> ActorSpec:
                      seed=cfg.general.seed + 10_000 * first_actor,
                      env_backend=p.env_backend, env_threads=p.env_threads, env_batch_size=p.env_batch_size,
                      algorithm=plan.algorithm.name, verbose_interval=cfg.stats.verbose_worker_out_int
-                     if cfg.stats.worker_verbose else 0)
+                     if cfg.stats.worker_verbose else 0, worker_count=p.worker_count,
+                     act_options=plan.algorithm.actor_options(cfg))
 
 
 def inference_device(cfg, device: torch.device, serves_algorithm: bool = True) -> str | None:
@@ -154,7 +157,8 @@ def start_evaluator(plan: Plan, session: TrainingSession, run_dir: Path) -> Eval
     every_updates, every_seconds = parse_eval_interval(cfg.test.eval_interval)
     test_env = {**env_kwargs(cfg), "episodic_life": False, "clip_rewards": False}
     spec = EvalSpec(cfg.env.env, test_env, plan.model_kwargs, cfg.test.eval_episodes, cfg.test.eval_greedy,
-                    cfg.test.eval_video_every, cfg.general.seed + 7_000_000, tensorboard=cfg.stats.tensorboard)
+                    cfg.test.eval_video_every, cfg.general.seed + 7_000_000, tensorboard=cfg.stats.tensorboard,
+                    policy=test_policy_of(plan))
     model = session.learner.model
 
     def registered(pid: int) -> None:

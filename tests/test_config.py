@@ -144,3 +144,20 @@ def test_verbose_learner_out_int_is_used_as_given():
     for kind in ("atari", "vector"):
         cfg = apply_profile(resolve({"env": "CartPole-v1", "verbose_learner_out_int": "500"}), kind)
         assert cfg.stats.verbose_learner_out_int == 500
+
+
+def test_apex_has_its_own_defaults_per_kind_and_the_command_line_still_wins():
+    cartpole = resolve({"env": "CartPole-v1", "algorithm": "apex"}, env_kind=kind_of)
+    pong = resolve({"env": "PongNoFrameskip-v4", "algorithm": "apex"}, env_kind=kind_of)
+    assert [spec.type for spec in cartpole.replays] == [spec.type for spec in pong.replays] == ["prioritized"]
+    assert (cartpole.train.batch_size, cartpole.train.replay_ratio, cartpole.train.target_update_period) == (128, 8, 250)
+    assert (pong.train.lr, pong.train.optimizer, pong.train.target_update_period) == (0.0001, "adam", 2500)
+    assert pong.env.clip_rewards and pong.replay.use_replay_compression       # the Atari profile fills the rest
+    # The LR decays over the whole run: batch_size / replay_ratio environment steps per update.
+    assert cartpole.train.lr_scheduler_steps == -(-250_000 // (128 // 8))
+    assert resolve({"env": "CartPole-v1", "algorithm": "apex", "batch_size": "32"},
+                   env_kind=kind_of).train.batch_size == 32
+    impala = resolve({"env": "CartPole-v1"}, env_kind=kind_of)
+    assert impala.train.replay_ratio is None and impala.train.target_update_period is None
+    cartpole.validate()
+    pong.validate()

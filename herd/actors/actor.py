@@ -10,7 +10,7 @@ import queue
 import signal
 import sys
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -40,6 +40,8 @@ class ActorSpec:
     env_batch_size: int = 0                 # C++ backend: rows per batch, 0 = all (synchronous)
     algorithm: str = "impala"               # herd.algos: how the local policy acts
     verbose_interval: int = 0               # print a progress line every N rollouts (0: never)
+    worker_count: int = 1                   # N, the actors of the run (Ape-X: actor i's epsilon)
+    act_options: dict = field(default_factory=dict)   # the algorithm's actor_options(cfg)
 
 
 class Rollout(NamedTuple):
@@ -73,7 +75,10 @@ class ActorProgress:
 
 
 def act_and_collect(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter, send_rollout, stop) -> None:
-    """The loop itself; returns when `stop` is set (or raises ActorStopped)."""
+    """The loop itself; returns when `stop` is set (or raises ActorStopped). A policy with
+    finish_rollout(views) completes each rollout's fields before it is sent (Ape-X's
+    initial priorities)."""
+    finish = getattr(policy, "finish_rollout", None)
     batch = envs.start()
     writer.observe(batch)
     while not stop.is_set():
@@ -89,6 +94,8 @@ def act_and_collect(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter,
             truncated = dict(zip(rows, values.tolist()))
         delivered = writer.record_outcome(batch, truncated)
         for delivery in delivered:
+            if finish is not None:
+                finish(writer.views_of(delivery.slot))
             send_rollout(delivery)
         if delivered:
             policy.refresh()
@@ -124,7 +131,8 @@ def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots
     envs = make_actor_envs(spec.env_backend, spec.env_id, spec.envs_per_worker, seed=spec.seed,
                            threads=spec.env_threads, batch_size=spec.env_batch_size, env_kwargs=spec.env_kwargs)
     if inference is None:
-        policy = LocalPolicy(spec.model_kwargs, weights, seed=spec.seed, algorithm=spec.algorithm)
+        policy = LocalPolicy(spec.model_kwargs, weights, seed=spec.seed, algorithm=spec.algorithm, actor_id=actor_id,
+                             num_actors=spec.worker_count, options=spec.act_options)
     else:
         policy = InferenceClient(inference, actor_id, stop=stop, seed=spec.seed)
     writer = RolloutWriter(slots.views, acquire, spec.unroll_length, spec.envs_per_worker)

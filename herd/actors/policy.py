@@ -14,10 +14,17 @@ from herd.weights import SharedWeights
 
 
 class LocalPolicy:
-    def __init__(self, model_kwargs: dict, weights: SharedWeights, seed: int, algorithm: str = "impala"):
+    def __init__(self, model_kwargs: dict, weights: SharedWeights, seed: int, algorithm: str = "impala",
+                 actor_id: int = 0, num_actors: int = 1, options: dict | None = None):
+        """actor_id of num_actors and the algorithm's actor options decide this actor's own
+        arguments to act (Ape-X: its epsilon)."""
         self.model = build_model(**model_kwargs)
         self.model.eval()
         self.algorithm = get_algorithm(algorithm)
+        self.options = dict(options or {})
+        self.act_kwargs = self.algorithm.act_kwargs(actor_id, num_actors, self.options)
+        if self.algorithm.finish_rollout is not None:
+            self.finish_rollout = self.complete_rollout
         self.weights = weights
         self.version = weights.pull(self.model, have_version=-1)
         self.generator = torch.Generator().manual_seed(seed)  # action sampling, reproducible per actor
@@ -26,8 +33,12 @@ class LocalPolicy:
         """obs [n, *obs_shape] -> actions [n] and the algorithm's step fields [n, ...]."""
         with torch.no_grad():
             out = self.model(torch.from_numpy(obs).unsqueeze(0))           # over [1, n, ...]
-            actions, fields = self.algorithm.act(out, self.generator)
+            actions, fields = self.algorithm.act(out, self.generator, **self.act_kwargs)
         return PolicyStep(actions.numpy(), {name: t.numpy() for name, t in fields.items()}, self.version)
+
+    def complete_rollout(self, views: dict) -> None:
+        """views: the finished slot's numpy views [time, E, ...] (shared memory)."""
+        self.algorithm.finish_rollout(views, self.model, self.options)
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():

@@ -2,11 +2,12 @@
 (see base.py) and one entry below; backends and environments don't change."""
 from __future__ import annotations
 
+from herd.algos.apex import APEX
 from herd.algos.base import Algorithm, trajectory_layout
 from herd.algos.impala import IMPALA
 from herd.errors import ConfigError
 
-ALGORITHMS: dict[str, Algorithm] = {"impala": IMPALA}
+ALGORITHMS: dict[str, Algorithm] = {"impala": IMPALA, "apex": APEX}
 
 __all__ = ["ALGORITHMS", "Algorithm", "get_algorithm", "trajectory_layout"]
 

@@ -5,11 +5,23 @@ supplies only what differs:
 
     step_fields(num_actions, feature_size)  the per-step policy outputs actors record in a
                                             trajectory beside obs/action/reward/done
-    act(out, generator)                     the actor's policy step: model output -> actions
+    act(out, generator, **act_kwargs)       the actor's policy step: model output -> actions
                                             and those per-step fields
+    actor_options(cfg)                      what every actor needs from the config (a dict,
+                                            carried by the ActorSpec)
+    act_kwargs(actor_id, num_actors, options)  actor i's own arguments to act (Ape-X: its epsilon)
+    finish_rollout                          None, or fn(slot views, model, options) that
+                                            completes a rollout's fields before it is sent
+                                            (Ape-X: initial priorities)
+    test_act_kwargs(cfg)                    act's arguments in `herd test`; None: sample
+                                            from softmax(logits)
+    least_exploring_actor(num_actors)       the actor whose games episodes.csv marks, or None
+    model_options                           extra build_model arguments (Ape-X: the dueling head)
     replay_types                            which --replay_parameters types it trains from
-    build_loss(cfg)                         fn(batch, out) -> (loss, metrics): what the
-                                            learner minimises
+    build_loss(cfg, model)                  fn(batch, out) -> (loss, metrics): what the
+                                            learner minimises; a loss with state_dict() /
+                                            load_state_dict() (a target network) is saved
+                                            with every checkpoint
     metric_names                            the loss metrics written to train.csv and
                                             TensorBoard (the learner adds grad_norm and lr)
     describe_optimization(cfg)              the optimizer and schedule, for summary.json
@@ -33,13 +45,23 @@ class Algorithm(Protocol):
     metric_names: tuple[str, ...]
     replay_types: tuple[str, ...]
     inference_server: bool          # the batched inference server can act for it
+    model_options: dict
+    finish_rollout: Callable[[dict, torch.nn.Module, dict], None] | None
 
     def step_fields(self, num_actions: int, feature_size: int) -> dict[str, Field]: ...
 
-    def act(self, out, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def act(self, out, generator: torch.Generator, **act_kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """out: ModelOutput over [1, n, ...] -> (actions [n], {step field: [n, ...]})."""
 
-    def build_loss(self, cfg) -> LossFn: ...
+    def actor_options(self, cfg) -> dict: ...
+
+    def act_kwargs(self, actor_id: int, num_actors: int, options: dict) -> dict: ...
+
+    def test_act_kwargs(self, cfg) -> dict | None: ...
+
+    def least_exploring_actor(self, num_actors: int) -> int | None: ...
+
+    def build_loss(self, cfg, model: torch.nn.Module) -> LossFn: ...
 
     def describe_optimization(self, cfg) -> dict: ...
 

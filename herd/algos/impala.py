@@ -27,6 +27,8 @@ class Impala:
                     "kl_mask_fraction", "mean_rho")
     replay_types = ("queue", "standard", "custom")
     inference_server = True
+    model_options: dict = {}        # the default actor-critic heads
+    finish_rollout = None           # nothing to add to a finished rollout
 
     @staticmethod
     def step_fields(num_actions: int, feature_size: int) -> dict[str, Field]:
@@ -44,7 +46,23 @@ class Impala:
         return actions, {"behaviour_logits": logits, "behaviour_value": out.value[0], "features": out.features[0]}
 
     @staticmethod
-    def build_loss(cfg):
+    def actor_options(cfg) -> dict:
+        return {}
+
+    @staticmethod
+    def act_kwargs(actor_id: int, num_actors: int, options: dict) -> dict:
+        return {}                   # every actor samples from its policy alike
+
+    @staticmethod
+    def test_act_kwargs(cfg) -> None:
+        return None                 # herd test samples from the policy (herd/evaluate.py)
+
+    @staticmethod
+    def least_exploring_actor(num_actors: int) -> None:
+        return None
+
+    @staticmethod
+    def build_loss(cfg, model=None):
         return functools.partial(impala_loss, weights=loss_weights(cfg))
 
     @staticmethod

@@ -201,7 +201,8 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
                     time.sleep(0.001)
                 continue
             for rollout in pool.receive(timeout=0.5):
-                session.ingest(slots.views(rollout.slot), rollout.version, rollout.steps, rollout.episodes)
+                session.ingest(slots.views(rollout.slot), rollout.version, rollout.steps, rollout.episodes,
+                               actor_id=rollout.actor_id)
                 pool.release(rollout.actor_id, rollout.slot)
                 session.train_ready_batches(publish)
                 if session.done or stop_requested.is_set():

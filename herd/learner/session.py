@@ -17,7 +17,7 @@ from herd.errors import LearnerFailure, SaveFailed, TrainingDiverged
 from herd.files import write_json
 from herd.learner.distributed import GroupSync, Tally
 from herd.learner.learner import LEARNER_METRICS, Learner
-from herd.monitor.metrics import RunMetrics
+from herd.monitor.metrics import EPISODE_COLUMNS, RunMetrics
 from herd.monitor.progress import ProgressLine, format_score
 from herd.monitor.stats import EpisodeStats
 from herd.trajectory import TrajectoryLayout
@@ -58,9 +58,17 @@ class SessionOptions:
     metric_names: tuple = ()                               # the algorithm's loss metrics (train.csv, TensorBoard)
     description: dict = field(default_factory=dict)        # algorithm, optimizer, schedule (summary.json)
     primary: bool = True                                   # writes checkpoints, metrics and the summary
+    # The actor whose games are marked in episodes.csv and averaged on their own (Ape-X: the
+    # least exploring one, whose play is closest to the greedy policy); None: no marks.
+    least_exploring_actor: int | None = None
 
     def train_columns(self) -> list[str]:
-        return ["update", "env_step", "wall_time", *self.metric_names, *LEARNER_METRICS, *SESSION_METRICS]
+        marked = ["least_exploring_average"] if self.least_exploring_actor is not None else []
+        return ["update", "env_step", "wall_time", *self.metric_names, *LEARNER_METRICS, *SESSION_METRICS, *marked]
+
+    def episode_columns(self) -> list[str]:
+        marked = ["actor", "least_exploring"] if self.least_exploring_actor is not None else []
+        return [*EPISODE_COLUMNS, *marked]
 
 
 class TrainingSession:
@@ -92,6 +100,8 @@ class TrainingSession:
         # sync.pending for the next round, and every learner counts every learner's tally
         # from the round, so counters and statistics are the group's totals everywhere.
         self.sync: GroupSync | None = None
+        # The least exploring actor's games alone (None: the algorithm marks no actor).
+        self.marked_stats = EpisodeStats(stats.scores.maxlen) if options.least_exploring_actor is not None else None
 
     # ------------------------------------------------------------------ progress
     @property
@@ -103,8 +113,10 @@ class TrainingSession:
         """The step budget is spent, or (several learners) the group stopped."""
         return self.counters.env_steps >= self.options.max_env_steps or (self.sync is not None and self.sync.stopped)
 
-    def ingest(self, views: dict[str, np.ndarray], version: int, steps: int, episodes: list) -> None:
-        """One finished rollout: views field -> [time, E, ...] (copied out, the slot may be reused)."""
+    def ingest(self, views: dict[str, np.ndarray], version: int, steps: int, episodes: list,
+               actor_id: int | None = None) -> None:
+        """One finished rollout: views field -> [time, E, ...] (copied out, the slot may be
+        reused), from actor `actor_id` (None: unknown)."""
         envs = views["action"].shape[1]
         lag = self.counters.updates - version
         # Too far off-policy to train on; its steps and games still count.
@@ -112,21 +124,31 @@ class TrainingSession:
         if not stale:
             # Views into the slot: the batch source copies what it keeps before this returns.
             self.batches.put([{name: view[:, e] for name, view in views.items()} for e in range(envs)], version)
+        if self.marked_stats is not None:
+            # Ape-X marks its least exploring actor's games (one learner: validate() refuses
+            # it with several, whose rounds carry (score, length) pairs only).
+            marked = actor_id == self.options.least_exploring_actor
+            extra = {"actor": "" if actor_id is None else actor_id, "least_exploring": int(marked)}
+            for score, _ in episodes if marked else ():
+                self.marked_stats.add(score)
+            episodes = [(score, length, extra) for score, length in episodes]
         if self.sync is not None:
             self.sync.pending.add(steps, stale, episodes)
         else:
             self.count(Tally(steps, 1, int(stale), list(episodes)))
 
     def count(self, tally: Tally) -> None:
-        """Adds one learner's steps, rollouts and finished games to the counters and statistics."""
+        """Adds one learner's steps, rollouts and finished games to the counters and statistics.
+        A game is (score, length) or, marked by the algorithm, (score, length, extra columns)."""
         self.counters.env_steps += tally.env_steps
         self.counters.rollouts += tally.rollouts
         self.counters.stale_rollouts += tally.stale
-        for score, length in tally.episodes:
+        for score, length, *extra in tally.episodes:
             self.stats.add(score)
             if self.metrics is not None:
                 self.metrics.episode(self.counters.env_steps, episode=self.stats.episodes, score=score, length=length,
-                                 update=self.counters.updates, wall_time=round(self.elapsed, 3))
+                                     update=self.counters.updates, wall_time=round(self.elapsed, 3),
+                                     **(extra[0] if extra else {}))
 
     def train_ready_batches(self, on_update) -> int:
         """Trains on every batch the replays can give; calls on_update(version) after each."""
@@ -182,6 +204,8 @@ class TrainingSession:
         values = {k: round(v, 6) for k, v in self.last_metrics.items() if k in wanted}
         values.update(update=self.counters.updates, wall_time=round(self.elapsed, 3), policy_lag=round(lag, 3),
                       fps=round(self.fps, 1), average_score=round(self.stats.average, 3))
+        if self.marked_stats is not None:
+            values["least_exploring_average"] = round(self.marked_stats.average, 3)
         self.metrics.training(self.counters.env_steps, values)
 
     def show_progress(self, force: bool = False) -> None:
@@ -202,6 +226,10 @@ class TrainingSession:
             "stats": self.stats.state_dict(),
             "rng": {"torch": torch.get_rng_state()},
         }
+        if self.marked_stats is not None:
+            state["least_exploring_stats"] = self.marked_stats.state_dict()
+        if hasattr(self.learner.loss_fn, "state_dict"):
+            state["loss_state"] = self.learner.loss_fn.state_dict()      # Ape-X: the target network
         if self.options.save_replay:
             state["replay"] = self.batches.replay_state()
         return state
@@ -232,6 +260,10 @@ class TrainingSession:
             self.learner.scheduler.load_state_dict(state["scheduler"])
         self.counters.load_state_dict(state["counters"])
         self.stats.load_state_dict(state["stats"])
+        if self.marked_stats is not None and "least_exploring_stats" in state:
+            self.marked_stats.load_state_dict(state["least_exploring_stats"])
+        if "loss_state" in state and hasattr(self.learner.loss_fn, "load_state_dict"):
+            self.learner.loss_fn.load_state_dict(state["loss_state"])
         torch.set_rng_state(state["rng"]["torch"])
         if "replay" in state:
             self.batches.load_replay_state(state["replay"], fresh_replay)
@@ -271,6 +303,9 @@ class TrainingSession:
             "skipped_updates": self.counters.skipped_updates,
             "stale_rollouts_dropped": self.counters.stale_rollouts,
             "last_lr": self.learner.optimizer.param_groups[0]["lr"],
+            **({"least_exploring_actor": self.options.least_exploring_actor,
+                "least_exploring_average_score": self.marked_stats.average if self.marked_stats.episodes else None}
+               if self.marked_stats is not None else {}),
             "total_time_s": round(self.elapsed, 2),
             **self.options.description,
             **{name: value() for name, value in self.summary_extra.items()},
@@ -309,6 +344,11 @@ class TrainingSession:
         log.info("%s after %d environment steps and %d updates; average score %s; checkpoint %s",
                  reason, self.counters.env_steps, self.counters.updates,
                  format_score(self.stats.average if self.stats.episodes else None), path)
+        if self.marked_stats is not None:
+            log.info("least exploring actor (%d): average score %s over its last %d games",
+                     self.options.least_exploring_actor,
+                     format_score(self.marked_stats.average if self.marked_stats.episodes else None),
+                     len(self.marked_stats.scores))
         return not failures
 
     @staticmethod

@@ -7,21 +7,25 @@ from typing import Optional
 import numpy as np
 from torch import nn
 
-from herd.models.base import ModelOutput
+from herd.models.base import HEADS, ModelOutput
 from herd.models.cnn import ImpalaResNet, NatureCNN
 from herd.models.mlp import MLPNet
 
-__all__ = ["NETWORKS", "ModelOutput", "MLPNet", "NatureCNN", "ImpalaResNet", "build_model", "model_signature"]
+__all__ = ["HEADS", "NETWORKS", "ModelOutput", "MLPNet", "NatureCNN", "ImpalaResNet", "build_model", "model_signature"]
 
 NETWORKS = ("auto", "mlp", "nature_cnn", "resnet")
 
 
 def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int, feature_size: Optional[int],
-                use_feature_layer: bool = True, hidden_sizes=(64, 64)) -> nn.Module:
+                use_feature_layer: bool = True, hidden_sizes=(64, 64), head: str = "actor_critic") -> nn.Module:
     """The network for an environment. "auto" picks mlp for vector observations [D] and
     nature_cnn for frames [C, H, W]. Image networks scale uint8 frames by 1/255; float frames
     are taken as already in [0, 1]. feature_size=None means the torso's own size.
+    head: "actor_critic" (policy logits and value) or "dueling_q" (Q values in the logits
+    field, max_a Q in the value field; herd.models.base.HEADS).
     Every mismatch raises ValueError with one line (the config layer shows it as is)."""
+    if head not in HEADS:
+        raise ValueError(f"unknown head '{head}' (use one of {', '.join(HEADS)})")
     if network not in NETWORKS:
         raise ValueError(f"unknown network '{network}' (use one of {', '.join(NETWORKS)})")
     obs_shape = tuple(int(d) for d in obs_shape)
@@ -43,11 +47,12 @@ def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int
             raise ValueError(f"network mlp needs vector observations [D], this environment gives shape {obs_shape}")
         if any(int(h) < 1 for h in hidden_sizes):
             raise ValueError(f"hidden_sizes must be positive, got {tuple(hidden_sizes)}")
-        return MLPNet(obs_shape[0], num_actions, tuple(int(h) for h in hidden_sizes), feature_size, use_feature_layer)
+        return MLPNet(obs_shape[0], num_actions, tuple(int(h) for h in hidden_sizes), feature_size, use_feature_layer,
+                      head=head)
     if len(obs_shape) != 3:
         raise ValueError(f"network {network} needs frames [C, H, W], this environment gives shape {obs_shape}")
     cls = NatureCNN if network == "nature_cnn" else ImpalaResNet
-    return cls(obs_shape[0], num_actions, feature_size, use_feature_layer, frame_hw=obs_shape[1:])
+    return cls(obs_shape[0], num_actions, feature_size, use_feature_layer, frame_hw=obs_shape[1:], head=head)
 
 
 def model_signature(model: nn.Module) -> dict[str, list[int]]:

@@ -9,9 +9,14 @@ from torch import Tensor, nn
 
 
 class ModelOutput(NamedTuple):
-    logits: Tensor      # [T, B, A] unnormalised policy logits
-    value: Tensor       # [T, B]    state-value estimate
+    logits: Tensor      # [T, B, A] unnormalised policy logits (a dueling Q head: the Q values)
+    value: Tensor       # [T, B]    state-value estimate (a dueling Q head: max_a Q)
     features: Tensor    # [T, B, F] per-step feature vector that elite replay compares
+
+
+# What a network's heads compute: a policy and a state value (IMPALA), or Q values with
+# the dueling architecture of Wang et al. 2016 (Ape-X), in the same ModelOutput fields.
+HEADS = ("actor_critic", "dueling_q")
 
 
 def orthogonal(layer: nn.Module, gain: float) -> nn.Module:
@@ -33,8 +38,12 @@ class Heads(nn.Module):
     actor the learner's projection instead of each actor's own random one.
     """
 
-    def __init__(self, torso_size: int, num_actions: int, feature_size: Optional[int], use_feature_layer: bool):
+    def __init__(self, torso_size: int, num_actions: int, feature_size: Optional[int], use_feature_layer: bool,
+                 head: str = "actor_critic"):
         super().__init__()
+        if head not in HEADS:
+            raise ValueError(f"unknown head '{head}' (use one of {', '.join(HEADS)})")
+        self.dueling = head == "dueling_q"
         if feature_size is None:
             feature_size = torso_size
         if not use_feature_layer and feature_size != torso_size:
@@ -43,6 +52,7 @@ class Heads(nn.Module):
             raise ValueError(f"feature_out_layer_size must be {torso_size} (this network's torso output) when "
                              f"use_additional_scaling_FC_layer is False, got {feature_size}")
         self.feature_size = feature_size
+        # Dueling: `policy` is the advantage stream A(s, .) and `value` the state stream V(s).
         self.policy = orthogonal(nn.Linear(torso_size, num_actions), 0.01)
         self.value = orthogonal(nn.Linear(torso_size, 1), 1.0)
         self.feature = orthogonal(nn.Linear(torso_size, feature_size), 1.0) if use_feature_layer else None
@@ -55,6 +65,10 @@ class Heads(nn.Module):
         logits = self.policy(torso).view(T, B, -1)
         value = self.value(torso if value_torso is None else value_torso).view(T, B)
         features = torso if self.feature is None else self.feature(torso)
+        if self.dueling:
+            # Q = V + A - mean_a A: the mean makes V and A identifiable (Wang et al., eq. 9).
+            q = value.unsqueeze(-1) + logits - logits.mean(dim=-1, keepdim=True)
+            return ModelOutput(q, q.max(dim=-1).values, features.view(T, B, -1))
         return ModelOutput(logits, value, features.view(T, B, -1))
 
 

@@ -19,7 +19,7 @@ class NatureCNN(nn.Module):
     torso_size = 512
 
     def __init__(self, in_channels: int, num_actions: int, feature_size: Optional[int] = 512,
-                 use_feature_layer: bool = True, frame_hw=(84, 84)):
+                 use_feature_layer: bool = True, frame_hw=(84, 84), head: str = "actor_critic"):
         super().__init__()
         self.convs = nn.Sequential(
             orthogonal(nn.Conv2d(in_channels, 32, 8, stride=4), RELU_GAIN), nn.ReLU(),
@@ -29,7 +29,7 @@ class NatureCNN(nn.Module):
         )
         flat_size = probe_flat_size(self.convs, in_channels, frame_hw, "nature_cnn")   # 3136 at 84x84
         self.fc = nn.Sequential(orthogonal(nn.Linear(flat_size, self.torso_size), RELU_GAIN), nn.ReLU())
-        self.heads = Heads(self.torso_size, num_actions, feature_size, use_feature_layer)
+        self.heads = Heads(self.torso_size, num_actions, feature_size, use_feature_layer, head)
 
     def forward(self, obs: Tensor) -> ModelOutput:
         """obs: [T, B, C, H, W] uint8 (or float already in [0, 1])."""
@@ -61,7 +61,8 @@ class ImpalaResNet(nn.Module):
     torso_size = 256
 
     def __init__(self, in_channels: int, num_actions: int, feature_size: Optional[int] = 256,
-                 use_feature_layer: bool = True, frame_hw=(84, 84), channels=(16, 32, 32)):
+                 use_feature_layer: bool = True, frame_hw=(84, 84), channels=(16, 32, 32),
+                 head: str = "actor_critic"):
         super().__init__()
         stages, width = [], in_channels
         for out in channels:
@@ -71,7 +72,7 @@ class ImpalaResNet(nn.Module):
         self.stages = nn.Sequential(*stages, nn.ReLU(), nn.Flatten())
         flat_size = probe_flat_size(self.stages, in_channels, frame_hw, "resnet")      # 3872 at 84x84
         self.fc = nn.Sequential(nn.Linear(flat_size, self.torso_size), nn.ReLU())
-        self.heads = Heads(self.torso_size, num_actions, feature_size, use_feature_layer)
+        self.heads = Heads(self.torso_size, num_actions, feature_size, use_feature_layer, head)
 
     def forward(self, obs: Tensor) -> ModelOutput:
         """obs: [T, B, C, H, W] uint8 (or float already in [0, 1])."""

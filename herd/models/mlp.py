@@ -25,16 +25,18 @@ class MLPNet(nn.Module):
     make the value loss dwarf the policy gradient in a shared torso, and CartPole then
     learns several times slower. The feature vector comes from the policy torso.
     With use_feature_layer=False the feature vector is the last hidden layer, so
-    feature_size must equal hidden_sizes[-1] (or be None)."""
+    feature_size must equal hidden_sizes[-1] (or be None). With the dueling Q head, the
+    value torso feeds the state stream V and the policy torso the advantage stream."""
 
     def __init__(self, obs_dim: int, num_actions: int, hidden_sizes=(64, 64), feature_size: Optional[int] = 64,
-                 use_feature_layer: bool = True, activation: str = "tanh", shared_torso: bool = False):
+                 use_feature_layer: bool = True, activation: str = "tanh", shared_torso: bool = False,
+                 head: str = "actor_critic"):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation '{activation}' (use one of {', '.join(ACTIVATIONS)})")
         self.torso, width = mlp_torso(obs_dim, hidden_sizes, activation)
         self.value_torso = None if shared_torso else mlp_torso(obs_dim, hidden_sizes, activation)[0]
-        self.heads = Heads(width, num_actions, feature_size, use_feature_layer)
+        self.heads = Heads(width, num_actions, feature_size, use_feature_layer, head)
 
     def forward(self, obs: Tensor) -> ModelOutput:
         """obs: [T, B, D], any real dtype (float32 normally; converted, never scaled)."""

@@ -81,8 +81,10 @@ class RunMetrics:
     """episodes.csv, train.csv and TensorBoard events in the run folder. train.csv's columns
     come from the algorithm (its loss metrics) and the learner loop."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool, train_columns: list[str], background: bool = False):
-        self.episodes = CsvTable(run_dir / "episodes.csv", EPISODE_COLUMNS, background=background)
+    def __init__(self, run_dir: Path, tensorboard: bool, train_columns: list[str], background: bool = False,
+                 episode_columns: list[str] | None = None):
+        """episode_columns: EPISODE_COLUMNS and any the session adds (Ape-X: the actor)."""
+        self.episodes = CsvTable(run_dir / "episodes.csv", episode_columns or EPISODE_COLUMNS, background=background)
         self.train = CsvTable(run_dir / "train.csv", train_columns, background=background)
         self.writer = None
         if tensorboard:

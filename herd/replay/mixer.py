@@ -2,7 +2,9 @@
 
 Pacing: with a queue, a batch is ready when the queue holds its share of fresh
 trajectories (each is used once), so training keeps pace with the actors. Without one,
-one batch is allowed per `batch_size` fresh trajectories (a replay ratio of 1)."""
+one batch is allowed per `batch_size / replay_ratio` fresh items (replay_ratio: items
+sampled per item added, 1 by default). Items are trajectories, or transitions where a
+replay samples those (Ape-X: each trajectory adds T)."""
 from __future__ import annotations
 
 import math
@@ -23,23 +25,26 @@ class MixedBatch:
 
 
 class ReplayMixer:
-    def __init__(self, replays: list[Replay], shares: list[int], fill_in_factor: float, seed: int):
+    def __init__(self, replays: list[Replay], shares: list[int], fill_in_factor: float, seed: int,
+                 replay_ratio: float | None = None):
         self.replays = replays
         self.shares = shares
         self.batch_size = sum(shares)
         # A replay must hold its share and the fill-in fraction of its capacity to train.
         self.fill_targets = [
-            share if r.on_policy else max(share, math.ceil(fill_in_factor * r.storage.capacity))
+            share if r.on_policy else max(share, math.ceil(fill_in_factor * r.item_capacity))
             for r, share in zip(replays, shares)
         ]
         self.has_queue = any(r.on_policy for r in replays)
-        self.credit = 0  # fresh trajectories not yet paid for by a batch (no-queue pacing)
+        self.items_per_add = max(r.items_per_trajectory for r in replays)
+        self.batch_cost = self.batch_size if replay_ratio is None else max(1, round(self.batch_size / replay_ratio))
+        self.credit = 0  # fresh items not yet paid for by a batch (no-queue pacing)
         self.rng = np.random.default_rng(seed)
 
     def add(self, trajectory: dict[str, np.ndarray], version: int) -> None:
         for replay in self.replays:
             replay.add(trajectory, version)
-        self.credit += 1
+        self.credit += self.items_per_add
 
     def warmed_up(self) -> bool:
         """Every off-policy replay holds its fill-in share."""
@@ -53,7 +58,7 @@ class ReplayMixer:
     def ready(self) -> bool:
         if not all(r.available() >= target for r, target in zip(self.replays, self.fill_targets)):
             return False
-        return self.has_queue or self.credit >= self.batch_size
+        return self.has_queue or self.credit >= self.batch_cost
 
     def sample(self) -> MixedBatch:
         parts, replayed, versions, probabilities, keys = [], [], [], [], []
@@ -69,7 +74,7 @@ class ReplayMixer:
             keys.append((index, slice(column, column + share), replay_keys))
             column += share
         if not self.has_queue:
-            self.credit -= self.batch_size
+            self.credit -= self.batch_cost
         batch = {name: np.concatenate([p[name] for p in parts], axis=1) for name in parts[0]}
         return MixedBatch(batch, np.concatenate(replayed), np.concatenate(versions), np.concatenate(probabilities),
                           keys)

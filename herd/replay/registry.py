@@ -10,9 +10,11 @@ from herd.errors import ConfigError
 from herd.replay.distances import DISTANCES
 from herd.replay.elite import (DEFAULT_SCORE_STEPS, ELITE_STRATEGIES, INSERT_STRATEGIES, SAMPLE_STRATEGIES,
                                EliteSampler)
+from herd.replay.prioritized import PrioritizedSampler
 from herd.replay.replay import Replay
 from herd.replay.samplers import FifoSampler, UniformSampler
 from herd.replay.storage import TrajectoryStorage
+from herd.replay.transitions import TransitionReplay
 from herd.trajectory import TrajectoryLayout
 
 
@@ -22,8 +24,9 @@ class BuildOptions:
     rollout_size: int               # trajectories one actor rollout brings (envs_per_worker)
     compress: bool = False          # LZ4-pack stored observations (off-policy replays)
     compression_level: int = 0
-    anneal_rounds_base: int = 10000  # custom: the run's lr_scheduler_steps
+    anneal_rounds_base: int = 10000  # custom, prioritized: the run's lr_scheduler_steps
     seed: int = 0
+    n_step: int = 1                 # prioritized: transitions carry n-step windows (Ape-X's --n_step)
 
 
 @dataclass(frozen=True)
@@ -110,10 +113,44 @@ def build_custom(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
     return Replay("custom", off_policy_storage(spec, layout, o), sampler, on_policy=False)
 
 
+# The prioritized type's keys: (default, check, what the check wants).
+PRIORITIZED_KEYS = {
+    "alpha": (0.6, lambda v: is_number(v) and v >= 0, "a number >= 0"),
+    "beta": (0.4, lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "beta_annealing_steps": (None, lambda v: is_int_at_least(v, 0), "an integer >= 0 (learner batches)"),
+    "epsilon": (1e-6, is_positive_number, "a number > 0"),
+}
+
+
+def is_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def check_prioritized_options(where: str, extra: dict) -> None:
+    for key, value in extra.items():
+        if key not in PRIORITIZED_KEYS:
+            raise ConfigError(f"{where}: unknown key '{key}' for type 'prioritized' "
+                              f"(known: {', '.join(PRIORITIZED_KEYS)})")
+        _, ok, what = PRIORITIZED_KEYS[key]
+        if not ok(value):
+            raise ConfigError(f"{where}: {key} must be {what}, got {value!r}")
+
+
+def build_prioritized(spec, layout: TrajectoryLayout, o: BuildOptions) -> TransitionReplay:
+    """Ape-X's replay: one item per transition (see transitions.py). beta anneals to 1 over
+    beta_annealing_steps batches, by default the run's lr_scheduler_steps (its whole length)."""
+    annealing = spec.option("beta_annealing_steps")
+    sampler = PrioritizedSampler(spec.capacity, steps=layout.unroll_length, alpha=spec.option("alpha", 0.6),
+                                 beta=spec.option("beta", 0.4), epsilon=spec.option("epsilon", 1e-6),
+                                 beta_annealing_steps=o.anneal_rounds_base if annealing is None else annealing)
+    return TransitionReplay("prioritized", off_policy_storage(spec, layout, o), sampler, n_step=o.n_step)
+
+
 REPLAY_KINDS: dict[str, ReplayKind] = {
     "queue": ReplayKind(on_policy=True, check_options=None, build=build_queue),
     "standard": ReplayKind(on_policy=False, check_options=None, build=build_standard),
     "custom": ReplayKind(on_policy=False, check_options=check_custom_options, build=build_custom),
+    "prioritized": ReplayKind(on_policy=False, check_options=check_prioritized_options, build=build_prioritized),
 }
 
 

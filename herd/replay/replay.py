@@ -32,6 +32,16 @@ class Replay:
         self.generation = np.zeros(storage.capacity, dtype=np.int64)
         self.stale_updates = 0      # updates dropped because their item was overwritten since
 
+    @property
+    def items_per_trajectory(self) -> int:
+        """Items a stored trajectory makes: 1 here (batches of trajectories); a transition
+        replay (herd/replay/transitions.py) samples each of its T steps on its own."""
+        return 1
+
+    @property
+    def item_capacity(self) -> int:
+        return self.storage.capacity * self.items_per_trajectory
+
     def add(self, trajectory: dict[str, np.ndarray], version: int) -> None:
         position = self.sampler.add()
         self.storage.write(position, trajectory, version)

@@ -13,6 +13,10 @@ every sampler implements (and tests/replay/test_sampler_protocol.py checks):
     update(positions [k], values [k])    new per-item values from the learner (priorities);
                                          samplers without any accept and ignore them
     state_dict() / load_state_dict()
+
+The prioritized sampler (prioritized.py) can also give each trajectory several items (one
+per transition, for Ape-X): its sample() and update() then speak of those items, and
+herd/replay/transitions.py maps them back to trajectory positions.
 """
 from __future__ import annotations
 

@@ -72,6 +72,13 @@ class TrajectoryStorage:
             batch["obs"] = np.stack([self.unpack_obs(p) for p in positions], axis=1)
         return batch
 
+    def obs_at(self, positions: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """The observation of step steps[b] of trajectory positions[b], for each b: [B, ...]
+        (a transition batch reads one or two steps of many trajectories)."""
+        if not self.compress_obs:
+            return self.arrays["obs"][steps, positions]
+        return np.stack([self.unpack_steps(p, (t,))[0] for p, t in zip(positions.tolist(), steps.tolist())])
+
     def read_steps(self, positions: np.ndarray, steps: np.ndarray, names: tuple) -> dict[str, np.ndarray]:
         """Only the time steps `steps` [k] of the fields `names`: field -> [k, C, ...] for
         positions [C]. What elite scoring reads: a few steps of many trajectories."""

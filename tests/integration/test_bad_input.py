@@ -26,6 +26,26 @@ CASES = [
     (["--env=CartPole-v1", "--algorithm=dqn"], "--algorithm: 'dqn' is not one of impala"),
     (["--env=CartPole-v1", "--actions_count=3"], "--actions_count=3 but CartPole-v1 has 2 actions"),
     (["--env=PongNoFrameskip-v4", "--observation_shape=(3, 84, 84)"], "gives 4,84,84 after preprocessing"),
+    # Ape-X's options
+    (["--env=CartPole-v1", "--algorithm=apex", "--n_step=0"], "--n_step must be >= 1"),
+    (["--env=CartPole-v1", "--algorithm=apex", "--n_step=17"], "longer than a trajectory"),
+    (["--env=CartPole-v1", "--algorithm=apex", "--target_update_period=0"], "--target_update_period must be >= 1"),
+    (["--env=CartPole-v1", "--algorithm=apex", "--apex_epsilon=1.5"], "--apex_epsilon must be in [0, 1]"),
+    (["--env=CartPole-v1", "--algorithm=apex", "--apex_alpha=-1"], "--apex_alpha must be"),
+    (["--env=CartPole-v1", "--algorithm=apex", "--apex_test_epsilon=2"], "--apex_test_epsilon must be in [0, 1]"),
+    (["--env=CartPole-v1", "--algorithm=apex", "--replay_ratio=0"], "--replay_ratio must be a number > 0"),
+    (["--env=CartPole-v1", "--replay_ratio=2"], "--replay_ratio paces training without a queue"),
+    (["--env=CartPole-v1", "--algorithm=apex", "--actor_inference=server"], "need their own model"),
+    (["--env=CartPole-v1", "--algorithm=apex", '--replay_parameters=[{"type": "standard", "capacity": 10, '
+      '"sample_ratio": 1}]'], "apex does not train from a 'standard' replay"),
+    (["--env=CartPole-v1", '--replay_parameters=[{"type": "prioritized", "capacity": 10, "sample_ratio": 1}]'],
+     "impala does not train from a 'prioritized' replay"),
+    (["--env=CartPole-v1", "--algorithm=apex", '--replay_parameters=[{"type": "prioritized", "capacity": 10, '
+      '"sample_ratio": 1, "gamma": 1}]'], "unknown key 'gamma' for type 'prioritized'"),
+    (["--env=CartPole-v1", "--algorithm=apex", '--replay_parameters=[{"type": "prioritized", "capacity": 10, '
+      '"sample_ratio": 1, "beta": 2}]'], "beta must be a number in [0, 1]"),
+    (["--env=CartPole-v1", "--algorithm=apex", '--replay_parameters=[{"type": "prioritized", "capacity": 10, '
+      '"sample_ratio": 1, "beta_annealing_steps": -1}]'], "beta_annealing_steps must be an integer >= 0"),
 ]
 
 

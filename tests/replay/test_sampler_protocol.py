@@ -15,6 +15,7 @@ from herd.algos.impala import impala_layout
 from herd.learner.batches import DirectBatches, PrefetchedBatches
 from herd.replay.elite import EliteSampler
 from herd.replay.mixer import ReplayMixer
+from herd.replay.prioritized import PrioritizedSampler
 from herd.replay.registry import REPLAY_KINDS, build_replay
 from herd.replay.replay import Replay
 from herd.replay.samplers import FifoSampler, UniformSampler
@@ -43,6 +44,7 @@ SAMPLERS = {
     "elite sampling": lambda: elite(sample_strategy="elite_sampling", lambda_batch_multiplier=3),
     "attentive sampling": lambda: elite(sample_strategy="attentive_sampling", lambda_batch_multiplier=3),
     "elite insertion": lambda: elite(insert_strategy="elite_insertion", elite_batch_size=4),
+    "prioritized": lambda: PrioritizedSampler(CAPACITY, alpha=0.6, beta=0.4, beta_annealing_steps=5),
 }
 
 

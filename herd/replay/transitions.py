@@ -1,0 +1,84 @@
+"""Ape-X's replay: prioritized transitions read out of whole stored trajectories.
+
+Storage stays per trajectory (TrajectoryStorage: each trajectory's T+1 observations are
+stored once, LZ4-packed per step with --use_replay_compression), and each of its T steps is
+one item of the PrioritizedSampler (leaf = position * T + t). A sampled leaf (position, t)
+becomes one column of an n-step transition batch, read straight from the storage:
+
+    obs          [2, B, ...]  obs[t] and the bootstrap observation obs[min(t + n, T)]
+    action       [1, B]       action[t]
+    reward       [n, B]       reward[t + i]            (i = 0..n-1; 0 past the trajectory)
+    done         [n, B]       done[t + i]              (False past the trajectory)
+    trunc_value  [n, B]       trunc_value[t + i]       (the actor's value of a truncated
+                                                       episode's final observation)
+    valid        [n, B]       t + i < T: the window is cut at the trajectory's end, where
+                              obs[T] bootstraps after T - t steps instead of n
+    weight       [1, B]       importance weight, normalised by the batch's largest
+
+so a transition never needs a neighbouring trajectory, and its observation frames are
+never copied per transition. herd/ops/returns.py turns the window into the n-step return.
+An episode end inside the window stops it there (done); the learner then bootstraps from
+trunc_value alone (0 for a terminal state)."""
+from __future__ import annotations
+
+import numpy as np
+
+from herd.replay.prioritized import PrioritizedSampler
+from herd.replay.replay import Replay, ReplayKeys
+from herd.replay.storage import TrajectoryStorage
+
+WINDOW_FIELDS = ("reward", "done", "trunc_value")
+
+
+def transition_batch(storage: TrajectoryStorage, positions: np.ndarray, steps: np.ndarray,
+                     n_step: int) -> dict[str, np.ndarray]:
+    """The n-step transitions starting at step steps[b] of stored trajectory positions[b]."""
+    T = storage.unroll_length
+    window = steps[None, :] + np.arange(n_step)[:, None]                   # [n, B]
+    valid = window < T
+    rows = np.minimum(window, T - 1)
+    columns = np.broadcast_to(positions[None, :], rows.shape)
+    batch = {"action": storage.arrays["action"][steps, positions][None], "valid": valid}
+    for name in WINDOW_FIELDS:
+        values = storage.arrays[name][rows, columns]
+        batch[name] = np.where(valid, values, np.zeros((), values.dtype))
+    bootstrap = np.minimum(steps + n_step, T)
+    batch["obs"] = np.stack([storage.obs_at(positions, steps), storage.obs_at(positions, bootstrap)])
+    return batch
+
+
+class TransitionReplay(Replay):
+    def __init__(self, name: str, storage: TrajectoryStorage, sampler: PrioritizedSampler, n_step: int):
+        if sampler.steps != storage.unroll_length:
+            raise ValueError(f"the sampler has {sampler.steps} leaves per trajectory, the storage "
+                             f"{storage.unroll_length} steps")
+        super().__init__(name, storage, sampler, on_policy=False)
+        self.n_step = n_step
+
+    @property
+    def items_per_trajectory(self) -> int:
+        return self.storage.unroll_length
+
+    def add(self, trajectory: dict[str, np.ndarray], version: int) -> None:
+        # The actors' initial priorities (Ape-X); a layout without them gets the max rule.
+        position = self.sampler.add(trajectory.get("priority"))
+        self.storage.write(position, trajectory, version)
+        self.generation[position] += 1
+
+    def sample(self, n: int, rng: np.random.Generator):
+        """n transitions (see the module doc); their policy versions [n], keys (leaf +
+        generation of its trajectory) and probabilities [n]."""
+        leaves, probabilities = self.sampler.sample(n, rng)
+        positions, steps = np.divmod(leaves, self.storage.unroll_length)
+        keys = ReplayKeys(leaves, self.generation[positions].copy())
+        batch = transition_batch(self.storage, positions, steps, self.n_step)
+        batch["weight"] = self.sampler.importance_weights(probabilities).astype(np.float32)[None]
+        return batch, self.storage.version[positions], keys, probabilities
+
+    def update(self, keys: ReplayKeys, values: np.ndarray) -> int:
+        """As Replay.update, with the generation of each leaf's trajectory."""
+        current = self.generation[keys.positions // self.storage.unroll_length] == keys.generations
+        self.stale_updates += int(np.count_nonzero(~current))
+        if current.any():
+            self.sampler.update(keys.positions[current], np.asarray(values)[current])
+        return int(np.count_nonzero(current))
