@@ -2,7 +2,8 @@
 now refused by validate() with one line naming the option (no process, nothing written)."""
 import pytest
 
-from herd.config import ConfigError, max_worker_count, resolve
+from herd.config import ConfigError, resolve
+from herd.validation import max_worker_count
 from herd.plan import check_results_dir
 
 

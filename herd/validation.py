@@ -1,0 +1,232 @@
+"""The checks of a resolved config that span fields: one function, `validate(cfg)`, raising
+ConfigError with one line. Apart from herd/config.py (which defines the options and
+imports this module) so that both stay short; this module reads a config by its
+attributes and never imports herd.config."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from herd.algos import ALGORITHMS
+from herd.backends import check_backend
+from herd.devices import learner_device
+from herd.errors import ConfigError
+from herd.learner.distributed import torchrun_world_size
+from herd.replay.spec import batch_shares
+
+if TYPE_CHECKING:  # names for the annotations only: herd.config imports this module
+    from herd.config import Config
+    from herd.replay.spec import ReplaySpec
+
+
+def parse_eval_interval(text: str) -> tuple[int | None, float | None]:
+    """--eval_interval: "500" -> (500 updates, None); "60s" -> (None, 60.0 seconds)."""
+    cleaned = str(text).strip().lower()
+    try:
+        value = float(cleaned[:-1] if cleaned.endswith("s") else cleaned)
+    except ValueError:
+        value = float("nan")
+    seconds = cleaned.endswith("s")
+    if not 0 < value < float("inf") or (not seconds and not value.is_integer()):
+        raise ConfigError(f"--eval_interval must be a whole number of updates (500) or of seconds (60s), got '{text}'")
+    return (None, value) if seconds else (int(value), None)
+
+
+
+def transition_items(specs: list[ReplaySpec]) -> bool:
+    """The replays sample transitions (Ape-X's prioritized replay), not trajectories."""
+    return any(spec.type == "prioritized" for spec in specs)
+
+
+def _positive(cfg: Config) -> dict[str, Any]:
+    return {
+        "batch_size": cfg.train.batch_size, "r_f_steps": cfg.train.r_f_steps,
+        "worker_count": cfg.parallel.worker_count, "envs_per_worker": cfg.parallel.envs_per_worker,
+        "environment_max_steps": cfg.train.environment_max_steps, "lr_scheduler_steps": cfg.train.lr_scheduler_steps,
+        "save_model_period": cfg.general.save_model_period, "test_episode_count": cfg.test.test_episode_count,
+        "feature_out_layer_size": cfg.network.feature_out_layer_size, "avg_buff_size": cfg.stats.avg_buff_size,
+        "shared_queue_size": cfg.parallel.shared_queue_size, "learner_thread_count": cfg.train.learner_thread_count,
+        "skipped_frames": cfg.env.skipped_frames, "frames_stacked": cfg.env.frames_stacked,
+        "caching_threads": cfg.replay.caching_threads, "cache_output_buffer_size": cfg.replay.cache_output_buffer_size,
+        "verbose_learner_out_int": cfg.stats.verbose_learner_out_int,
+        "replay_writer_queue_size": cfg.replay.replay_writer_queue_size, "cache_sample_size": cfg.replay.cache_sample_size,
+        "env_threads": cfg.parallel.env_threads, "verbose_worker_out_int": cfg.stats.verbose_worker_out_int,
+        "learner_count": cfg.parallel.learner_count,
+        "n_step": cfg.train.n_step,
+        **({"target_update_period": cfg.train.target_update_period} if cfg.general.algorithm == "apex" else {}),
+    }
+
+
+# Seeds go to numpy's legacy RNG (32-bit) and to every RNG herd uses; one range for all.
+MAX_SEED = 2**32 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+# The fewest seconds --actor_timeout may be: its clock starts when an actor is launched,
+# and starting one (a spawned Python importing torch, then making its environments) takes
+# about a second even on an idle machine, so a shorter timeout restarts healthy actors
+# until --max_actor_restarts ends the run (measured: 0 s, 21 restarts, no step taken).
+MIN_ACTOR_TIMEOUT = 2.0
+# Each actor is a Python process with torch loaded (about 300 MB resident, several
+# threads). Past 8 per core they only time-share the cores, and far past that the machine
+# runs out of memory or threads mid-start; the bound is the smaller of the two.
+ACTORS_PER_CORE = 8
+ACTOR_MEMORY_BYTES = 300 * 2**20
+
+
+def max_worker_count() -> int:
+    import psutil
+    by_cores = ACTORS_PER_CORE * max(1, os.cpu_count() or 1)
+    by_memory = max(1, psutil.virtual_memory().total // ACTOR_MEMORY_BYTES)
+    return int(min(by_cores, by_memory))
+
+
+def check_finite(cfg: Config) -> None:
+    """nan and inf pass every comparison-based check below (nan <= 0 is False)."""
+    for section in dataclasses.fields(cfg):
+        for f in dataclasses.fields(getattr(cfg, section.name)):
+            value = getattr(getattr(cfg, section.name), f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{f.name} must be a finite number, got {value}")
+
+
+def validate_general(cfg: Config) -> None:
+    g, p = cfg.general, cfg.parallel
+    if not str(g.results_dir).strip():
+        raise ConfigError("--results_dir is empty: give the folder for run folders (default: results)")
+    if g.seed is not None and not 0 <= g.seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be an integer from 0 to {MAX_SEED}, got {g.seed}")
+    if p.actor_timeout < MIN_ACTOR_TIMEOUT:
+        raise ConfigError(f"--actor_timeout must be >= {MIN_ACTOR_TIMEOUT:g} seconds (starting an actor takes "
+                          f"seconds), got {p.actor_timeout:g}")
+    if p.max_actor_restarts < 0:
+        raise ConfigError(f"--max_actor_restarts must be >= 0, got {p.max_actor_restarts}")
+    bound = max_worker_count()
+    if p.worker_count is not None and p.worker_count > bound:
+        raise ConfigError(f"--worker_count={p.worker_count} is more actor processes than this machine can run "
+                          f"(at most {bound}: {ACTORS_PER_CORE} per core, about "
+                          f"{ACTOR_MEMORY_BYTES // 2**20} MB of memory each)")
+
+
+def validate(cfg: Config) -> None:
+    """Checks the rules that span fields, after the profile is applied. Raises ConfigError."""
+    check_finite(cfg)
+    for name, value in _positive(cfg).items():
+        if value is None or value < 1:
+            raise ConfigError(f"--{name} must be >= 1, got {value}")
+    validate_general(cfg)
+    t, lo = cfg.train, cfg.loss
+    if not t.lr or t.lr <= 0:
+        raise ConfigError(f"--lr must be > 0, got {t.lr}")
+    if t.lr > FLOAT32_MAX:   # the optimizers compute in float32: such an lr is infinite there
+        raise ConfigError(f"--lr={t.lr:g} is beyond float32's range (the weights' type): use a learning rate < 1")
+    if t.rmsprop_eps is None or not t.rmsprop_eps > 0:
+        raise ConfigError(f"--rmsprop_eps must be > 0, got {t.rmsprop_eps}")
+    if not 0 <= t.gamma <= 1:
+        raise ConfigError(f"--gamma must be in [0, 1], got {t.gamma}")
+    if t.gradient_clip_by_norm_threshold < 0:
+        raise ConfigError("--gradient_clip_by_norm_threshold must be >= 0 (0 disables clipping)")
+    if not 0 <= cfg.replay.training_fill_in_factor <= 1:
+        raise ConfigError(f"--training_fill_in_factor must be in [0, 1], got {cfg.replay.training_fill_in_factor}")
+    if not cfg.stats.hardware_interval >= 0 or math.isinf(cfg.stats.hardware_interval):
+        raise ConfigError(f"--hardware_interval must be a number of seconds >= 0 (0: off), got {cfg.stats.hardware_interval}")
+    if cfg.test.eval_interval is not None:
+        parse_eval_interval(cfg.test.eval_interval)
+    if cfg.test.eval_episodes < 1 or cfg.test.eval_video_every < 0:
+        raise ConfigError(f"--eval_episodes must be >= 1 and --eval_video_every >= 0, got {cfg.test.eval_episodes} "
+                          f"and {cfg.test.eval_video_every}")
+    if cfg.env.noop_threshold < 0:
+        raise ConfigError(f"--noop_threshold must be >= 0, got {cfg.env.noop_threshold}")
+    if len(cfg.env.frame_scale_resolution) != 2 or min(cfg.env.frame_scale_resolution) < 1:
+        raise ConfigError(f"--frame_scale_resolution must be two positive integers height,width, got {cfg.env.frame_scale_resolution}")
+    if lo.rho_const <= 0 or lo.c_const <= 0 or lo.kl_div_threshold < 0:
+        raise ConfigError("--rho_const and --c_const must be > 0 and --kl_div_threshold >= 0")
+    p = cfg.parallel
+    if not 0 <= p.env_batch_size <= p.envs_per_worker:
+        raise ConfigError(f"--env_batch_size must be between 0 (all, synchronous) and --envs_per_worker="
+                          f"{p.envs_per_worker}, got {p.env_batch_size}")
+    if t.max_policy_lag is not None and t.max_policy_lag < 0:
+        raise ConfigError(f"--max_policy_lag must be >= 0 (updates), got {t.max_policy_lag}")
+    if cfg.env.max_episode_steps is not None and cfg.env.max_episode_steps < 1:
+        raise ConfigError(f"--max_episode_steps must be >= 1, got {cfg.env.max_episode_steps}")
+    if cfg.general.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device=cuda but no CUDA GPU is visible: use --device=cpu or auto")
+    if cfg.general.op_mode in ("train_w_load", "test") and not cfg.general.load_model_url:
+        raise ConfigError(f"--op_mode={cfg.general.op_mode} needs --load_model_url=<run folder or checkpoint file>")
+    check_backend(p.multiprocessing_backend)
+    if cfg.env.actions_count is not None and cfg.env.actions_count < 1:
+        raise ConfigError(f"--actions_count must be >= 1, got {cfg.env.actions_count}")
+    if cfg.env.observation_shape is not None and (not cfg.env.observation_shape or min(cfg.env.observation_shape) < 1):
+        raise ConfigError(f"--observation_shape must be positive integers (e.g. 4,84,84), got {cfg.env.observation_shape}")
+    validate_apex(cfg)
+    specs = cfg.replays
+    algorithm = ALGORITHMS[cfg.general.algorithm]
+    for spec in specs:
+        if spec.type not in algorithm.replay_types:
+            raise ConfigError(f"--replay_parameters: {algorithm.name} does not train from a '{spec.type}' replay "
+                              f"(use {', '.join(algorithm.replay_types)})")
+    shares = batch_shares(specs, t.batch_size)
+    for spec, share in zip(specs, shares):
+        if spec.sample_ratio > 0 and share == 0:
+            raise ConfigError(f"--batch_size={t.batch_size} is too small: the {spec.type} replay's sample_ratio "
+                              f"{spec.sample_ratio:g} gives it no trajectory per batch")
+    items = t.r_f_steps if transition_items(specs) else 1      # a trajectory's items
+    if not any(spec.on_policy for spec in specs) and t.batch_size > max(spec.capacity * items for spec in specs):
+        raise ConfigError(f"--batch_size={t.batch_size} exceeds every replay's capacity")
+    if t.replay_ratio is not None and any(spec.on_policy for spec in specs):
+        raise ConfigError("--replay_ratio paces training without a queue replay; with a queue, each fresh "
+                          "trajectory is used once: drop --replay_ratio or the queue")
+    if cfg.general.actor_inference == "server" and not algorithm.inference_server:
+        raise ConfigError(f"--actor_inference=server: {algorithm.name} actors need their own model "
+                          "(use --actor_inference=local)")
+    validate_learners(cfg, specs)
+
+
+def validate_learners(cfg: Config, specs: list) -> None:
+    """--learner_count N splits the actors and every batch across N learners."""
+    n, batch = cfg.parallel.learner_count, cfg.train.batch_size
+    if not 0 < cfg.parallel.learner_timeout < float("inf"):
+        raise ConfigError(f"--learner_timeout must be a positive number of seconds, got {cfg.parallel.learner_timeout}")
+    world = torchrun_world_size()
+    if world is not None and n != world:
+        raise ConfigError(f"--learner_count={n} but torchrun started {world} processes (WORLD_SIZE): "
+                          "drop --learner_count or make them equal")
+    if n == 1:
+        return
+    if cfg.general.algorithm != "impala":
+        raise ConfigError(f"--learner_count={n}: several learners train IMPALA only so far; "
+                          f"use --learner_count=1 with --algorithm={cfg.general.algorithm}")
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", n))      # learners on this machine (torchrun: per node)
+    if learner_device(cfg.general.device).type == "cuda" and torch.cuda.device_count() < here:
+        raise ConfigError(f"{here} learners on this machine need {here} GPUs (one each) but it has "
+                          f"{torch.cuda.device_count()}: lower --learner_count or use --device=cpu")
+    if cfg.parallel.worker_count < n:
+        raise ConfigError(f"--worker_count={cfg.parallel.worker_count} is less than --learner_count={n}: "
+                          "every learner needs at least one actor")
+    if batch % n:
+        raise ConfigError(f"--batch_size={batch} does not split evenly across --learner_count={n} learners: "
+                          f"use a multiple of {n} (the batch size is the total over all learners)")
+    for spec, share in zip(specs, batch_shares(specs, batch // n)):
+        if spec.sample_ratio > 0 and share == 0:
+            raise ConfigError(f"--batch_size={batch} split across {n} learners gives each {batch // n} trajectories, "
+                              f"and the {spec.type} replay's sample_ratio {spec.sample_ratio:g} then no trajectory: "
+                              "raise --batch_size or lower --learner_count")
+
+
+def validate_apex(cfg: Config) -> None:
+    """Ape-X's options (checked whatever the algorithm: a bad value is bad input anyway)."""
+    t = cfg.train
+    if not 0 <= t.apex_epsilon <= 1:
+        raise ConfigError(f"--apex_epsilon must be in [0, 1], got {t.apex_epsilon}")
+    if not (t.apex_alpha >= 0 and math.isfinite(t.apex_alpha)):
+        raise ConfigError(f"--apex_alpha must be a finite number >= 0, got {t.apex_alpha}")
+    if not 0 <= cfg.test.apex_test_epsilon <= 1:
+        raise ConfigError(f"--apex_test_epsilon must be in [0, 1], got {cfg.test.apex_test_epsilon}")
+    if t.replay_ratio is not None and not (t.replay_ratio > 0 and math.isfinite(t.replay_ratio)):
+        raise ConfigError(f"--replay_ratio must be a number > 0, got {t.replay_ratio}")
+    if t.target_update_period is not None and t.target_update_period < 1:
+        raise ConfigError(f"--target_update_period must be >= 1, got {t.target_update_period}")
+    if cfg.general.algorithm == "apex" and t.n_step > t.r_f_steps:
+        raise ConfigError(f"--n_step={t.n_step} is longer than a trajectory (--r_f_steps={t.r_f_steps})")
