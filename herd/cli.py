@@ -156,6 +156,7 @@ class stop_handling:  # noqa: N801 (used as a statement: `with stop_handling():`
 
     def __exit__(self, *exc) -> None:
         self.restore()
+        stopping.STOP.clear()          # this command's stop ends with it (in-process callers run more)
 
 
 if __name__ == "__main__":
