@@ -162,11 +162,12 @@ def throughput(args) -> None:
 def cartpole(args) -> None:
     from cartpole import time_to_target
     rows, runs = [], []
+    # The quick start's options (as in the README's CartPole table) and the learner count.
+    flags = [f"--learner_count={args.learners}", "--basic_verbose=False", "--tensorboard=False"]
+    flags += [f"--environment_max_steps={args.steps}"] if args.steps else []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
-            run, launch, code = run_herd(["train", "--env", "CartPole-v1", f"--seed={seed}", "--learner_count=2",
-                                          "--basic_verbose=False", "--tensorboard=False",
-                                          f"--environment_max_steps={args.steps}"], Path(tmp))
+            run, launch, code = run_herd(["train", "--env", "CartPole-v1", f"--seed={seed}", *flags], Path(tmp))
             episodes = read_csv(run / "episodes.csv")
             seconds, steps = time_to_target(episodes, launch)
             scores = [e["score"] for e in episodes]
@@ -179,10 +180,11 @@ def cartpole(args) -> None:
     reached = sum(r["seconds_to_475"] is not None for r in runs)
     print_table(["seed", "exit", "seconds to 475 (from launch)", "env steps", "best avg100", "final avg100"], rows)
     print(f"reached 475: {reached}/{len(runs)}")
-    record("learners_cartpole", {"command": f"python benchmarks/learners.py cartpole --seeds "
-                                 f"{' '.join(map(str, args.seeds))} --steps {args.steps}",
-                                 "herd_flags": f"train --env CartPole-v1 --learner_count=2 --environment_max_steps={args.steps}",
-                                 "reached": reached, "runs": runs})
+    steps = f" --steps {args.steps}" if args.steps else ""
+    record(f"learners_cartpole_n{args.learners}{'_' + str(args.steps) if args.steps else ''}",
+           {"command": f"python benchmarks/learners.py cartpole --learners {args.learners} --seeds "
+                       f"{' '.join(map(str, args.seeds))}{steps}",
+            "herd_flags": "train --env CartPole-v1 " + " ".join(flags), "reached": reached, "runs": runs})
 
 
 def main() -> None:
@@ -196,7 +198,8 @@ def main() -> None:
     t.add_argument("--extra", default="", help="extra herd flags in one string")
     c = sub.add_parser("cartpole")
     c.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    c.add_argument("--steps", type=int, default=150_000)
+    c.add_argument("--learners", type=int, default=2)
+    c.add_argument("--steps", type=int, default=None, help="--environment_max_steps (default: herd's, 500,000)")
     args = parser.parse_args()
     {"grad_sync": grad_sync, "throughput": throughput, "cartpole": cartpole}[args.what](args)
 

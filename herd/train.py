@@ -28,7 +28,7 @@ from herd.errors import ActorFailure, LearnerFailure, SaveFailed, TrainingDiverg
 from herd.eval_worker import EvalSpec, Evaluator
 from herd.learner.batches import DirectBatches, PrefetchedBatches
 from herd.learner.distributed import (GroupSync, LearnerGroup, broadcast_state, free_port, join_group, leave_group,
-                                      share_of)
+                                      share_of, short_reason)
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.session import SessionOptions, TrainingSession
 from herd.models import build_model, model_signature
@@ -252,7 +252,12 @@ def launch_learners(plan: Plan, run_dir: Path) -> int:
              cfg.train.batch_size // count, cfg.train.batch_size)
     code = 1
     try:
-        group = join_group(0, count, learner_device(cfg.general.device).type, cfg.parallel.learner_timeout, port)
+        try:
+            group = join_group(0, count, learner_device(cfg.general.device).type, cfg.parallel.learner_timeout, port)
+        except Exception as err:  # the store or gloo: a learner that never came
+            log.error("the %d learners did not all start within --learner_timeout=%g s (%s): nothing was trained",
+                      count, cfg.parallel.learner_timeout, short_reason(err))
+            return 1
         code = train_learner(plan, run_dir, group)
     finally:
         leave_group()

@@ -207,3 +207,12 @@ def test_a_learner_that_hangs_is_given_up_after_the_timeout(tmp_path):
     (first,) = run_pair(tmp_path, "hangs")
     assert first["error"] is not None and "lost the other learners" in first["error"], first["error"]
     assert HANG_TIMEOUT - 1 <= first["seconds"] < 4 * HANG_TIMEOUT, first["seconds"]
+
+
+def test_one_learner_without_a_group_skips_a_non_finite_loss_as_before():
+    model = new_model(seed=0)
+    learner, before = new_learner(model, "adam"), params(model)
+    metrics = learner.step(make_batch(0, nan_reward=True))
+    assert metrics["skipped"] == 1.0 and "stopped" not in metrics
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
