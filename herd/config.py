@@ -215,7 +215,7 @@ ALGORITHM_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         # CartPole-sized tasks: many cheap updates per environment step and a fast target.
         "vector": dict(
             lr=0.001, optimizer="adam", batch_size=128, r_f_steps=16, envs_per_worker=8, target_update_period=250,
-            replay_ratio=8.0, environment_max_steps=250_000,
+            replay_ratio=8.0, environment_max_steps=170_000,
             replay_parameters='[{"type": "prioritized", "capacity": 3000, "sample_ratio": 1, "alpha": 0.6, '
                               '"beta": 0.4}]',
         ),

@@ -154,7 +154,7 @@ def test_apex_has_its_own_defaults_per_kind_and_the_command_line_still_wins():
     assert (pong.train.lr, pong.train.optimizer, pong.train.target_update_period) == (0.0001, "adam", 2500)
     assert pong.env.clip_rewards and pong.replay.use_replay_compression       # the Atari profile fills the rest
     # The LR decays over the whole run: batch_size / replay_ratio environment steps per update.
-    assert cartpole.train.lr_scheduler_steps == -(-250_000 // (128 // 8))
+    assert cartpole.train.lr_scheduler_steps == -(-170_000 // (128 // 8))
     assert resolve({"env": "CartPole-v1", "algorithm": "apex", "batch_size": "32"},
                    env_kind=kind_of).train.batch_size == 32
     impala = resolve({"env": "CartPole-v1"}, env_kind=kind_of)
