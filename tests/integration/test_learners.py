@@ -44,8 +44,8 @@ def test_two_learners_write_one_run_with_the_totals_of_both(tmp_path):
     assert len(list_checkpoints(run / "checkpoints")) >= 1
     assert json.loads((run / "config.json").read_text())["learner_count"] == 2
     # Only the primary writes into the run folder: no second summary, log or metrics.
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json", "episodes.csv", "log.txt",
-                                                     "summary.json", "train.csv"]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json", "episodes.csv", "hardware.csv",
+                                                     "log.txt", "summary.json", "train.csv"]
 
     # Resume the 2-learner run with 1 learner: the counters continue; the saved queue
     # (fresh trajectories, sized by the batch share) is not loaded, the weights are.
