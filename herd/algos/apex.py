@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from herd.algos.base import describe_optimization as optimizer_and_schedule
 from herd.losses.dqn import ApexLoss
 from herd.ops.returns import trajectory_priorities
 from herd.trajectory import Field
@@ -97,11 +98,7 @@ class Apex:
     @staticmethod
     def describe_optimization(cfg) -> dict:
         t = cfg.train
-        optimizer = "RMSprop (decay 0.99, no momentum, eps {:g})".format(t.rmsprop_eps) if t.optimizer == "rmsprop" \
-            else "Adam"
-        return {"optimizer": optimizer,
-                "scheduler": f"linear decay from {t.lr:g} to {t.lr_end_value:g} over {t.lr_scheduler_steps} updates",
-                "n_step": t.n_step, "target_update_period": t.target_update_period,
+        return {**optimizer_and_schedule(cfg), "n_step": t.n_step, "target_update_period": t.target_update_period,
                 "epsilon": f"{t.apex_epsilon:g}^(1 + {t.apex_alpha:g} i / (N - 1))"}
 
 

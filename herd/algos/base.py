@@ -71,3 +71,12 @@ def trajectory_layout(algorithm: Algorithm, unroll_length: int, obs_shape: tuple
     """The trajectory an actor of `algorithm` fills: the common fields and its own."""
     fields = algorithm.step_fields(num_actions, feature_size)
     return TrajectoryLayout(unroll_length, tuple(obs_shape), obs_dtype, tuple(fields.items()))
+
+
+def describe_optimization(cfg) -> dict:
+    """The optimizer and LR schedule as summary.json states them (herd's learner builds both
+    the same way for every algorithm)."""
+    t = cfg.train
+    optimizer = f"RMSprop (decay 0.99, no momentum, eps {t.rmsprop_eps:g})" if t.optimizer == "rmsprop" else "Adam"
+    return {"optimizer": optimizer,
+            "scheduler": f"linear decay from {t.lr:g} to {t.lr_end_value:g} over {t.lr_scheduler_steps} updates"}

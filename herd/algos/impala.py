@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from herd.algos.base import describe_optimization as optimizer_and_schedule
 from herd.algos.base import trajectory_layout
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.trajectory import Field
@@ -67,11 +68,7 @@ class Impala:
 
     @staticmethod
     def describe_optimization(cfg) -> dict:
-        t = cfg.train
-        optimizer = "RMSprop (decay 0.99, no momentum, eps {:g})".format(t.rmsprop_eps) if t.optimizer == "rmsprop" \
-            else "Adam"
-        return {"optimizer": optimizer,
-                "scheduler": f"linear decay from {t.lr:g} to {t.lr_end_value:g} over {t.lr_scheduler_steps} updates"}
+        return optimizer_and_schedule(cfg)
 
 
 IMPALA = Impala()
