@@ -9,6 +9,7 @@ Usage: python benchmarks/eval_overhead.py [--pairs 2] [--seconds 90] [--eval_int
 from __future__ import annotations
 
 import argparse
+import csv
 import statistics
 import tempfile
 from pathlib import Path
@@ -29,7 +30,7 @@ def main() -> None:
     parser.add_argument("--eval_episodes", type=int, default=2)
     args = parser.parse_args()
     base = ["train", f"--env={args.env}", f"--worker_count={args.workers}", f"--envs_per_worker={args.envs}",
-            "--basic_verbose=False", *ON_POLICY]
+            "--basic_verbose=False", "--verbose_learner_out_int=5", *ON_POLICY]   # a train.csv row every 5 updates
     with_eval = [f"--eval_interval={args.eval_interval}", f"--eval_episodes={args.eval_episodes}",
                  "--eval_video_every=0"]
     rates: dict[str, list[float]] = {"without": [], "with": []}
@@ -42,7 +43,8 @@ def main() -> None:
                     raise SystemExit(f"eval_overhead: the {name} run failed (exit {code})")
                 rates[name].append(4 * steady_state_rate(read_csv(run_dir / "train.csv"), args.warmup))
                 if name == "with" and (run_dir / "eval.csv").exists():
-                    evaluations += len(read_csv(run_dir / "eval.csv"))
+                    with open(run_dir / "eval.csv", newline="") as f:   # has text columns: count rows only
+                        evaluations += sum(1 for _ in csv.DictReader(f))
     means = {name: statistics.mean(values) for name, values in rates.items()}
     slowdown = 1 - means["with"] / means["without"]
     print_table(["worker", "frames/s per run", "mean"],

@@ -1,9 +1,19 @@
 """Versioned policy weights in shared memory: the learner publishes, actors pull.
 
-One flat float32 tensor holds every parameter. A lock makes a publish and a pull
-mutually exclusive so an actor never loads half-old, half-new weights; the copy under the
-lock is a single memcpy, so neither side waits long."""
+One flat float32 tensor holds every parameter. A sequence lock (one writer, many readers)
+keeps a pull from mixing two versions: the learner makes the sequence odd, copies in, makes
+it even; a reader copies out and keeps the copy only if the sequence was even and unchanged
+around it, else copies again. Readers hold nothing, so an actor killed mid-pull (kill -9, a
+crashed env) cannot leave the learner's next publish waiting forever, as a shared lock
+could.
+
+The check relies on each side's stores and loads reaching memory in program order, which
+x86-64 guarantees. On a weakly ordered CPU a pull could, rarely, mix two consecutive
+versions: harmless to the learning maths, because every trajectory records the behaviour
+policy's own outputs (logits, Q values) and the losses correct against those."""
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.multiprocessing as mp
@@ -15,28 +25,39 @@ class SharedWeights:
         context = context or mp.get_context("spawn")
         self.flat = parameters_to_vector(model.parameters()).detach().cpu().clone().share_memory_()
         self._version = context.Value("q", 0, lock=False)
-        self._lock = context.Lock()
+        self._sequence = context.Value("q", 0, lock=False)   # odd while a publish is copying in
 
     @property
     def version(self) -> int:
         return int(self._version.value)
 
     def publish(self, model: torch.nn.Module, version: int | None = None) -> int:
-        """Copies the model's parameters in and bumps (or sets) the version."""
+        """Copies the model's parameters in and bumps (or sets) the version. One process
+        publishes into a given SharedWeights (the learner, or the primary of several)."""
         with torch.no_grad():
-            vector = parameters_to_vector(model.parameters()).detach().cpu()  # off the GPU before locking
-        with self._lock:
-            self.flat.copy_(vector)
-            self._version.value = self._version.value + 1 if version is None else version
-            return int(self._version.value)
+            vector = parameters_to_vector(model.parameters()).detach().cpu()  # off the GPU first
+        self._sequence.value += 1
+        self.flat.copy_(vector)
+        self._version.value = self._version.value + 1 if version is None else version
+        self._sequence.value += 1
+        return int(self._version.value)
 
     def pull(self, model: torch.nn.Module, have_version: int) -> int:
         """Loads the published weights into `model` if they are newer; returns their version."""
         if self._version.value == have_version:
             return have_version
-        with self._lock:
-            vector = self.flat.clone()
-            version = int(self._version.value)
+        vector, version = self.snapshot()
         with torch.no_grad():
             vector_to_parameters(vector, model.parameters())
         return version
+
+    def snapshot(self) -> tuple[torch.Tensor, int]:
+        """(a copy of the flat weights, their version), never half of one publish."""
+        while True:
+            before = self._sequence.value
+            if before % 2 == 0:
+                vector = self.flat.clone()
+                version = int(self._version.value)
+                if self._sequence.value == before:
+                    return vector, version
+            time.sleep(0)   # a publish is copying in (a memcpy): let it finish

@@ -1,0 +1,70 @@
+"""SharedWeights: a pull never mixes two publishes, and a reader killed mid-pull cannot
+stall the learner (the defect of a shared lock: a SIGKILLed actor left it taken)."""
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import torch
+
+from herd.weights import SharedWeights
+
+SIZE = 2_000_000   # floats: big enough that a copy takes milliseconds, so readers overlap publishes
+
+
+def uniform_model(value: float) -> torch.nn.Module:
+    model = torch.nn.Linear(SIZE // 2, 2, bias=False)
+    torch.nn.init.constant_(model.weight, value)
+    return model
+
+
+def read_many(weights: SharedWeights, count: int, torn) -> None:
+    """Pulls `count` snapshots; counts those that are not one publish's constant."""
+    for _ in range(count):
+        vector, version = weights.snapshot()
+        if not bool((vector == vector[0]).all()) or (version > 0 and float(vector[0]) != float(version)):
+            torn.value += 1
+
+
+def read_forever(weights: SharedWeights) -> None:
+    while True:
+        weights.snapshot()
+
+
+def test_pulls_are_never_torn_while_publishing():
+    context = multiprocessing.get_context("spawn")
+    models = [uniform_model(float(v)) for v in (1, 2)]
+    weights = SharedWeights(models[0], context)
+    torn = context.Value("i", 0)
+    readers = [context.Process(target=read_many, args=(weights, 60, torn)) for _ in range(2)]
+    for reader in readers:
+        reader.start()
+    version = 0
+    while any(reader.is_alive() for reader in readers):
+        version += 1
+        model = models[version % 2]
+        torch.nn.init.constant_(model.weight, float(version))   # the version is the value: checkable
+        weights.publish(model, version=version)
+    for reader in readers:
+        reader.join()
+        assert reader.exitcode == 0
+    assert version > 10, "the readers finished before the publishes overlapped them"
+    assert torn.value == 0
+
+
+def test_a_reader_killed_mid_pull_does_not_block_publish():
+    context = multiprocessing.get_context("spawn")
+    model = uniform_model(1.0)
+    weights = SharedWeights(model, context)
+    reader = context.Process(target=read_forever, args=(weights,))
+    reader.start()
+    time.sleep(2.0)                      # started, and copying most of the time
+    os.kill(reader.pid, signal.SIGKILL)
+    reader.join()
+    published = threading.Event()
+    thread = threading.Thread(target=lambda: (weights.publish(model), published.set()), daemon=True)
+    thread.start()
+    assert published.wait(10.0), "publish is stuck behind a dead reader"
+    vector, version = weights.snapshot()
+    assert version == 1 and bool((vector == 1.0).all())
