@@ -79,6 +79,9 @@ class TrainingConfig:
     target_update_period: Optional[int] = opt(None, "Ape-X: learner updates between syncs of the target network")
     apex_epsilon: float = opt(0.4, "Ape-X: actor i of N explores with epsilon^(1 + apex_alpha * i / (N - 1))")
     apex_alpha: float = opt(7.0, "Ape-X: the exponent spread of the actors' epsilons")
+    # --- learning-rate schedule (issue 16) ---
+    lr_decay_power: float = opt(1.0, "power of the polynomial LR decay from lr to lr_end_value over lr_scheduler_steps: 1 linear (herd's default), 2 the seed's (faster at first, flatter at the end)")
+    # --- end learning-rate schedule ---
 
 
 @dataclass
