@@ -79,6 +79,9 @@ class TrainingConfig:
     target_update_period: Optional[int] = opt(None, "Ape-X: learner updates between syncs of the target network")
     apex_epsilon: float = opt(0.4, "Ape-X: actor i of N explores with epsilon^(1 + apex_alpha * i / (N - 1))")
     apex_alpha: float = opt(7.0, "Ape-X: the exponent spread of the actors' epsilons")
+    # --- learning-rate schedule (issue 16) ---
+    lr_decay_power: float = opt(1.0, "power of the polynomial LR decay from lr to lr_end_value over lr_scheduler_steps: 1 linear (herd's default), 2 the seed's (faster at first, flatter at the end)")
+    # --- end learning-rate schedule ---
 
 
 @dataclass
@@ -155,7 +158,7 @@ class TestConfig:
 
 @dataclass
 class NetworkConfig:
-    network: str = opt("auto", "auto (mlp for vectors, nature_cnn for frames), mlp, nature_cnn or resnet", NETWORKS)
+    network: str = opt("auto", "auto (mlp for vectors, nature_cnn for frames, minatar_cnn for frames under 36x36), mlp, nature_cnn, resnet or minatar_cnn", NETWORKS)
     feature_out_layer_size: Optional[int] = opt(None, "size of the per-step feature vector")
     use_additional_scaling_FC_layer: bool = opt(True, "a separate linear layer produces the feature vector")
     hidden_sizes: tuple = opt((64, 64), "MLP hidden layer sizes")
@@ -198,6 +201,19 @@ PROFILES: dict[str, dict[str, Any]] = {
         feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
         use_replay_compression=False,
     ),
+    # --- MinAtar (issue 16) -------------------------------------------------------------
+    # 10x10 frames, 0/1 rewards, cheap steps: on-policy IMPALA as on vector tasks (Adam,
+    # the queue only, a 1-thread fp32 learner, no prefetching: the extra policy lag costs
+    # more than sampling does), with longer unrolls and bigger batches for the longer
+    # games. `--network=auto` picks minatar_cnn for these frames (herd/models/__init__.py).
+    "minatar": dict(
+        lr=0.001, batch_size=16, r_f_steps=20, optimizer="adam", rmsprop_eps=0.01,
+        environment_max_steps=5_000_000, clip_rewards=False, envs_per_worker=16,
+        replay_parameters='[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
+        feature_out_layer_size=128, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4,
+        caching=False, use_replay_compression=False,
+    ),
+    # --- end MinAtar ----------------------------------------------------------------------
 }
 
 
@@ -374,7 +390,7 @@ def resolve(command_line: dict[str, Any], overrides: dict[str, Any] | None = Non
             saved: dict[str, Any] | None = None, env_kind=None) -> Config:
     """Builds the run's config. Precedence, highest first: the command line, overrides
     from multi_train.py, the config saved in the checkpoint being resumed, the
-    environment kind's profile, the defaults. `env_kind(env_id) -> "atari" | "vector"`."""
+    environment kind's profile, the defaults. `env_kind(env_id) -> "atari" | "minatar" | "vector"`."""
     layers = [saved or {}, overrides or {}, command_line]
     merged: dict[str, Any] = {}
     for layer in layers:

@@ -78,7 +78,8 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
         torch.cuda.set_device(device)
     model = build_model(**plan.model_kwargs).to(device)
     optimizer = build_optimizer(cfg.train.optimizer, model.parameters(), cfg.train.lr, cfg.train.rmsprop_eps)
-    scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps)
+    scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps,
+                                cfg.train.lr_decay_power)
     sync = GroupSync(group, [p for p in model.parameters() if p.requires_grad]) if group is not None else None
     learner = Learner(model, optimizer, scheduler, algorithm.build_loss(cfg, model),
                       cfg.train.gradient_clip_by_norm_threshold,

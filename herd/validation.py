@@ -122,6 +122,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--lr must be > 0, got {t.lr}")
     if t.lr > FLOAT32_MAX:   # the optimizers compute in float32: such an lr is infinite there
         raise ConfigError(f"--lr={t.lr:g} is beyond float32's range (the weights' type): use a learning rate < 1")
+    if not t.lr_decay_power > 0:   # 0 would hold lr_end_value from the first update on
+        raise ConfigError(f"--lr_decay_power must be > 0 (1 linear, 2 the seed's), got {t.lr_decay_power}")
     if t.rmsprop_eps is None or not t.rmsprop_eps > 0:
         raise ConfigError(f"--rmsprop_eps must be > 0, got {t.rmsprop_eps}")
     if not 0 <= t.gamma <= 1:

@@ -130,8 +130,8 @@ def test_lr_decay_horizon_defaults_to_the_whole_vector_run():
 def test_help_shows_the_default_each_kind_of_environment_gets():
     from herd.cli import build_seed_parser
     text = " ".join(build_seed_parser().format_help().split())
-    assert "trajectories per learner batch [default: Atari 100; vector tasks 8]" in text
-    assert "rollout fragment length, the unroll length T [default: Atari 10; vector tasks 16]" in text
+    assert "trajectories per learner batch [default: Atari 100; vector tasks 8; MinAtar 16]" in text
+    assert "rollout fragment length, the unroll length T [default: Atari 10; vector tasks 16; MinAtar 20]" in text
     assert "[default: impala]" in text
 
 

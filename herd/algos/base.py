@@ -79,4 +79,5 @@ def describe_optimization(cfg) -> dict:
     t = cfg.train
     optimizer = f"RMSprop (decay 0.99, no momentum, eps {t.rmsprop_eps:g})" if t.optimizer == "rmsprop" else "Adam"
     return {"optimizer": optimizer,
-            "scheduler": f"linear decay from {t.lr:g} to {t.lr_end_value:g} over {t.lr_scheduler_steps} updates"}
+            "scheduler": f"{'linear' if t.lr_decay_power == 1 else f'power-{t.lr_decay_power:g} polynomial'} decay "
+                         f"from {t.lr:g} to {t.lr_end_value:g} over {t.lr_scheduler_steps} updates"}

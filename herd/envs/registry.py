@@ -1,10 +1,11 @@
 """Which environments herd can run, what they look like after preprocessing, and
 `make_env`, the one way every part of herd creates an environment.
 
-Two kinds:
-  "atari":  ALE ids `<Game>NoFrameskip-v4` or `ALE/<Game>-v5` (the latter forced to frameskip 1
-            and no sticky actions), with our preprocessing (herd.envs.atari); obs [C, H, W] uint8.
-  "vector": any other gymnasium id with a 1-D Box observation; obs [D] float32.
+Three kinds:
+  "atari":   ALE ids `<Game>NoFrameskip-v4` or `ALE/<Game>-v5` (the latter forced to frameskip 1
+             and no sticky actions), with our preprocessing (herd.envs.atari); obs [C, H, W] uint8.
+  "minatar": `MinAtar/<Game>-v1` (herd.envs.minatar, optional package); obs [C, 10, 10] float32.
+  "vector":  any other gymnasium id with a 1-D Box observation; obs [D] float32.
 Both need a Discrete action space. Every error a user can cause is an EnvError with one line."""
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import ale_py
 import gymnasium as gym
 
 from herd.envs.atari import wrap_atari
+from herd.envs.minatar import MAX_EPISODE_STEPS as MINATAR_MAX_EPISODE_STEPS
+from herd.envs.minatar import check_minatar_id, is_minatar_id, make_minatar_raw
 from herd.errors import EnvError
 from herd.envs.score import GameScore
 from herd.envs.wrappers import REWARD_CLIPPING_METHODS, ClipReward, Float32Observation, SeedFirstReset
@@ -33,9 +36,9 @@ ATARI_EXAMPLE = "PongNoFrameskip-v4"
 
 @dataclass(frozen=True)
 class EnvSpec:
-    kind: str                        # "atari" or "vector"
-    obs_shape: tuple[int, ...]       # after preprocessing: atari [k*C, H, W], vector [D]
-    obs_dtype: str                   # "uint8" (atari) or "float32" (vector)
+    kind: str                        # "atari", "minatar" or "vector"
+    obs_shape: tuple[int, ...]       # after preprocessing: atari [k*C, H, W], minatar [C, 10, 10], vector [D]
+    obs_dtype: str                   # "uint8" (atari) or "float32" (minatar, vector)
     num_actions: int
     max_episode_steps: int | None    # agent steps before truncation (Atari: ALE's own frame cap / skip)
 
@@ -100,7 +103,10 @@ def vector_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
 
 
 def env_kind(env_id: str) -> str:
-    """'atari' or 'vector' (see the module docstring); EnvError for anything else."""
+    """'atari', 'minatar' or 'vector' (see the module docstring); EnvError for anything else."""
+    if is_minatar_id(env_id):
+        check_minatar_id(env_id)
+        return "minatar"
     spec = registered_spec(env_id)
     if is_ale(spec):
         check_atari_id(env_id, spec)
@@ -160,6 +166,12 @@ def make_vector(env_id: str, max_episode_steps: int | None, clip_rewards: bool, 
     return env
 
 
+def make_minatar(env_id: str, max_episode_steps: int | None, clip_rewards: bool, reward_clipping_method: str,
+                 render_mode: str | None) -> gym.Env:
+    env = GameScore(make_minatar_raw(env_id, render_mode), max_episode_steps or MINATAR_MAX_EPISODE_STEPS)
+    return ClipReward(env, reward_clipping_method) if clip_rewards else env
+
+
 def make_env(env_id: str, *, seed: int | None = None, skipped_frames: int = 4, frames_stacked: int = 4,
              noop_threshold: int = 30, episodic_life: bool = True, grayscaling_frames: bool = True,
              frame_scale_resolution=(84, 84), clip_rewards: bool = True, reward_clipping_method: str = "abs_one_sign",
@@ -167,11 +179,14 @@ def make_env(env_id: str, *, seed: int | None = None, skipped_frames: int = 4, f
              render_mode: str | None = None) -> gym.Env:
     """An environment with herd's preprocessing. Every env reports the whole game's raw score
     in info["episode_score"] / info["episode_length"] on the step the real game ends, and only
-    then. Atari-only options are checked but ignored for vector envs. With a seed, two envs
+    then. Atari-only options are checked but ignored for vector and MinAtar envs. With a seed, two envs
     give identical trajectories under identical actions."""
     check_preprocessing(skipped_frames, frames_stacked, noop_threshold, frame_scale_resolution,
                         reward_clipping_method, max_episode_steps)
-    if env_kind(env_id) == "atari":
+    kind = env_kind(env_id)
+    if kind == "minatar":
+        env = make_minatar(env_id, max_episode_steps, clip_rewards, reward_clipping_method, render_mode)
+    elif kind == "atari":
         raw = make_atari_raw(env_id, grayscaling_frames, render_mode)
         check_discrete(env_id, raw)
         env = wrap_atari(raw, skipped_frames=skipped_frames, frames_stacked=frames_stacked,
@@ -187,6 +202,8 @@ def make_env(env_id: str, *, seed: int | None = None, skipped_frames: int = 4, f
 def episode_step_limit(env_id: str, skipped_frames: int, max_episode_steps: int | None) -> int | None:
     """The agent-step limit of a game: the caller's, or the env's own (for Atari, ALE's frame
     cap in frame-skipped steps, so an upper bound: the no-op reset uses a few frames)."""
+    if is_minatar_id(env_id):
+        return max_episode_steps or MINATAR_MAX_EPISODE_STEPS
     spec = registered_spec(env_id)
     if not is_ale(spec):
         return max_episode_steps or spec.max_episode_steps   # gym.make's limit replaces the spec's

@@ -25,13 +25,15 @@ def build_optimizer(name: str, params, lr: float, rmsprop_eps: float) -> torch.o
     raise ValueError(f"unknown optimizer '{name}' (use rmsprop or adam)")
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, lr: float, lr_end: float, steps: int):
-    """Linear (polynomial, power 1) decay from lr to lr_end over `steps` updates, then flat."""
+def build_scheduler(optimizer: torch.optim.Optimizer, lr: float, lr_end: float, steps: int, power: float = 1.0):
+    """Polynomial decay from lr to lr_end over `steps` updates, then flat:
+    lr_end + (lr - lr_end) * (1 - update / steps) ** power. Power 1 is linear; the seed's
+    (TensorFlow's polynomial_decay) is 2."""
     end_fraction = min(lr_end / lr, 1.0)
 
     def factor(update: int) -> float:
         progress = min(update, steps) / steps
-        return end_fraction + (1.0 - end_fraction) * (1.0 - progress)
+        return end_fraction + (1.0 - end_fraction) * (1.0 - progress) ** power
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 

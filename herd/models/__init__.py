@@ -9,18 +9,24 @@ from torch import nn
 
 from herd.models.base import HEADS, ModelOutput
 from herd.models.cnn import ImpalaResNet, NatureCNN
+from herd.models.minatar_cnn import MinAtarCNN
 from herd.models.mlp import MLPNet
 
-__all__ = ["HEADS", "NETWORKS", "ModelOutput", "MLPNet", "NatureCNN", "ImpalaResNet", "build_model", "model_signature"]
+__all__ = ["HEADS", "NETWORKS", "ModelOutput", "MLPNet", "NatureCNN", "ImpalaResNet", "MinAtarCNN", "build_model",
+           "model_signature"]
 
-NETWORKS = ("auto", "mlp", "nature_cnn", "resnet")
+NETWORKS = ("auto", "mlp", "nature_cnn", "resnet", "minatar_cnn")
+# The Nature CNN's strides (8/4, 4/2, 3/1) need frames of at least 36x36; "auto" gives
+# smaller frames (MinAtar's 10x10) the small network made for them.
+NATURE_CNN_MIN_SIDE = 36
+IMAGE_NETWORKS = {"nature_cnn": NatureCNN, "resnet": ImpalaResNet, "minatar_cnn": MinAtarCNN}
 
 
 def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int, feature_size: Optional[int],
                 use_feature_layer: bool = True, hidden_sizes=(64, 64), head: str = "actor_critic") -> nn.Module:
-    """The network for an environment. "auto" picks mlp for vector observations [D] and
-    nature_cnn for frames [C, H, W]. Image networks scale uint8 frames by 1/255; float frames
-    are taken as already in [0, 1]. feature_size=None means the torso's own size.
+    """The network for an environment. "auto" picks mlp for vector observations [D],
+    nature_cnn for frames [C, H, W], minatar_cnn for frames smaller than 36x36. Image
+    networks scale uint8 frames by 1/255; float frames are taken as already in [0, 1]. feature_size=None means the torso's own size.
     head: "actor_critic" (policy logits and value) or "dueling_q" (Q values in the logits
     field, max_a Q in the value field; herd.models.base.HEADS).
     Every mismatch raises ValueError with one line (the config layer shows it as is)."""
@@ -41,7 +47,8 @@ def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int
         if len(obs_shape) not in (1, 3):
             raise ValueError(f"network auto handles vectors [D] and frames [C, H, W], this environment gives "
                              f"shape {obs_shape}")
-        network = "mlp" if len(obs_shape) == 1 else "nature_cnn"
+        network = ("mlp" if len(obs_shape) == 1 else
+                   "minatar_cnn" if min(obs_shape[1:]) < NATURE_CNN_MIN_SIDE else "nature_cnn")
     if network == "mlp":
         if len(obs_shape) != 1:
             raise ValueError(f"network mlp needs vector observations [D], this environment gives shape {obs_shape}")
@@ -51,7 +58,7 @@ def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int
                       head=head)
     if len(obs_shape) != 3:
         raise ValueError(f"network {network} needs frames [C, H, W], this environment gives shape {obs_shape}")
-    cls = NatureCNN if network == "nature_cnn" else ImpalaResNet
+    cls = IMAGE_NETWORKS[network]
     return cls(obs_shape[0], num_actions, feature_size, use_feature_layer, frame_hw=obs_shape[1:], head=head)
 
 

@@ -8,7 +8,7 @@ import pytest
 from herd.envs import describe_env, make_env
 from herd.envs.atari import wrap_atari
 
-ENV_IDS = ["CartPole-v1", "Acrobot-v1", "PongNoFrameskip-v4"]
+ENV_IDS = ["CartPole-v1", "Acrobot-v1", "PongNoFrameskip-v4", "MinAtar/Breakout-v1", "MinAtar/Seaquest-v1"]
 
 
 def play(env, actions, reset_on_end=True):
@@ -69,7 +69,8 @@ def check_scores(trace):
     return games
 
 
-@pytest.mark.parametrize("env_id, steps", [("CartPole-v1", 300), ("Acrobot-v1", 1100)])
+@pytest.mark.parametrize("env_id, steps", [("CartPole-v1", 300), ("Acrobot-v1", 1100), ("MinAtar/Breakout-v1", 300),
+                                           ("MinAtar/Asterix-v1", 1500)])
 def test_vector_episode_score_at_every_real_end(env_id, steps):
     n = describe_env(env_id).num_actions
     trace = play(make_env(env_id, seed=0, clip_rewards=False), np.random.default_rng(0).integers(n, size=steps))

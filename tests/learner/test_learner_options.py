@@ -1,8 +1,10 @@
 """The learner's speed options change how it computes, not what: bf16 autocast follows
-the float32 gradient, torch.compile gives the same update and the same checkpoint keys."""
+the float32 gradient, torch.compile gives the same update and the same checkpoint keys; and the shape of the
+LR schedule."""
 import copy
 import functools
 
+import pytest
 import torch
 
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
@@ -56,3 +58,17 @@ def test_compiled_learner_gives_the_same_update_and_plain_checkpoint_keys():
         assert abs(metrics_eager["loss"] - metrics_compiled["loss"]) < 1e-4
     for (name, a), (name_c, b) in zip(eager.model.state_dict().items(), compiled.model.state_dict().items()):
         assert name == name_c and torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("power, halfway", [(1.0, 0.5), (2.0, 0.25)])
+def test_lr_decay_power(power, halfway):
+    """lr_end + (lr - lr_end) * (1 - progress) ** power, then flat at lr_end."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_scheduler(optimizer, 1.0, 0.01, 100, power)
+    lrs = []
+    for _ in range(120):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[0] == 1.0 and lrs[50] == pytest.approx(0.01 + 0.99 * halfway)
+    assert lrs[100] == lrs[119] == pytest.approx(0.01)

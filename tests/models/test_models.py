@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from herd.models import NETWORKS, ImpalaResNet, MLPNet, ModelOutput, NatureCNN, build_model, model_signature
+from herd.models import NETWORKS, ImpalaResNet, MinAtarCNN, MLPNet, ModelOutput, NatureCNN, build_model, model_signature
 
 A = 5
 # network -> (obs_shape, obs_dtype, default feature size); frames are small where the
@@ -13,6 +13,7 @@ CASES = {
     "mlp": ((4,), "float32", 64),
     "nature_cnn": ((4, 84, 84), "uint8", 512),
     "resnet": ((3, 64, 64), "uint8", 256),
+    "minatar_cnn": ((4, 10, 10), "float32", 128),      # MinAtar's 0/1 channels
 }
 IMAGE_NETS = ("nature_cnn", "resnet")
 
@@ -139,7 +140,9 @@ def test_auto_picks_by_observation_rank():
     assert isinstance(build_model("auto", (4,), "float32", 2, 64), MLPNet)
     assert isinstance(build_model("auto", (4, 84, 84), "uint8", 6, 512), NatureCNN)
     assert isinstance(build_model("resnet", (4, 84, 84), "uint8", 6, 512), ImpalaResNet)
-    assert NETWORKS == ("auto", "mlp", "nature_cnn", "resnet")
+    assert isinstance(build_model("auto", (10, 10, 10), "float32", 6, 128), MinAtarCNN)   # under 36x36
+    assert isinstance(build_model("auto", (4, 36, 36), "uint8", 6, 512), NatureCNN)        # the smallest it takes
+    assert NETWORKS == ("auto", "mlp", "nature_cnn", "resnet", "minatar_cnn")
 
 
 def test_other_resolutions():
