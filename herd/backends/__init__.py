@@ -9,6 +9,7 @@ A backend that needs an optional package names the install command when it is mi
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any, Callable
 
 from herd.errors import ConfigError
@@ -35,11 +36,11 @@ def check_backend(name: str) -> None:
         raise ConfigError(f"--multiprocessing_backend: unknown backend '{name}' (use one of {', '.join(BACKENDS)})")
     if name in REQUIRES:
         package, install = REQUIRES[name]
-        try:
-            importlib.import_module(package)
-        except ImportError:
+        # Found, not imported: importing Ray now would fix its address mode too early
+        # (herd/backends/ray_cluster.py). None also where sys.modules holds None for it.
+        if importlib.util.find_spec(package) is None:
             raise ConfigError(f"--multiprocessing_backend={name} needs the '{package}' package, which is not "
-                              f"installed: {install}") from None
+                              f"installed: {install}")
 
 
 def backend_options(name: str, parallel: Any) -> dict[str, Any]:

@@ -1,23 +1,26 @@
 """Where the Ray backend's actors run (--ray_address): a private Ray started on this
 machine for the run, or an existing cluster that the learner joins as a driver.
 
-The private cluster listens on the loopback address only, has no dashboard and is shut
-down at the end of the run. It runs with token authentication and a fresh random token
-per run (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN), unless the user set RAY_AUTH_MODE: Ray's
-C++ servers listen on every interface whatever the node address, and any local user can
-reach 127.0.0.1, so without a token anyone who can reach a port could run code as us.
-Setting the mode explicitly also silences Ray 2.60's warning on init, and a token in the
-environment (inherited by the raylet and every worker) leaves ~/.ray/auth_token alone.
+The private cluster has no dashboard, is shut down at the end of the run, and listens on
+the loopback address only. That takes Ray's single-machine address mode
+(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, its default on macOS and Windows): otherwise Ray
+rewrites 127.0.0.1 into the machine's outside address, for its own node and for a head it
+joins, and its servers listen on every interface (measured with `ss -ltnp`, Ray 2.60).
+Ray reads that mode when it is imported, so herd imports Ray in connect() and not before
+(check_backend only finds the package).
 
-Ray is imported inside the functions: the module is importable without the extra
-(herd/plan.py checks an address before anything starts)."""
+It also runs with token authentication and a fresh random token per run
+(RAY_AUTH_MODE=token, RAY_AUTH_TOKEN) unless the user chose a mode: every local user can
+reach 127.0.0.1, and without a token any of them could run code as us on our cluster.
+Choosing the mode explicitly silences Ray 2.60's warning on init, and a token in the
+environment (inherited by the raylet and every worker) leaves ~/.ray/auth_token alone.
+Joining a cluster leaves both to the user's environment: the cluster's settings rule."""
 from __future__ import annotations
 
 import logging
 import math
 import os
 import secrets
-import socket
 from dataclasses import dataclass, field
 
 from herd.errors import ConfigError
@@ -25,25 +28,39 @@ from herd.errors import ConfigError
 log = logging.getLogger("herd")
 
 LOOPBACK = "127.0.0.1"
-# Seconds a host:port may take to accept a TCP connection before it counts as unreachable;
-# with Ray's own connect on top the run gives up well within 30 s instead of retrying for minutes.
+# Seconds a head may take to answer the probe before its address counts as unreachable.
 PROBE_TIMEOUT = 5.0
+GCS_PROBE = "/ray.rpc.NodeInfoGcsService/GetClusterId"     # Ray 2.60's GCS (src/ray/protobuf/gcs_service.proto)
 AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+LOOPBACK_MODE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"    # "0": Ray's node address is 127.0.0.1
 
 
 def check_ray_address(address: str) -> None:
-    """One line (ConfigError) unless host:port accepts a connection within PROBE_TIMEOUT s.
-    `local` starts its own cluster and `auto` is resolved by Ray when connecting."""
+    """One line (ConfigError) unless a Ray head answers at host:port within PROBE_TIMEOUT s.
+    `local` starts its own cluster and `auto` is resolved by Ray when connecting.
+
+    The probe asks the head's GCS for its cluster id over gRPC (what Ray's own connect does
+    first, but once, with a deadline): ray.init instead retries for about 20 s, printing a
+    line a second, and a port that accepts TCP but is no Ray head (a proxy, another
+    service) would pass a bare TCP check. A head with token auth answers UNAUTHENTICATED
+    to a probe without a token: it is there, and ray.init brings the token."""
     if address in ("local", "auto"):
         return
+    import grpc   # Ray's own dependency (grpcio): the extra is installed when this runs
     host, _, port = address.rpartition(":")
+    channel = grpc.insecure_channel(f"{host}:{port}")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT):
-            pass
-    except OSError as err:
-        reason = "timed out" if isinstance(err, TimeoutError) else (err.strerror or type(err).__name__)
-        raise ConfigError(f"--ray_address={address}: cannot reach a Ray head there ({reason}); start one with "
-                          f"`ray start --head --port={port}` or fix the address") from None
+        channel.unary_unary(GCS_PROBE)(b"", timeout=PROBE_TIMEOUT)    # an empty GetClusterIdRequest
+    except grpc.RpcError as err:
+        if err.code() not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            reason = {grpc.StatusCode.DEADLINE_EXCEEDED: f"no answer within {PROBE_TIMEOUT:g} s",
+                      grpc.StatusCode.UNAVAILABLE: "nothing listens there",
+                      grpc.StatusCode.UNIMPLEMENTED: "something other than a Ray head listens there"
+                      }.get(err.code(), err.code().name.lower())
+            raise ConfigError(f"--ray_address={address}: cannot reach a Ray head there ({reason}); start one with "
+                              f"`ray start --head --port={port}` or fix the address") from None
+    finally:
+        channel.close()
 
 
 @dataclass
@@ -52,26 +69,39 @@ class RayCluster:
     address: str                     # what --ray_address said
     private: bool                    # started here for this run: shut it down at the end
     driver_node: str = ""            # node id (hex) of the learner's node
-    saved_env: dict = field(default_factory=dict)   # auth variables before we set them
+    saved_env: dict = field(default_factory=dict)   # the variables we may set, as they were
 
     def shutdown(self) -> None:
         import ray
         ray.shutdown()               # private: stops its processes; joined: disconnects (our actors end with us)
-        for name, value in self.saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        restore_auth(self.saved_env)
 
 
-def private_auth() -> dict:
-    """Token auth with a fresh token for a private cluster (see the module's docstring);
-    returns the variables' previous values to restore."""
-    saved = {name: os.environ.get(name) for name in AUTH_VARIABLES}
-    if "RAY_AUTH_MODE" not in os.environ:
-        os.environ["RAY_AUTH_MODE"] = "token"
-        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    return saved
+def restore_auth(saved: dict) -> None:
+    """The variables as they were (saved by connect), Ray's config re-read."""
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    from ray._raylet import Config
+    Config.initialize("")
+
+
+def use_token_auth(token: str) -> None:
+    """RAY_AUTH_MODE=token with `token` for this process and the Ray processes it starts.
+    Ray reads the mode into its config when it is imported (herd imports it to check that
+    it is installed), so the config is re-read here, as Ray's own switch to token mode does
+    (Ray 2.60: ray._raylet.Config.initialize); without it this process would connect
+    without its token and be refused."""
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = token
+    from ray._raylet import Config
+    Config.initialize("")
+
+
+def is_loopback(address: str) -> bool:
+    return address == "local" or address.rpartition(":")[0].strip("[]") in ("127.0.0.1", "localhost", "::1")
 
 
 def connect(address: str, actors: int, actor_cpus: float) -> RayCluster:
@@ -79,28 +109,34 @@ def connect(address: str, actors: int, actor_cpus: float) -> RayCluster:
     (ConfigError) when that fails. The private cluster gets CPUs for every actor (Ray's
     CPUs are a scheduling quantity: more actors than cores time-share them, as local
     processes do) and none for the learner, which is this process (the driver)."""
+    saved = {name: os.environ.get(name) for name in (*AUTH_VARIABLES, LOOPBACK_MODE)}
+    if is_loopback(address):
+        os.environ[LOOPBACK_MODE] = "0"      # before Ray is imported (see the module's docstring)
     import ray
     if ray.is_initialized():           # an in-process caller's earlier run: never share its state
         ray.shutdown()
     common = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
-    if address == "local":
-        saved = private_auth()
-        cpus = max(os.cpu_count() or 1, math.ceil(actors * actor_cpus))
-        try:
+    cluster = RayCluster(address, private=address == "local", saved_env=saved)
+    try:
+        if cluster.private:
+            if "RAY_AUTH_MODE" not in os.environ:
+                use_token_auth(secrets.token_hex(32))
+            cpus = max(os.cpu_count() or 1, math.ceil(actors * actor_cpus))
             ray.init(address="local", _node_ip_address=LOOPBACK, num_cpus=cpus, num_gpus=0, **common)
-        except Exception:
-            RayCluster(address, True, saved_env=saved).shutdown()
-            raise
-        cluster = RayCluster(address, private=True, saved_env=saved)
-    else:
-        try:
-            ray.init(address=address, **common)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            ray.shutdown()
-            reason = " ".join(str(err).split())[:300]
-            raise ConfigError(f"--ray_address={address}: cannot join the Ray cluster ({reason})") from None
-        cluster = RayCluster(address, private=False)
+        else:
+            try:
+                ray.init(address=address, **common)
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                reason = " ".join(str(err).split())[:300]
+                raise ConfigError(f"--ray_address={address}: cannot join the Ray cluster ({reason})") from None
+    except BaseException:
+        cluster.shutdown()
+        raise
     cluster.driver_node = ray.get_runtime_context().get_node_id()
+    where = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}.get(cluster.driver_node)
+    if is_loopback(address) and where != LOOPBACK:
+        # Ray was imported before connect() (an in-process caller): its address mode was fixed then.
+        log.warning("Ray's node listens on %s, not only on %s: Ray was imported before the run", where, LOOPBACK)
     return cluster
 
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from herd.backends import backend_options, check_backend
-from herd.backends.ray_cluster import check_ray_address
+from herd.backends.ray_cluster import PROBE_TIMEOUT, check_ray_address
 from herd.config import ConfigError, resolve
 from herd.envs import env_kind
 
@@ -53,13 +53,16 @@ def test_without_ray_the_backend_names_the_install_command(monkeypatch):
     check_backend("python_native")                       # the local backend needs nothing more
 
 
-def test_the_address_probe_refuses_a_closed_port_and_accepts_a_listening_one():
-    with socket.socket() as server:
+def test_the_address_probe_refuses_what_is_no_ray_head_within_seconds():
+    with socket.socket() as server:          # accepts TCP connections, but speaks no gRPC: not a Ray head
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        check_ray_address(f"127.0.0.1:{port}")
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match="cannot reach a Ray head"):
+            check_ray_address(f"127.0.0.1:{port}")
+        assert time.monotonic() - started < PROBE_TIMEOUT + 2
     started = time.monotonic()
-    with pytest.raises(ConfigError, match="cannot reach a Ray head"):
+    with pytest.raises(ConfigError, match="nothing listens there"):
         check_ray_address(f"127.0.0.1:{port}")           # closed now: refused at once
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < PROBE_TIMEOUT

@@ -16,6 +16,7 @@ import pytest
 from ray.cluster_utils import Cluster
 
 from herd_testing import ROOT, killed_at_exit, only_run, run_cli, start_cli, wait_for
+from herd.backends.ray_cluster import restore_auth, use_token_auth
 from herd.checkpoint import load_checkpoint
 
 LOOPBACK = "127.0.0.1"
@@ -31,7 +32,7 @@ def cluster():
     127.0.0.1, with a token the herd processes inherit. Fast node-death detection (0.5 s
     health checks), so a removed node is noticed within seconds, not Ray's default ~30 s."""
     saved = {name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
-    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    use_token_auth(secrets.token_hex(32))                # inherited by the herd processes
     node = dict(node_ip_address=LOOPBACK, object_store_memory=200 * 2**20)
     made = Cluster(initialize_head=True, head_node_args=dict(
         num_cpus=0, include_dashboard=False, **node,
@@ -44,8 +45,7 @@ def cluster():
         yield made
     finally:
         made.shutdown()
-        for name, value in saved.items():
-            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+        restore_auth(saved)
 
 
 def worker_ids(made: Cluster) -> set[str]:
