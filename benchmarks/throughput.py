@@ -4,7 +4,9 @@
    and nothing else, once with each env backend: herd's own gymnasium preprocessing
    (one env after another in Python) and ale-py's C++ vector env (one thread per process).
 2. herd: `herd train` with the same workers and envs, once per configuration in CONFIGS
-   (defaults; on-policy like Sample Factory's APPO, per env backend and inference path).
+   (defaults; on-policy like Sample Factory's APPO, per env backend and inference path, and
+   per execution backend: `on-policy-ray` is `on-policy` with the actors on Ray; with both
+   in one run, the table and the record give Ray's frames/s as a share of local's).
    Each rate is the steady state read from train.csv after a warm-up; the run is then
    stopped with SIGINT.
 3. With --peer MODE: Sample Factory 2.1.1 with the same workers and envs, from its own venv
@@ -38,6 +40,8 @@ CONFIGS = {
     "on-policy-gymnasium-envs": [*ON_POLICY, "--env_backend=gymnasium"],
     "on-policy-async-envs": [*ON_POLICY, "--env_batch_size=2"],
     "on-policy-inference-server": [*ON_POLICY, "--actor_inference=server", "--device=cpu"],
+    # The same actors as Ray actors on a private Ray on this machine (pip install -e '.[ray]').
+    "on-policy-ray": [*ON_POLICY, "--multiprocessing_backend=ray"],
     "defaults": [],                                           # the seed's replay mix, batch 100, T 10
 }
 
@@ -127,6 +131,11 @@ def main() -> None:
         table.append([f"Sample Factory 2.1.1 ({args.peer})", f"{peer['agent_steps_per_s']:,.0f}",
                       f"{peer['frames_per_s']:,.0f}", f"{100 * peer['frames_per_s'] / best_ceiling:.1f}%", "", "1.00x"])
     print_table(["what", "agent steps/s", "frames/s", "of ceiling", "policy lag", "vs peer"], table)
+    ray_share = None
+    if "on-policy" in runs and "on-policy-ray" in runs:
+        ray_share = round(runs["on-policy-ray"]["fps"] / runs["on-policy"]["fps"], 3)
+        print(f"ray backend: {runs['on-policy-ray']['fps']:,} frames/s = {100 * ray_share:.0f}% of the local "
+              f"backend's {runs['on-policy']['fps']:,} (same workers and envs)")
     headline = names[0]
     herd_fps = runs[headline]["fps"]
     record(f"throughput_{args.env}_{args.workers}x{args.envs}_{args.label}", {
@@ -134,6 +143,7 @@ def main() -> None:
         "warmup": args.warmup, "ceilings_fps": {k: round(v) for k, v in ceilings.items()}, "runs": runs,
         "headline": headline, "herd_fps": herd_fps, "ceiling_fps": round(best_ceiling),
         "ratio": round(herd_fps / best_ceiling, 4),
+        **({"ray_over_local": ray_share} if ray_share is not None else {}),
         **({"peer": peer, "peer_fps": round(peer["frames_per_s"]),
             "herd_over_peer": round(herd_fps / peer["frames_per_s"], 3)} if peer else {})})
     print(f"herd_fps={herd_fps:.0f} ceiling_fps={best_ceiling:.0f} ratio={herd_fps / best_ceiling:.3f}"

@@ -104,7 +104,7 @@ class EnvConfig:
 class ParallelConfig:
     worker_count: Optional[int] = opt(None, "actor processes (default: one per CPU core)")
     envs_per_worker: Optional[int] = opt(None, "environments per actor, stepped together")
-    multiprocessing_backend: str = opt("python_native", "python_native (local processes); ray is refused until its backend is built", BACKEND_CHOICES)
+    multiprocessing_backend: str = opt("python_native", "python_native (actor processes on this machine, trajectories in shared memory) or ray (actors as Ray actors, on this machine or across a Ray cluster's machines; needs pip install -e '.[ray]')", BACKEND_CHOICES)
     shared_queue_size: Optional[int] = opt(None, "trajectory slots per actor in shared memory, bounding how far actors run ahead")
     env_backend: str = opt("auto", "how actors step environments: gymnasium (per-process, any env), ale_vector (ale-py's C++ vector env, Atari), auto (ale_vector for Atari)", ("auto", *ENV_BACKENDS))
     env_threads: int = opt(1, "ale_vector: threads stepping each actor's environments")
@@ -113,6 +113,9 @@ class ParallelConfig:
     max_actor_restarts: int = opt(20, "actor restarts allowed in one run before it stops with an error")
     learner_count: Optional[int] = opt(None, "data-parallel learner processes (torch.distributed), each with its share of the actors and of every batch, gradients averaged every update (default 1; under torchrun: WORLD_SIZE)")
     learner_timeout: float = opt(600.0, "seconds a learner waits for the others in one update before the run stops as failed (a learner process that dies is noticed at once)")
+    # The Ray backend's options (herd/backends/ray_backend.py), read by --multiprocessing_backend=ray only.
+    ray_address: str = opt("local", "Ray backend: where the actors run. local: a private Ray started on this machine (loopback only, no dashboard, token auth, shut down at the end); auto: the cluster started on this machine with `ray start --head`; host:port: the head of a Ray cluster (its GCS port, 6379 unless changed)")
+    actor_cpus: float = opt(1.0, "Ray backend: CPUs each actor reserves on its node (below 1: several actors share a core; above 1: a whole number); actors spread over the nodes that have room")
 
 
 DEFAULT_REPLAY = '[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]'

@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 
 from herd.algos import Algorithm, get_algorithm, trajectory_layout
+from herd.backends.ray_cluster import check_ray_address
 from herd.checkpoint import check_compatible, load_checkpoint
 from herd.config import Config, ConfigError, resolve
 from herd.envs import EnvSpec, describe_env, env_kind
@@ -97,6 +98,8 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
                                cfg.network.feature_out_layer_size)
     if mode != "test":
         check_memory(cfg, layout)
+        if cfg.parallel.multiprocessing_backend == "ray":
+            check_ray_address(cfg.parallel.ray_address)     # unreachable: one line within seconds, not a hang
     check_results_dir(cfg.general.results_dir)
     return Plan(cfg, spec, model_kwargs, layout, algorithm, checkpoint, path)
 

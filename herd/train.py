@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 from herd import stopping
 from herd.actors.actor import ActorSpec
-from herd.backends import get_backend
+from herd.backends import backend_options, get_backend
 from herd.backends.signals import install_stop_signals
 from herd.config import parse_eval_interval
 from herd.devices import learner_device
@@ -135,6 +135,8 @@ def inference_device(cfg, device: torch.device, serves_algorithm: bool = True) -
     the server can act for the algorithm; an explicit `server` it cannot serve is refused
     in herd/plan.py)."""
     mode = cfg.general.actor_inference
+    if cfg.parallel.multiprocessing_backend != "python_native":
+        return None                     # the server shares memory with its actors: on this machine only
     if mode == "server" or (mode == "auto" and device.type == "cuda" and serves_algorithm):
         return str(device)              # "cuda:1": each learner's server beside it
     return None
@@ -202,7 +204,8 @@ def train_learner(plan: Plan, run_dir: Path, group: LearnerGroup | None) -> int:
             reason = backend(session, actor_spec(plan, first_actor), worker_count, cfg.parallel.shared_queue_size,
                              stop, cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts,
                              inference_device=inference_device(cfg, session.options.device,
-                                                               plan.algorithm.inference_server))
+                                                               plan.algorithm.inference_server),
+                             **backend_options(cfg.parallel.multiprocessing_backend, cfg.parallel))
             code = 0
     except (TrainingDiverged, ActorFailure, SaveFailed) as err:
         reason = {TrainingDiverged: "diverged", ActorFailure: "actors failed"}.get(type(err), "save failed")

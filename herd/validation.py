@@ -104,7 +104,8 @@ def validate_general(cfg: Config) -> None:
     if p.max_actor_restarts < 0:
         raise ConfigError(f"--max_actor_restarts must be >= 0, got {p.max_actor_restarts}")
     bound = max_worker_count()
-    if p.worker_count is not None and p.worker_count > bound:
+    elsewhere = p.multiprocessing_backend == "ray" and p.ray_address != "local"   # actors on a cluster's nodes
+    if p.worker_count is not None and p.worker_count > bound and not elsewhere:
         raise ConfigError(f"--worker_count={p.worker_count} is more actor processes than this machine can run "
                           f"(at most {bound}: {ACTORS_PER_CORE} per core, about "
                           f"{ACTOR_MEMORY_BYTES // 2**20} MB of memory each)")
@@ -163,6 +164,7 @@ def validate(cfg: Config) -> None:
     if cfg.env.observation_shape is not None and (not cfg.env.observation_shape or min(cfg.env.observation_shape) < 1):
         raise ConfigError(f"--observation_shape must be positive integers (e.g. 4,84,84), got {cfg.env.observation_shape}")
     validate_apex(cfg)
+    validate_ray(cfg)
     specs = cfg.replays
     algorithm = ALGORITHMS[cfg.general.algorithm]
     for spec in specs:
@@ -232,3 +234,25 @@ def validate_apex(cfg: Config) -> None:
         raise ConfigError(f"--target_update_period must be >= 1, got {t.target_update_period}")
     if cfg.general.algorithm == "apex" and t.n_step > t.r_f_steps:
         raise ConfigError(f"--n_step={t.n_step} is longer than a trajectory (--r_f_steps={t.r_f_steps})")
+
+
+def validate_ray(cfg: Config) -> None:
+    """The Ray backend's options (checked whatever the backend: a bad value is bad input
+    anyway), and what the Ray backend cannot run yet."""
+    p = cfg.parallel
+    if not p.actor_cpus > 0 or (p.actor_cpus > 1 and not float(p.actor_cpus).is_integer()):
+        # Ray itself refuses fractional quantities above 1 (when the actor is created, mid-run).
+        raise ConfigError(f"--actor_cpus must be > 0, and a whole number above 1, got {p.actor_cpus:g}")
+    address = str(p.ray_address).strip()
+    if address not in ("local", "auto"):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--ray_address must be local, auto or host:port (e.g. 10.0.0.5:6379), got '{address}'")
+    if p.multiprocessing_backend != "ray":
+        return
+    if (p.learner_count or 1) > 1:
+        raise ConfigError(f"--learner_count={p.learner_count} with --multiprocessing_backend=ray is not built yet: "
+                          "use one learner with Ray, or several with python_native")
+    if cfg.general.actor_inference == "server":
+        raise ConfigError("--actor_inference=server shares memory with actors on this machine: with "
+                          "--multiprocessing_backend=ray actors act with their own model (use --actor_inference=local)")

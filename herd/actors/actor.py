@@ -75,9 +75,17 @@ class ActorProgress:
 
 
 def act_and_collect(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter, send_rollout, stop) -> None:
-    """The loop itself; returns when `stop` is set (or raises ActorStopped). A policy with
-    finish_rollout(views) completes each rollout's fields before it is sent (Ape-X's
-    initial priorities)."""
+    """The loop itself; returns when `stop` is set (or raises ActorStopped)."""
+    for delivery in collect_rollouts(envs, policy, writer, stop):
+        send_rollout(delivery)
+
+
+def collect_rollouts(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter, stop):
+    """Steps the envs and yields each finished rollout's Delivery (its slot is complete)
+    until `stop` is set. A generator, so that a backend can also pull one rollout at a
+    time (the Ray actor returns one per call). A policy with finish_rollout(views)
+    completes each rollout's fields before it is yielded (Ape-X's initial priorities);
+    the policy refreshes its weights after the rollouts of a step were taken."""
     finish = getattr(policy, "finish_rollout", None)
     batch = envs.start()
     writer.observe(batch)
@@ -96,7 +104,7 @@ def act_and_collect(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter,
         for delivery in delivered:
             if finish is not None:
                 finish(writer.views_of(delivery.slot))
-            send_rollout(delivery)
+            yield delivery
         if delivered:
             policy.refresh()
 

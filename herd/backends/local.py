@@ -191,6 +191,7 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     pool = ActorPool(spec, worker_count, slots, slots_per_actor, weights, context, actor_timeout, max_restarts,
                      inference=channels, stop_event=stop_actors, registry=session.processes)
     pool.start()
+    session.summary_extra["actor_restarts"] = lambda: pool.restarts   # summary.json: dead or hung actors replaced
     publish = lambda version: weights.publish(session.learner.model, version)  # noqa: E731
     last_health_check = time.monotonic()
     try:

@@ -1,0 +1,163 @@
+"""Where the Ray backend's actors run (--ray_address): a private Ray started on this
+machine for the run, or an existing cluster that the learner joins as a driver.
+
+The private cluster has no dashboard, is shut down at the end of the run, and listens on
+the loopback address only. That takes Ray's single-machine address mode
+(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, its default on macOS and Windows): otherwise Ray
+rewrites 127.0.0.1 into the machine's outside address, for its own node and for a head it
+joins, and its servers listen on every interface (measured with `ss -ltnp`, Ray 2.60).
+Ray reads that mode when it is imported, so herd imports Ray in connect() and not before
+(check_backend only finds the package).
+
+It also runs with token authentication and a fresh random token per run
+(RAY_AUTH_MODE=token, RAY_AUTH_TOKEN) unless the user chose a mode: every local user can
+reach 127.0.0.1, and without a token any of them could run code as us on our cluster.
+Choosing the mode explicitly silences Ray 2.60's warning on init, and a token in the
+environment (inherited by the raylet and every worker) leaves ~/.ray/auth_token alone.
+Joining a cluster leaves both to the user's environment: the cluster's settings rule."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+from dataclasses import dataclass, field
+
+from herd.errors import ConfigError
+
+log = logging.getLogger("herd")
+
+LOOPBACK = "127.0.0.1"
+# Seconds a head may take to answer the probe before its address counts as unreachable.
+PROBE_TIMEOUT = 5.0
+GCS_PROBE = "/ray.rpc.NodeInfoGcsService/GetClusterId"     # Ray 2.60's GCS (src/ray/protobuf/gcs_service.proto)
+AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+LOOPBACK_MODE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"    # "0": Ray's node address is 127.0.0.1
+
+
+def check_ray_address(address: str) -> None:
+    """One line (ConfigError) unless a Ray head answers at host:port within PROBE_TIMEOUT s.
+    `local` starts its own cluster and `auto` is resolved by Ray when connecting.
+
+    The probe asks the head's GCS for its cluster id over gRPC (what Ray's own connect does
+    first, but once, with a deadline): ray.init instead retries for about 20 s, printing a
+    line a second, and a port that accepts TCP but is no Ray head (a proxy, another
+    service) would pass a bare TCP check. A head with token auth answers UNAUTHENTICATED
+    to a probe without a token: it is there, and ray.init brings the token."""
+    if address in ("local", "auto"):
+        return
+    import grpc   # Ray's own dependency (grpcio): the extra is installed when this runs
+    host, _, port = address.rpartition(":")
+    channel = grpc.insecure_channel(f"{host}:{port}")
+    try:
+        channel.unary_unary(GCS_PROBE)(b"", timeout=PROBE_TIMEOUT)    # an empty GetClusterIdRequest
+    except grpc.RpcError as err:
+        if err.code() not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            reason = {grpc.StatusCode.DEADLINE_EXCEEDED: f"no answer within {PROBE_TIMEOUT:g} s",
+                      grpc.StatusCode.UNAVAILABLE: "nothing listens there",
+                      grpc.StatusCode.UNIMPLEMENTED: "something other than a Ray head listens there"
+                      }.get(err.code(), err.code().name.lower())
+            raise ConfigError(f"--ray_address={address}: cannot reach a Ray head there ({reason}); start one with "
+                              f"`ray start --head --port={port}` or fix the address") from None
+    finally:
+        channel.close()
+
+
+@dataclass
+class RayCluster:
+    """The connection of this run's driver (the learner) to Ray."""
+    address: str                     # what --ray_address said
+    private: bool                    # started here for this run: shut it down at the end
+    driver_node: str = ""            # node id (hex) of the learner's node
+    saved_env: dict = field(default_factory=dict)   # the variables we may set, as they were
+
+    def shutdown(self) -> None:
+        import ray
+        ray.shutdown()               # private: stops its processes; joined: disconnects (our actors end with us)
+        restore_auth(self.saved_env)
+
+
+def restore_auth(saved: dict) -> None:
+    """The variables as they were (saved by connect), Ray's config re-read."""
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    from ray._raylet import Config
+    Config.initialize("")
+
+
+def use_token_auth(token: str) -> None:
+    """RAY_AUTH_MODE=token with `token` for this process and the Ray processes it starts.
+    Ray reads the mode into its config when it is imported (herd imports it to check that
+    it is installed), so the config is re-read here, as Ray's own switch to token mode does
+    (Ray 2.60: ray._raylet.Config.initialize); without it this process would connect
+    without its token and be refused."""
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = token
+    from ray._raylet import Config
+    Config.initialize("")
+
+
+def is_loopback(address: str) -> bool:
+    return address == "local" or address.rpartition(":")[0].strip("[]") in ("127.0.0.1", "localhost", "::1")
+
+
+def connect(address: str, actors: int, actor_cpus: float) -> RayCluster:
+    """Starts the private cluster (local) or joins one (auto, host:port); one line
+    (ConfigError) when that fails. The private cluster gets CPUs for every actor (Ray's
+    CPUs are a scheduling quantity: more actors than cores time-share them, as local
+    processes do) and none for the learner, which is this process (the driver)."""
+    saved = {name: os.environ.get(name) for name in (*AUTH_VARIABLES, LOOPBACK_MODE)}
+    if is_loopback(address):
+        os.environ[LOOPBACK_MODE] = "0"      # before Ray is imported (see the module's docstring)
+    import ray
+    if ray.is_initialized():           # an in-process caller's earlier run: never share its state
+        ray.shutdown()
+    common = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    cluster = RayCluster(address, private=address == "local", saved_env=saved)
+    try:
+        if cluster.private:
+            if "RAY_AUTH_MODE" not in os.environ:
+                use_token_auth(secrets.token_hex(32))
+            cpus = max(os.cpu_count() or 1, math.ceil(actors * actor_cpus))
+            ray.init(address="local", _node_ip_address=LOOPBACK, num_cpus=cpus, num_gpus=0, **common)
+        else:
+            try:
+                ray.init(address=address, **common)
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                reason = " ".join(str(err).split())[:300]
+                raise ConfigError(f"--ray_address={address}: cannot join the Ray cluster ({reason})") from None
+    except BaseException:
+        cluster.shutdown()
+        raise
+    cluster.driver_node = ray.get_runtime_context().get_node_id()
+    where = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}.get(cluster.driver_node)
+    if is_loopback(address) and where != LOOPBACK:
+        # Ray was imported before connect() (an in-process caller): its address mode was fixed then.
+        log.warning("Ray's node listens on %s, not only on %s: Ray was imported before the run", where, LOOPBACK)
+    return cluster
+
+
+def check_room(actor_cpus: float, actors: int) -> None:
+    """One line (ConfigError) when no node of the cluster could ever host an actor;
+    a warning when the cluster cannot host all of them at once (the rest wait for room)."""
+    import ray
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    largest = max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0)
+    if largest < actor_cpus:
+        raise ConfigError(f"--actor_cpus={actor_cpus:g}: no node of the Ray cluster has that many CPUs "
+                          f"(the largest has {largest:g}): lower --actor_cpus or add bigger nodes")
+    total = sum(math.floor(n["Resources"].get("CPU", 0.0) / actor_cpus + 1e-9) for n in nodes)
+    if total < actors:
+        log.warning("the Ray cluster has room for %d of the %d actors (--actor_cpus=%g): the others wait for room",
+                    total, actors, actor_cpus)
+
+
+def describe_nodes() -> str:
+    """'3 nodes, 4 CPUs' for the log."""
+    import ray
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    cpus = sum(n["Resources"].get("CPU", 0.0) for n in nodes)
+    return f"{len(nodes)} node{'s' * (len(nodes) != 1)}, {cpus:g} CPUs"
