@@ -38,6 +38,7 @@ CONFIGS = {
     "on-policy-gymnasium-envs": [*ON_POLICY, "--env_backend=gymnasium"],
     "on-policy-async-envs": [*ON_POLICY, "--env_batch_size=2"],
     "on-policy-inference-server": [*ON_POLICY, "--actor_inference=server", "--device=cpu"],
+    "on-policy-lstm": [*ON_POLICY, "--use_lstm=True"],       # the same with an LSTM core (256) after the CNN
     "defaults": [],                                           # the seed's replay mix, batch 100, T 10
 }
 
