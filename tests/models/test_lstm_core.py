@@ -109,3 +109,28 @@ def test_env_states_are_kept_per_environment_and_reset_on_request():
         assert torch.count_nonzero(start[:, :, 0]) == 0 and torch.count_nonzero(start[:, :, 1]) > 0
         states.begin(np.array([4]))                                  # grows to a higher index
     assert states.state.shape[2] == 5
+
+
+def test_a_learner_step_trains_the_core_from_a_batch_with_start_states():
+    from herd.algos import trajectory_layout
+    from herd.algos.impala import IMPALA
+    from herd.learner.learner import Learner, build_optimizer, build_scheduler
+    from herd.losses.impala import ImpalaLossWeights, impala_loss
+
+    model = make("mlp")
+    T, B = 5, 3
+    layout = trajectory_layout(IMPALA, T, (4,), "float32", A, H, core_state_shape=(2, 1, H))
+    assert layout.fields()["core_state"][0] == (1, 2, 1, H)           # one step: the start
+    rng = np.random.default_rng(0)
+    batch = {"obs": torch.randn(T + 1, B, 4), "action": torch.from_numpy(rng.integers(0, A, (T, B))),
+             "reward": torch.ones(T, B), "done": torch.from_numpy(rng.random((T, B)) < 0.3),
+             "trunc_value": torch.zeros(T, B), "behaviour_logits": torch.zeros(T, B, A),
+             "behaviour_value": torch.zeros(T, B), "features": torch.zeros(T, B, H),
+             "core_state": torch.randn(1, B, 2, 1, H), "replayed": torch.zeros(B, dtype=torch.bool)}
+    optimizer = build_optimizer("adam", model.parameters(), 1e-2, 1e-5)
+    learner = Learner(model, optimizer, build_scheduler(optimizer, 1e-2, 1e-3, 10),
+                      lambda b, out: impala_loss(b, out, ImpalaLossWeights()), grad_clip_norm=40.0)
+    before = model.core.lstm.weight_hh_l0.detach().clone()
+    metrics = learner.step(batch)
+    assert metrics["skipped"] == 0.0 and np.isfinite(metrics["loss"])
+    assert not torch.equal(before, model.core.lstm.weight_hh_l0)
