@@ -20,8 +20,9 @@ from herd.trajectory import TrajectorySlots
 from herd.weights import SharedWeights
 
 T, E, H, F, ROLLOUTS = 8, 3, 16, 8, 6
+S = 2 * H                   # the state's last axis: the MLP's policy and value streams
 MODEL = dict(network="mlp", obs_shape=(2,), obs_dtype="float32", num_actions=2, feature_size=F, lstm_size=H)
-LAYOUT = trajectory_layout(IMPALA, T, (2,), "float32", 2, F, core_state_shape=(2, 1, H))
+LAYOUT = trajectory_layout(IMPALA, T, (2,), "float32", 2, F, core_state_shape=(2, 1, S))
 
 
 class CartPoles:

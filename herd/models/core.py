@@ -35,37 +35,52 @@ class CoreInput(NamedTuple):
 
 
 class LSTMCore(nn.Module):
-    def __init__(self, input_size: int, hidden_size: int):
+    """One LSTM over the torso output; with `value_input_size`, a second LSTM of the same
+    size over a separate value torso (the MLP's), side by side in one state whose last
+    axis holds the policy stream's H units, then the value stream's."""
+
+    def __init__(self, input_size: int, hidden_size: int, value_input_size: int = 0):
         super().__init__()
         if hidden_size < 1:
             raise ValueError(f"lstm_size must be positive, got {hidden_size}")
         self.hidden_size = hidden_size
         self.lstm = nn.LSTM(input_size, hidden_size, num_layers=CORE_LAYERS)
+        self.value_lstm = nn.LSTM(value_input_size, hidden_size, num_layers=CORE_LAYERS) if value_input_size else None
+
+    @property
+    def state_size(self) -> int:
+        """The state's last axis: H, or 2H with a value stream."""
+        return self.hidden_size * (1 if self.value_lstm is None else 2)
 
     @property
     def state_shape(self) -> tuple[int, int, int]:
-        """One environment's state: (2, L, H)."""
-        return (2, CORE_LAYERS, self.hidden_size)
+        """One environment's state: (2, L, H) (2H with a value stream)."""
+        return (2, CORE_LAYERS, self.state_size)
 
     def initial_state(self, batch: int, device=None) -> Tensor:
-        return torch.zeros(2, CORE_LAYERS, batch, self.hidden_size, device=device)       # [2, L, B, H]
+        return torch.zeros(2, CORE_LAYERS, batch, self.state_size, device=device)         # [2, L, B, H]
 
-    def forward(self, torso: Tensor, T: int, B: int, core: Optional[CoreInput]) -> tuple[Tensor, Tensor]:
-        """torso [T*B, I] -> (output [T*B, H], state after step T-1 [2, L, B, H]).
+    def forward(self, torso: Tensor, T: int, B: int, core: Optional[CoreInput],
+                value_torso: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor], Tensor]:
+        """torso [T*B, I] (and value_torso [T*B, I_v] with a value stream) -> (output
+        [T*B, H], value output [T*B, H] or None, state after step T-1 [2, L, B, H]).
 
         The unroll is cut into runs between the steps where any column resets: each run is
         one nn.LSTM call (one fused kernel on a GPU), and at its first step the resetting
         columns' state is zeroed. Equal, up to float rounding, to stepping one at a time."""
+        if (value_torso is None) != (self.value_lstm is None):
+            raise ValueError("an LSTM core with a value stream takes a value torso, and only then")
         # The core always runs in float32, also under a bf16 learner's autocast: oneDNN's
         # bf16 LSTM fails on CPUs without bf16 units ("could not create a primitive
         # descriptor"), and the core is a small part of the step next to the torso.
         x = torso.view(T, B, -1).float()
+        v = None if value_torso is None else value_torso.view(T, B, -1).float()
         if core is None:
             state, reset = self.initial_state(B, torso.device), None
         else:
             state, reset = core.state, core.reset
-            if tuple(state.shape) != (2, CORE_LAYERS, B, self.hidden_size):
-                raise ValueError(f"the LSTM state must be [2, {CORE_LAYERS}, B, {self.hidden_size}] with B={B}, "
+            if tuple(state.shape) != (2, CORE_LAYERS, B, self.state_size):
+                raise ValueError(f"the LSTM state must be [2, {CORE_LAYERS}, B, {self.state_size}] with B={B}, "
                                  f"got {tuple(state.shape)}")
         state = state.to(x.dtype)
         starts = [0]
@@ -73,17 +88,23 @@ class LSTMCore(nn.Module):
             if tuple(reset.shape) != (T, B):
                 raise ValueError(f"the reset flags must be [T, B] = [{T}, {B}], got {tuple(reset.shape)}")
             starts = sorted({0, *torch.nonzero(reset.any(dim=1)).flatten().tolist()})
-        outputs = []
+        H, outputs, value_outputs = self.hidden_size, [], []
         for start, end in zip(starts, starts[1:] + [T]):
             if reset is not None:
                 keep = (~reset[start]).to(x.dtype).view(1, 1, B, 1)                       # [1, 1, B, 1]
                 state = state * keep
             with torch.autocast(x.device.type, enabled=False):
-                y, (h, c) = self.lstm(x[start:end], (state[0].contiguous(), state[1].contiguous()))
+                y, (h, c) = self.lstm(x[start:end], (state[0, ..., :H].contiguous(), state[1, ..., :H].contiguous()))
+                if v is not None:
+                    vy, (vh, vc) = self.value_lstm(v[start:end], (state[0, ..., H:].contiguous(),
+                                                                  state[1, ..., H:].contiguous()))
+                    h, c = torch.cat([h, vh], dim=-1), torch.cat([c, vc], dim=-1)
+                    value_outputs.append(vy)
             state = torch.stack([h, c])
             outputs.append(y)
-        y = outputs[0] if len(outputs) == 1 else torch.cat(outputs)                         # [T, B, H]
-        return y.reshape(T * B, self.hidden_size), state
+        y = torch.cat(outputs).reshape(T * B, H)                                           # [T*B, H]
+        value_y = torch.cat(value_outputs).reshape(T * B, H) if value_outputs else None
+        return y, value_y, state
 
 
 def heads_after_core(heads: nn.Module, core: Optional[LSTMCore], torso: Tensor, T: int, B: int,
@@ -94,8 +115,8 @@ def heads_after_core(heads: nn.Module, core: Optional[LSTMCore], torso: Tensor, 
         if core_input is not None:
             raise ValueError("a recurrent state was given to a network without an LSTM core (--use_lstm=False)")
         return heads(torso, T, B, value_torso), None
-    out, state = core(torso, T, B, core_input)
-    return heads(out, T, B, value_torso), state
+    out, value_out, state = core(torso, T, B, core_input, value_torso)
+    return heads(out, T, B, value_out), state
 
 
 def recurrent_core(model: nn.Module) -> Optional[LSTMCore]:

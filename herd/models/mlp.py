@@ -28,9 +28,10 @@ class MLPNet(nn.Module):
     With use_feature_layer=False the feature vector is the last hidden layer, so
     feature_size must equal hidden_sizes[-1] (or be None). With the dueling Q head, the
     value torso feeds the state stream V and the policy torso the advantage stream.
-    With an LSTM core (core_size > 0, herd/models/core.py) both heads read the core's
-    output and there is no separate value torso: a feed-forward value could not see what
-    the core remembers."""
+    With an LSTM core (core_size > 0, herd/models/core.py) the policy torso feeds the core
+    and the value torso a value LSTM of its own (in the same state), for the same reason:
+    shared, the value loss's gradients steer the recurrent features and the policy on the
+    memory task did not learn at all (entropy at ln 2 after 270k steps, README)."""
 
     def __init__(self, obs_dim: int, num_actions: int, hidden_sizes=(64, 64), feature_size: Optional[int] = 64,
                  use_feature_layer: bool = True, activation: str = "tanh", shared_torso: bool = False,
@@ -39,8 +40,8 @@ class MLPNet(nn.Module):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation '{activation}' (use one of {', '.join(ACTIVATIONS)})")
         self.torso, width = mlp_torso(obs_dim, hidden_sizes, activation)
-        self.value_torso = None if shared_torso or core_size else mlp_torso(obs_dim, hidden_sizes, activation)[0]
-        self.core = LSTMCore(width, core_size) if core_size else None
+        self.value_torso = None if shared_torso else mlp_torso(obs_dim, hidden_sizes, activation)[0]
+        self.core = LSTMCore(width, core_size, 0 if shared_torso else width) if core_size else None
         self.heads = Heads(core_size or width, num_actions, feature_size, use_feature_layer, head)
 
     def forward(self, obs: Tensor, core: Optional[CoreInput] = None) -> ModelOutput:

@@ -25,7 +25,7 @@ def test_clients_carry_each_envs_state_through_the_server():
     torch.manual_seed(0)
     context = mp.get_context("spawn")
     channels = InferenceChannels.for_model(MODEL, num_clients=2, max_rows=E, context=context)
-    assert channels.core_state is not None and tuple(channels.core_state.shape) == (2, E, 2, 1, 8)
+    assert channels.core_state is not None and tuple(channels.core_state.shape) == (2, E, 2, 1, 16)   # policy + value streams
     model = build_model(**MODEL)
     weights = SharedWeights(model, context)
     stop = threading.Event()

@@ -32,13 +32,14 @@ def test_a_recurrent_run_trains_saves_its_core_and_evaluates(lstm_run):
     state, _ = load_checkpoint(lstm_run)
     assert state["config"]["use_lstm"] is True and state["config"]["hide_velocity"] is True
     assert state["model"]["core.lstm.weight_hh_l0"].shape == (4 * 16, 16)
+    assert state["model"]["core.value_lstm.weight_hh_l0"].shape == (4 * 16, 16)
     assert state["env_spec"]["obs_shape"] == [2]                     # position and angle only
     summary = json.loads((lstm_run / "summary.json").read_text())
     assert summary["training_steps"] > 40 and summary["environment_steps"] >= 6000
     # The elite replay kept every trajectory's start state and sampled with the model.
     custom = state["replay"]["replays"][1]
     stored = custom["storage"]["arrays"]["core_state"]               # [1, stored, 2, L, H]
-    assert stored.shape[1:] == (40, 2, 1, 16) and (abs(stored) > 0).any()
+    assert stored.shape[1:] == (40, 2, 1, 32) and (abs(stored) > 0).any()
     assert custom["sampler"]["rounds"] > 0
     with open(lstm_run / "eval.csv", newline="") as f:
         rows = list(csv.DictReader(f))

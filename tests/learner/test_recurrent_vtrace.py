@@ -15,7 +15,7 @@ from herd.models import CoreInput
 from herd.models.core import CORE_STATE, core_input_from_batch, state_from_rows
 from herd.replay.registry import build_replay
 from herd.replay.spec import parse_replay_parameters
-from recurrent_testing import E, H, LAYOUT, T, collect
+from recurrent_testing import E, LAYOUT, S, T, collect
 
 
 @pytest.fixture(scope="module", params=[E, 2], ids=["sync", "async"])
@@ -35,7 +35,7 @@ def unroll_final_state(model, data: dict, e: int) -> torch.Tensor:
 def test_actors_carry_the_state_across_trajectories_and_reset_it_at_episode_ends(rollouts):
     model, copies = rollouts
     assert np.count_nonzero(copies[0][CORE_STATE]) == 0            # every env starts from zero
-    assert copies[0][CORE_STATE].shape == (1, E, 2, 1, H)
+    assert copies[0][CORE_STATE].shape == (1, E, 2, 1, S)
     carried = 0
     for before, after in zip(copies, copies[1:]):
         for e in range(E):
@@ -81,7 +81,7 @@ def test_the_start_state_round_trips_through_a_replay_and_its_checkpoint_state(r
     restored.load_state_dict(replay.state_dict())
     for source in (replay, restored):
         data, _, keys, _ = source.sample(8, np.random.default_rng(0))
-        assert data[CORE_STATE].shape == (1, 8, 2, 1, H)
+        assert data[CORE_STATE].shape == (1, 8, 2, 1, S)
         for column, position in enumerate(keys.positions):
             original = trajectories[position]
             np.testing.assert_array_equal(data[CORE_STATE][0, column], original[CORE_STATE][0])

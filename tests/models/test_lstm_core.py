@@ -34,7 +34,7 @@ def test_unroll_with_resets_equals_step_by_step_with_manual_resets(network):
     model = make(network)
     T, B = 6, 3
     obs = observations(network, T, B)
-    start = torch.randn(2, 1, B, H)
+    start = torch.randn(2, 1, B, model.core.state_size)       # the MLP's value stream doubles it
     reset = torch.zeros(T, B, dtype=torch.bool)
     reset[2, 0] = reset[4, 1] = reset[4, 2] = True          # episodes begin at these steps
     with torch.no_grad():
@@ -57,11 +57,12 @@ def test_a_reset_forgets_everything_before_it():
     reset = torch.zeros(T, B, dtype=torch.bool)
     reset[3] = True
     with torch.no_grad():
-        out = model(obs, CoreInput(torch.randn(2, 1, B, H), reset))
+        S = model.core.state_size
+        out = model(obs, CoreInput(torch.randn(2, 1, B, S), reset))
         fresh = model(obs[3:])                                    # a zero state from step 3 on
         torch.testing.assert_close(out.logits[3:], fresh.logits)
         # ...while before the reset the start state matters (the test above could not fail otherwise).
-        other = model(obs, CoreInput(torch.randn(2, 1, B, H), reset))
+        other = model(obs, CoreInput(torch.randn(2, 1, B, S), reset))
     assert not torch.allclose(out.logits[:3], other.logits[:3])
     torch.testing.assert_close(out.logits[3:], other.logits[3:])
 
@@ -76,7 +77,7 @@ def test_feed_forward_networks_refuse_a_state_and_have_no_core():
 def test_the_core_runs_in_float32_under_bf16_autocast():
     model = make("mlp")
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out, state = model.unroll(torch.randn(4, 2, 4), CoreInput(torch.zeros(2, 1, 2, H), None))
+        out, state = model.unroll(torch.randn(4, 2, 4), CoreInput(torch.zeros(2, 1, 2, 2 * H), None))
     assert state.dtype == torch.float32 and torch.isfinite(out.logits.float()).all()
 
 
@@ -119,18 +120,20 @@ def test_a_learner_step_trains_the_core_from_a_batch_with_start_states():
 
     model = make("mlp")
     T, B = 5, 3
-    layout = trajectory_layout(IMPALA, T, (4,), "float32", A, H, core_state_shape=(2, 1, H))
-    assert layout.fields()["core_state"][0] == (1, 2, 1, H)           # one step: the start
+    assert model.core.state_shape == (2, 1, 2 * H)                    # policy and value streams
+    layout = trajectory_layout(IMPALA, T, (4,), "float32", A, H, core_state_shape=model.core.state_shape)
+    assert layout.fields()["core_state"][0] == (1, 2, 1, 2 * H)       # one step: the start
     rng = np.random.default_rng(0)
     batch = {"obs": torch.randn(T + 1, B, 4), "action": torch.from_numpy(rng.integers(0, A, (T, B))),
              "reward": torch.ones(T, B), "done": torch.from_numpy(rng.random((T, B)) < 0.3),
              "trunc_value": torch.zeros(T, B), "behaviour_logits": torch.zeros(T, B, A),
              "behaviour_value": torch.zeros(T, B), "features": torch.zeros(T, B, H),
-             "core_state": torch.randn(1, B, 2, 1, H), "replayed": torch.zeros(B, dtype=torch.bool)}
+             "core_state": torch.randn(1, B, 2, 1, 2 * H), "replayed": torch.zeros(B, dtype=torch.bool)}
     optimizer = build_optimizer("adam", model.parameters(), 1e-2, 1e-5)
     learner = Learner(model, optimizer, build_scheduler(optimizer, 1e-2, 1e-3, 10),
                       lambda b, out: impala_loss(b, out, ImpalaLossWeights()), grad_clip_norm=40.0)
-    before = model.core.lstm.weight_hh_l0.detach().clone()
+    before = [model.core.lstm.weight_hh_l0.detach().clone(), model.core.value_lstm.weight_hh_l0.detach().clone()]
     metrics = learner.step(batch)
     assert metrics["skipped"] == 0.0 and np.isfinite(metrics["loss"])
-    assert not torch.equal(before, model.core.lstm.weight_hh_l0)
+    assert not torch.equal(before[0], model.core.lstm.weight_hh_l0)
+    assert not torch.equal(before[1], model.core.value_lstm.weight_hh_l0)
