@@ -42,6 +42,7 @@ CONFIGS = {
     "on-policy-inference-server": [*ON_POLICY, "--actor_inference=server", "--device=cpu"],
     # The same actors as Ray actors on a private Ray on this machine (pip install -e '.[ray]').
     "on-policy-ray": [*ON_POLICY, "--multiprocessing_backend=ray"],
+    "on-policy-lstm": [*ON_POLICY, "--use_lstm=True"],       # the same with an LSTM core (256) after the CNN
     "defaults": [],                                           # the seed's replay mix, batch 100, T 10
 }
 

@@ -98,6 +98,8 @@ class EnvConfig:
     max_episode_steps: Optional[int] = opt(None, "truncate episodes after N agent steps (default: the env's own limit)")
     actions_count: Optional[int] = opt(None, "the seed's: number of actions, checked against the environment (unset: taken from it)")
     observation_shape: Optional[tuple] = opt(None, "the seed's: observation shape after preprocessing (e.g. 4,84,84), checked against the environment (unset: taken from it)")
+    # -- memory tasks (issue 13, LSTM) --
+    hide_velocity: bool = opt(False, "remove the velocity components from a classic-control observation (CartPole: cart and pole velocities), making it a memory task; refused for envs whose velocities herd does not know (herd/envs/masking.py)")
 
 
 @dataclass
@@ -165,6 +167,9 @@ class NetworkConfig:
     feature_out_layer_size: Optional[int] = opt(None, "size of the per-step feature vector")
     use_additional_scaling_FC_layer: bool = opt(True, "a separate linear layer produces the feature vector")
     hidden_sizes: tuple = opt((64, 64), "MLP hidden layer sizes")
+    # -- LSTM core (issue 13) --
+    use_lstm: bool = opt(False, "an LSTM core between the torso (any network) and the policy/value heads; actors carry its state across trajectories, the learner unrolls it over T with resets at episode ends (IMPALA only)")
+    lstm_size: int = opt(256, "hidden units of the LSTM core (--use_lstm)")
 
 
 @dataclass

@@ -21,7 +21,7 @@ import torch
 from herd.algos import get_algorithm
 from herd.envs import env_kind, make_env
 from herd.files import write_json
-from herd.models import build_model
+from herd.models import EnvCoreStates, build_model
 from herd.plan import Plan, env_kwargs, test_policy_of
 from herd.stopping import sigint_blocked
 
@@ -58,12 +58,15 @@ class ProgressBar:
         self.stream.flush()
 
 
-def act(model, obs: np.ndarray, greedy: bool = False, policy: tuple[str, dict] | None = None) -> np.ndarray:
+def act(model, obs: np.ndarray, greedy: bool = False, policy: tuple[str, dict] | None = None,
+        memory: tuple[EnvCoreStates, list[int]] | None = None) -> np.ndarray:
     """Actions [E] for a batch of observations [E, ...]: sampled from the stochastic policy,
     or with `greedy` its most probable action; with policy = (algorithm, its
-    test_act_kwargs), the algorithm's own act (Ape-X: epsilon-greedy on the Q values)."""
+    test_act_kwargs), the algorithm's own act (Ape-X: epsilon-greedy on the Q values).
+    memory = (states, env ids of the rows): an LSTM core's per-game states, carried on."""
     with torch.no_grad():
-        out = model(torch.from_numpy(obs).unsqueeze(0))
+        x = torch.from_numpy(obs).unsqueeze(0)
+        out = model(x) if memory is None else memory[0].step(model, x, np.asarray(memory[1]))[0]
         if policy is not None:
             name, kwargs = policy
             return get_algorithm(name).act(out, None, **kwargs)[0].numpy()
@@ -84,14 +87,18 @@ def play_episodes(model, env_id: str, env_kwargs: dict, episodes: int, num_envs:
                   progress: ProgressBar | None = None, greedy: bool = False,
                   policy: tuple[str, dict] | None = None) -> list[float]:
     """Whole-game scores (info["episode_score"]) of `episodes` games, played by up to
-    `num_envs` envs in lockstep so that one forward pass serves all of them."""
+    `num_envs` envs in lockstep so that one forward pass serves all of them. An LSTM core's
+    state is carried from step to step of each env and zeroed where its episode ends
+    (terminated or truncated: as in training, where a lost life with episodic life ends one)."""
     left = split_episodes(episodes, num_envs)
     envs = [make_env(env_id, seed=seed + i, **env_kwargs) for i in range(len(left))]
+    states = EnvCoreStates.for_model(model, len(envs))
     scores: list[float] = []
     try:
         obs = [env.reset()[0] for env in envs]
         while active := [i for i, n in enumerate(left) if n > 0]:
-            actions = act(model, np.stack([obs[i] for i in active]), greedy, policy)
+            actions = act(model, np.stack([obs[i] for i in active]), greedy, policy,
+                          memory=None if states is None else (states, active))
             for i, action in zip(active, actions):
                 obs[i], _, terminated, truncated, info = envs[i].step(int(action))
                 if "episode_score" in info:          # the real game ended (not just a life)
@@ -99,8 +106,11 @@ def play_episodes(model, env_id: str, env_kwargs: dict, episodes: int, num_envs:
                     left[i] -= 1
                     if progress:
                         progress.update(scores)
-                if (terminated or truncated) and left[i] > 0:
-                    obs[i], _ = envs[i].reset()
+                if terminated or truncated:
+                    if states is not None:
+                        states.begin([i], [True])   # the next episode starts from a zero state
+                    if left[i] > 0:
+                        obs[i], _ = envs[i].reset()
     finally:
         for env in envs:
             env.close()
@@ -159,6 +169,7 @@ def render_episodes(model, env_id: str, env_kwargs: dict, seed: int, video_path:
     if opened is None:
         return None
     env, mode, obs, frame = opened
+    states = EnvCoreStates.for_model(model, 1)       # None: feed-forward
     writer = None
     episodes = frames = 0
     try:
@@ -171,13 +182,16 @@ def render_episodes(model, env_id: str, env_kwargs: dict, seed: int, video_path:
         while episodes < games and frames < max_frames:
             if writer is None and episodes and scoring_done is not None and scoring_done.is_set():
                 break
-            obs, _, terminated, truncated, info = env.step(int(act(model, obs[None], greedy, policy)[0]))
+            memory = None if states is None else (states, [0])
+            obs, _, terminated, truncated, info = env.step(int(act(model, obs[None], greedy, policy, memory)[0]))
             frames += 1
             if writer is not None:
                 writer.append_data(even_sized(env.render()))   # human mode draws inside step()
             episodes += "episode_score" in info
             if terminated or truncated:
                 obs, _ = env.reset()
+                if states is not None:
+                    states.begin([0], [True])
     except Exception as err:  # e.g. the encoder failing: the scores still matter more
         log.warning("rendering stopped (%s)", first_line(err))
         if writer is not None:

@@ -63,11 +63,15 @@ class PolicyStep:
 
 
 class ActorPolicy(Protocol):
-    def act(self, obs: np.ndarray) -> PolicyStep:
-        """obs [n, *obs_shape] (uint8 frames or float32 vectors) -> PolicyStep."""
+    def act(self, obs: np.ndarray, env_ids: np.ndarray | None = None, reset: np.ndarray | None = None) -> PolicyStep:
+        """obs [n, *obs_shape] (uint8 frames or float32 vectors) -> PolicyStep. env_ids [n]:
+        which environments the rows are (None: 0..n-1); reset [n] bool: an episode starts
+        with this observation (the batch's `done`). A recurrent policy (--use_lstm) keeps a
+        state per environment with them and adds the state it acted from to the fields."""
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        """obs [n, *obs_shape] -> value [n] float32 (bootstraps truncated episodes)."""
+    def value(self, obs: np.ndarray, env_ids: np.ndarray | None = None) -> np.ndarray:
+        """obs [n, *obs_shape] -> value [n] float32 (bootstraps truncated episodes); a
+        recurrent policy values them from env_ids' current states, leaving them unchanged."""
 
     def refresh(self) -> int:
         """Called between rollouts: take newer weights if any; returns the version now acting."""

@@ -18,7 +18,7 @@ from herd.checkpoint import check_compatible, load_checkpoint
 from herd.config import Config, ConfigError, resolve
 from herd.envs import EnvSpec, describe_env, env_kind
 from herd.envs.actor_envs import resolve_env_backend
-from herd.models import build_model, model_signature
+from herd.models import build_model, model_signature, recurrent_core
 from herd.trajectory import TrajectoryLayout
 
 
@@ -40,7 +40,9 @@ def env_kwargs(cfg: Config) -> dict[str, Any]:
     return dict(skipped_frames=e.skipped_frames, frames_stacked=e.frames_stacked, noop_threshold=e.noop_threshold,
                 episodic_life=e.episodic_life, grayscaling_frames=e.grayscaling_frames,
                 frame_scale_resolution=tuple(e.frame_scale_resolution), clip_rewards=e.clip_rewards,
-                reward_clipping_method=e.reward_clipping_method, max_episode_steps=e.max_episode_steps)
+                reward_clipping_method=e.reward_clipping_method, max_episode_steps=e.max_episode_steps,
+                # --hide_velocity (issue 13): only then a key, as every env backend takes these
+                **({"hide_velocity": True} if e.hide_velocity else {}))
 
 
 def env_spec_dict(cfg: Config, spec: EnvSpec) -> dict[str, Any]:
@@ -87,15 +89,18 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
     model_kwargs = dict(network=cfg.network.network, obs_shape=tuple(spec.obs_shape), obs_dtype=spec.obs_dtype,
                         num_actions=spec.num_actions, feature_size=cfg.network.feature_out_layer_size,
                         use_feature_layer=cfg.network.use_additional_scaling_FC_layer,
-                        hidden_sizes=tuple(cfg.network.hidden_sizes), **algorithm.model_options)
+                        hidden_sizes=tuple(cfg.network.hidden_sizes), **algorithm.model_options,
+                        # --use_lstm (issue 13): only then a key, so feed-forward kwargs stay as they were
+                        **({"lstm_size": cfg.network.lstm_size} if cfg.network.use_lstm else {}))
     try:
         model = build_model(**model_kwargs)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if checkpoint is not None:
         check_compatible(checkpoint, env_spec_dict(cfg, spec), model_signature(model), path)
+    core = recurrent_core(model)
     layout = trajectory_layout(algorithm, cfg.train.r_f_steps, spec.obs_shape, spec.obs_dtype, spec.num_actions,
-                               cfg.network.feature_out_layer_size)
+                               cfg.network.feature_out_layer_size, core.state_shape if core is not None else None)
     if mode != "test":
         check_memory(cfg, layout)
         if cfg.parallel.multiprocessing_backend == "ray":

@@ -17,6 +17,10 @@ and the algorithm adds the per-step outputs of its policy that its loss or repla
     behaviour_value   [T]                float32
     features          [T, F]             float32, the behaviour policy's feature vectors (elite replay)
 
+With an LSTM core (--use_lstm) one more field holds what the trajectory STARTS from:
+
+    core_state        [1, 2, L, H]       float32, the actor's (h, c) before step 0 (herd/models/core.py)
+
 Slots hold one actor rollout: every field with an extra env axis after time, e.g.
 obs [T+1, E, *obs_shape]. Slots are preallocated once, in shared memory, filled with
 sentinels, and passed between processes by index.
@@ -32,11 +36,14 @@ import torch
 @dataclass(frozen=True)
 class Field:
     """One field of a trajectory: its shape per step (after the time axis), dtype, the
-    sentinel that fills unwritten memory, and whether it has T+1 steps (obs) or T."""
+    sentinel that fills unwritten memory, and whether it has T+1 steps (obs), T, or, with
+    `start_only`, one: the value at the trajectory's start (an LSTM state). Keeping a time
+    axis of 1 lets slots, replays and batches treat it like every other field."""
     shape: tuple
     dtype: str
     sentinel: float | int | bool
     bootstrap: bool = False
+    start_only: bool = False
 
 
 def common_fields(obs_shape: tuple, obs_dtype: str) -> dict[str, Field]:
@@ -62,7 +69,7 @@ class TrajectoryLayout:
     def fields(self) -> dict[str, tuple[tuple, np.dtype]]:
         """name -> (shape with time first, dtype) for one environment's trajectory."""
         T = self.unroll_length
-        return {name: ((T + 1 if f.bootstrap else T, *f.shape), np.dtype(f.dtype))
+        return {name: ((T + 1 if f.bootstrap else 1 if f.start_only else T, *f.shape), np.dtype(f.dtype))
                 for name, f in self.field_specs().items()}
 
     def sentinel(self, name: str):

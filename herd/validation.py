@@ -165,6 +165,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--observation_shape must be positive integers (e.g. 4,84,84), got {cfg.env.observation_shape}")
     validate_apex(cfg)
     validate_ray(cfg)
+    validate_lstm(cfg)
     specs = cfg.replays
     algorithm = ALGORITHMS[cfg.general.algorithm]
     for spec in specs:
@@ -217,6 +218,15 @@ def validate_learners(cfg: Config, specs: list) -> None:
             raise ConfigError(f"--batch_size={batch} split across {n} learners gives each {batch // n} trajectories, "
                               f"and the {spec.type} replay's sample_ratio {spec.sample_ratio:g} then no trajectory: "
                               "raise --batch_size or lower --learner_count")
+
+
+def validate_lstm(cfg: Config) -> None:
+    """--use_lstm (issue 13): IMPALA's recurrent core."""
+    if cfg.network.lstm_size < 1:
+        raise ConfigError(f"--lstm_size must be >= 1, got {cfg.network.lstm_size}")
+    if cfg.network.use_lstm and cfg.general.algorithm != "impala":
+        raise ConfigError(f"--use_lstm: the LSTM core trains with --algorithm=impala only, not "
+                          f"{cfg.general.algorithm} (its transition replay has no recurrent state)")
 
 
 def validate_apex(cfg: Config) -> None:

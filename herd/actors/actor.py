@@ -90,7 +90,9 @@ def collect_rollouts(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter
     batch = envs.start()
     writer.observe(batch)
     while not stop.is_set():
-        out = policy.act(batch.obs)                                       # [n] rows of the batch
+        # env_ids and done let a recurrent policy pick each row's state and reset it where
+        # an episode begins with this observation (same-step autoreset, interfaces.py).
+        out = policy.act(batch.obs, batch.env_ids, batch.done)            # [n] rows of the batch
         writer.record_action(batch.env_ids, out)
         envs.send(out.actions)
         batch = envs.recv()
@@ -98,7 +100,7 @@ def collect_rollouts(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter
         if batch.truncated_obs:
             # A truncated episode bootstraps from the value of its last state.
             rows = list(batch.truncated_obs)
-            values = policy.value(np.stack([batch.truncated_obs[r] for r in rows]))
+            values = policy.value(np.stack([batch.truncated_obs[r] for r in rows]), batch.env_ids[rows])
             truncated = dict(zip(rows, values.tolist()))
         delivered = writer.record_outcome(batch, truncated)
         for delivery in delivered:
@@ -140,7 +142,7 @@ def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots
                            threads=spec.env_threads, batch_size=spec.env_batch_size, env_kwargs=spec.env_kwargs)
     if inference is None:
         policy = LocalPolicy(spec.model_kwargs, weights, seed=spec.seed, algorithm=spec.algorithm, actor_id=actor_id,
-                             num_actors=spec.worker_count, options=spec.act_options)
+                             num_actors=spec.worker_count, options=spec.act_options, num_envs=spec.envs_per_worker)
     else:
         policy = InferenceClient(inference, actor_id, stop=stop, seed=spec.seed)
     writer = RolloutWriter(slots.views, acquire, spec.unroll_length, spec.envs_per_worker)

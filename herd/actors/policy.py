@@ -9,17 +9,20 @@ import torch
 
 from herd.algos import get_algorithm
 from herd.interfaces import PolicyStep
-from herd.models import build_model
+from herd.models import EnvCoreStates, build_model
+from herd.models.core import CORE_STATE, CoreInput, state_to_rows
 from herd.weights import SharedWeights
 
 
 class LocalPolicy:
     def __init__(self, model_kwargs: dict, weights: SharedWeights, seed: int, algorithm: str = "impala",
-                 actor_id: int = 0, num_actors: int = 1, options: dict | None = None):
+                 actor_id: int = 0, num_actors: int = 1, options: dict | None = None, num_envs: int = 0):
         """actor_id of num_actors and the algorithm's actor options decide this actor's own
-        arguments to act (Ape-X: its epsilon)."""
+        arguments to act (Ape-X: its epsilon). num_envs: the actor's environments, whose
+        LSTM states a recurrent model keeps (it grows to more if asked)."""
         self.model = build_model(**model_kwargs)
         self.model.eval()
+        self.states = EnvCoreStates.for_model(self.model, num_envs)     # None: feed-forward
         self.algorithm = get_algorithm(algorithm)
         self.options = dict(options or {})
         self.act_kwargs = self.algorithm.act_kwargs(actor_id, num_actors, self.options)
@@ -29,20 +32,33 @@ class LocalPolicy:
         self.version = weights.pull(self.model, have_version=-1)
         self.generator = torch.Generator().manual_seed(seed)  # action sampling, reproducible per actor
 
-    def act(self, obs: np.ndarray) -> PolicyStep:
-        """obs [n, *obs_shape] -> actions [n] and the algorithm's step fields [n, ...]."""
+    def act(self, obs: np.ndarray, env_ids: np.ndarray | None = None, reset: np.ndarray | None = None) -> PolicyStep:
+        """obs [n, *obs_shape] -> actions [n] and the algorithm's step fields [n, ...]; a
+        recurrent model also gives CORE_STATE [n, 2, L, H], the state each row acted from
+        (the rollout writer keeps it where the row is its trajectory's step 0)."""
         with torch.no_grad():
-            out = self.model(torch.from_numpy(obs).unsqueeze(0))           # over [1, n, ...]
+            x = torch.from_numpy(obs).unsqueeze(0)                           # over [1, n, ...]
+            if self.states is None:
+                out = self.model(x)
+            else:
+                ids = np.arange(len(obs)) if env_ids is None else env_ids
+                out, start = self.states.step(self.model, x, ids, reset)
             actions, fields = self.algorithm.act(out, self.generator, **self.act_kwargs)
+            if self.states is not None:
+                fields[CORE_STATE] = state_to_rows(start)
         return PolicyStep(actions.numpy(), {name: t.numpy() for name, t in fields.items()}, self.version)
 
     def complete_rollout(self, views: dict) -> None:
         """views: the finished slot's numpy views [time, E, ...] (shared memory)."""
         self.algorithm.finish_rollout(views, self.model, self.options)
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
+    def value(self, obs: np.ndarray, env_ids: np.ndarray | None = None) -> np.ndarray:
         with torch.no_grad():
-            return self.model(torch.from_numpy(obs).unsqueeze(0)).value[0].numpy()
+            x = torch.from_numpy(obs).unsqueeze(0)
+            if self.states is None:
+                return self.model(x).value[0].numpy()
+            ids = np.arange(len(obs)) if env_ids is None else env_ids
+            return self.model(x, CoreInput(self.states.begin(ids), None)).value[0].numpy()   # states unchanged
 
     def refresh(self) -> int:
         self.version = self.weights.pull(self.model, self.version)

@@ -92,7 +92,8 @@ class RolloutWriter:
             views = slot.views
             views["action"][t, envs] = out.actions[rows]
             for name, values in out.fields.items():
-                views[name][t, envs] = values[rows]
+                if t < len(views[name]):          # a start_only field (LSTM state) holds step 0 only
+                    views[name][t, envs] = values[rows]
             slot.version = min(slot.version, out.version)
 
     def record_outcome(self, batch: EnvBatch, truncated_values: dict) -> list[Delivery]:

@@ -34,6 +34,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from herd.models.core import CORE_STATE
 from herd.trajectory import Field, TrajectoryLayout
 
 # fn(batch: field -> tensor [T(+1), B, ...], model output over [T+1, B]) -> (scalar loss, metrics)
@@ -67,9 +68,12 @@ class Algorithm(Protocol):
 
 
 def trajectory_layout(algorithm: Algorithm, unroll_length: int, obs_shape: tuple, obs_dtype: str,
-                      num_actions: int, feature_size: int) -> TrajectoryLayout:
-    """The trajectory an actor of `algorithm` fills: the common fields and its own."""
+                      num_actions: int, feature_size: int, core_state_shape: tuple | None = None) -> TrajectoryLayout:
+    """The trajectory an actor of `algorithm` fills: the common fields and its own, plus,
+    for a network with an LSTM core, its start state (core_state_shape (2, L, H))."""
     fields = algorithm.step_fields(num_actions, feature_size)
+    if core_state_shape is not None:
+        fields[CORE_STATE] = Field(tuple(core_state_shape), "float32", float("nan"), start_only=True)
     return TrajectoryLayout(unroll_length, tuple(obs_shape), obs_dtype, tuple(fields.items()))
 
 

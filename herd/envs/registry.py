@@ -22,6 +22,7 @@ import gymnasium as gym
 from herd.envs.atari import wrap_atari
 from herd.envs.minatar import MAX_EPISODE_STEPS as MINATAR_MAX_EPISODE_STEPS
 from herd.envs.minatar import check_minatar_id, is_minatar_id, make_minatar_raw
+from herd.envs.masking import hide_velocity as hide_velocity_of
 from herd.errors import EnvError
 from herd.envs.score import GameScore
 from herd.envs.wrappers import REWARD_CLIPPING_METHODS, ClipReward, Float32Observation, SeedFirstReset
@@ -156,10 +157,12 @@ def make_atari_raw(env_id: str, grayscale: bool, render_mode: str | None) -> gym
 
 
 def make_vector(env_id: str, max_episode_steps: int | None, clip_rewards: bool, reward_clipping_method: str,
-                render_mode: str | None) -> gym.Env:
+                render_mode: str | None, hide_velocity: bool = False) -> gym.Env:
     limit = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
     env = gym.make(env_id, render_mode=render_mode, **limit)
     check_discrete(env_id, env)
+    if hide_velocity:
+        env = hide_velocity_of(env, env_id)      # herd/envs/masking.py: a memory task
     env = Float32Observation(GameScore(env))
     if clip_rewards:
         env = ClipReward(env, reward_clipping_method)
@@ -176,14 +179,19 @@ def make_env(env_id: str, *, seed: int | None = None, skipped_frames: int = 4, f
              noop_threshold: int = 30, episodic_life: bool = True, grayscaling_frames: bool = True,
              frame_scale_resolution=(84, 84), clip_rewards: bool = True, reward_clipping_method: str = "abs_one_sign",
              max_episode_steps: int | None = None, fire_reset: bool = True,
-             render_mode: str | None = None) -> gym.Env:
+             render_mode: str | None = None, hide_velocity: bool = False) -> gym.Env:
     """An environment with herd's preprocessing. Every env reports the whole game's raw score
     in info["episode_score"] / info["episode_length"] on the step the real game ends, and only
     then. Atari-only options are checked but ignored for vector and MinAtar envs. With a seed, two envs
-    give identical trajectories under identical actions."""
+    give identical trajectories under identical actions. hide_velocity: the vector
+    observation without its velocity entries (herd/envs/masking.py; refused for Atari,
+    MinAtar and for envs whose velocities herd does not know)."""
     check_preprocessing(skipped_frames, frames_stacked, noop_threshold, frame_scale_resolution,
                         reward_clipping_method, max_episode_steps)
     kind = env_kind(env_id)
+    if hide_velocity and kind != "vector":
+        raise EnvError(f"--hide_velocity removes velocity entries from vector observations; '{env_id}' gives "
+                       f"{'Atari' if kind == 'atari' else 'MinAtar'} frames")
     if kind == "minatar":
         env = make_minatar(env_id, max_episode_steps, clip_rewards, reward_clipping_method, render_mode)
     elif kind == "atari":
@@ -195,7 +203,7 @@ def make_env(env_id: str, *, seed: int | None = None, skipped_frames: int = 4, f
                          reward_clipping_method=reward_clipping_method, max_episode_steps=max_episode_steps,
                          fire_reset=fire_reset)
     else:
-        env = make_vector(env_id, max_episode_steps, clip_rewards, reward_clipping_method, render_mode)
+        env = make_vector(env_id, max_episode_steps, clip_rewards, reward_clipping_method, render_mode, hide_velocity)
     return SeedFirstReset(env, seed)
 
 

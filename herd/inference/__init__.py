@@ -15,8 +15,9 @@ Public API (everything else is internal):
         # Exits when `stop` is set or its parent dies; ignores SIGINT.
 
     policy = InferenceClient(channels, index, stop=None, seed=0)   # in actor process `index`
-        policy.act(obs [n, *obs_shape]) -> PolicyStep   # n <= max_rows
-        policy.value(obs [n, *obs_shape]) -> value [n] float32
+        policy.act(obs [n, *obs_shape], env_ids [n]=None, reset [n]=None) -> PolicyStep   # n <= max_rows
+        policy.value(obs [n, *obs_shape], env_ids [n]=None) -> value [n] float32
+        # env_ids / reset matter with an LSTM core: the client keeps each env's state
         policy.refresh() -> version the server acts with now
         policy.close()
         # implements herd.interfaces.ActorPolicy; raises InferenceServerGone within

@@ -10,6 +10,11 @@ TrajectorySlots). C clients, each with a fixed index and room for R rows:
     logits     [C, R, A]   float32                                      server writes
     value      [C, R]      float32                                      server writes
     features   [C, R, F]   float32                                      server writes
+    core_state [C, R, 2, L, H] float32, only for a model with an LSTM core (--use_lstm):
+               the client writes each row's state before the step, the server overwrites
+               it with the state after. The clients keep the states (one per env), so the
+               server stays without per-client state: a restarted actor simply starts
+               its environments from zero states, and no answer depends on who shared a batch.
     header     [C, 5]      int64: REQUEST_SEQ, ROWS, KIND, ANSWER_SEQ, VERSION
     server     [3]         int64: server pid, state (NOT_STARTED/RUNNING/EXITED), version loaded
 
@@ -50,7 +55,7 @@ class InferenceChannels:
     clients raise InferenceServerGone. Clients may come and go (same index, one at a time)."""
 
     def __init__(self, num_clients: int, max_rows: int, obs_shape: tuple, obs_dtype: str, num_actions: int,
-                 feature_size: int, mechanism: str = "semaphore", context=None):
+                 feature_size: int, mechanism: str = "semaphore", context=None, core_state_shape: tuple | None = None):
         if num_clients < 1 or max_rows < 1:
             raise ValueError(f"inference channels need at least one client and one row, got "
                              f"num_clients={num_clients}, max_rows={max_rows}")
@@ -70,6 +75,7 @@ class InferenceChannels:
         self.logits = shared((C, R, self.num_actions), torch.float32, float("nan"))
         self.value = shared((C, R), torch.float32, float("nan"))
         self.features = shared((C, R, self.feature_size), torch.float32, float("nan"))
+        self.core_state = None if core_state_shape is None else shared((C, R, *core_state_shape), torch.float32, 0.0)
         self.header = shared((C, HEADER_FIELDS), torch.int64, 0)
         self.server = shared((3,), torch.int64, 0)
         self.doorbell = make_doorbell(mechanism, C, context)
@@ -79,10 +85,11 @@ class InferenceChannels:
                   context=None) -> "InferenceChannels":
         """Channels sized for the network `build_model(**model_kwargs)` builds (its feature
         size is probed, since feature_size=None means the torso's own)."""
-        from herd.models import build_model
+        from herd.models import build_model, recurrent_core
         model = build_model(**model_kwargs)
+        core = recurrent_core(model)
         obs_shape, obs_dtype = tuple(model_kwargs["obs_shape"]), model_kwargs["obs_dtype"]
         with torch.no_grad():
             out = model(torch.zeros((1, 1, *obs_shape), dtype=torch.from_numpy(np.zeros(0, obs_dtype)).dtype))
         return cls(num_clients, max_rows, obs_shape, obs_dtype, out.logits.shape[-1], out.features.shape[-1],
-                   mechanism, context)
+                   mechanism, context, core_state_shape=core.state_shape if core is not None else None)

@@ -15,6 +15,7 @@ import numpy as np
 import psutil
 
 from herd.interfaces import PolicyStep
+from herd.models.core import CORE_STATE, EnvCoreStates, state_from_rows, state_to_rows
 from herd.inference.channels import (ACT, ANSWER_SEQ, EXITED, KIND, NOT_STARTED, REQUEST_SEQ, ROWS, SERVER_PID,
                                      SERVER_STATE, SERVER_VERSION, VALUE, VERSION, InferenceChannels)
 
@@ -51,6 +52,10 @@ class InferenceClient:
         self.logits = channels.logits[index].numpy()          # [R, A]
         self.value_out = channels.value[index].numpy()        # [R]
         self.features = channels.features[index].numpy()      # [R, F]
+        # --use_lstm: this client keeps its environments' LSTM states and sends each row's
+        # with the request (channels.py says why the server keeps none).
+        self.core_state = None if channels.core_state is None else channels.core_state[index]   # [R, 2, L, H]
+        self.states = None if self.core_state is None else EnvCoreStates(tuple(self.core_state.shape[1:]))
         self.doorbell = channels.doorbell
         # Continue after every number a predecessor used, so none of its answers can match.
         self.seq = int(max(self.header[REQUEST_SEQ], self.header[ANSWER_SEQ]))
@@ -58,24 +63,45 @@ class InferenceClient:
         self.server_process: psutil.Process | None = None
         self.closed = False
 
-    def act(self, obs: np.ndarray) -> PolicyStep:
+    def act(self, obs: np.ndarray, env_ids: np.ndarray | None = None, reset: np.ndarray | None = None) -> PolicyStep:
         """obs [n, *obs_shape] -> actions [n] int64 and IMPALA's step fields: behaviour_logits [n, A],
-        behaviour_value [n], features [n, F] (the server samples as herd.algos.impala does)."""
+        behaviour_value [n], features [n, F] (the server samples as herd.algos.impala does);
+        with an LSTM core also CORE_STATE [n, 2, L, H], the states the rows acted from."""
         n = self._write(obs)
         if n == 0:
             return self._empty_step()
         self.rng.random(n, dtype=np.float32, out=self.uniforms[:n])
+        start = self._write_states(n, env_ids, reset)
         version = self._ask(n, ACT)
         # Copies: the areas are overwritten by the next request.
-        return PolicyStep(self.actions[:n].copy(), self._fields(slice(0, n)), version)
+        fields = self._fields(slice(0, n))
+        if start is not None:
+            self.states.end(self._ids(n, env_ids), state_from_rows(self.core_state[:n]))   # the states after
+            fields[CORE_STATE] = state_to_rows(start).numpy()
+        return PolicyStep(self.actions[:n].copy(), fields, version)
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        """obs [n, *obs_shape] -> value [n] float32 (bootstraps truncated episodes)."""
+    def value(self, obs: np.ndarray, env_ids: np.ndarray | None = None) -> np.ndarray:
+        """obs [n, *obs_shape] -> value [n] float32 (bootstraps truncated episodes); an LSTM
+        core values them from env_ids' current states, which stay unchanged."""
         n = self._write(obs)
         if n == 0:
             return np.zeros(0, dtype=np.float32)
+        self._write_states(n, env_ids, None)
         self._ask(n, VALUE)
         return self.value_out[:n].copy()
+
+    @staticmethod
+    def _ids(n: int, env_ids: np.ndarray | None) -> np.ndarray:
+        return np.arange(n) if env_ids is None else np.asarray(env_ids)
+
+    def _write_states(self, n: int, env_ids, reset):
+        """Writes the rows' LSTM states [n, 2, L, H] into the request; returns them as
+        [2, L, n, H] (None without a core)."""
+        if self.states is None:
+            return None
+        start = self.states.begin(self._ids(n, env_ids), reset)
+        self.core_state[:n].copy_(state_to_rows(start))
+        return start
 
     def refresh(self) -> int:
         """The server pulls newer weights itself (before every batch and when idle); this

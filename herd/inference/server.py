@@ -23,6 +23,7 @@ import torch
 from herd.inference.channels import (ANSWER_SEQ, EXITED, REQUEST_SEQ, ROWS, RUNNING, SERVER_PID, SERVER_STATE,
                                      SERVER_VERSION, VERSION, InferenceChannels)
 from herd.models import build_model
+from herd.models.core import CoreInput, state_from_rows, state_to_rows
 from herd.weights import SharedWeights
 
 WAKE_INTERVAL = 0.1   # s: the longest the server sleeps without checking stop, its parent and weights
@@ -53,14 +54,19 @@ class BatchServer:
         self.uniforms = channels.uniforms.view(C * R)
         self.outputs = {"actions": channels.actions.view(C * R), "logits": channels.logits.view(C * R, -1),
                         "value": channels.value.view(C * R), "features": channels.features.view(C * R, -1)}
+        self.inputs = {"obs": self.obs, "uniforms": self.uniforms}
+        self.recurrent = channels.core_state is not None
+        if self.recurrent:
+            # Each row's LSTM state comes in with the request and goes back, updated, in place.
+            self.inputs["core_state"] = channels.core_state.view(C * R, *channels.core_state.shape[2:])
+            self.outputs["core_state"] = self.inputs["core_state"]
         self.model = build_model(**model_kwargs).to(device).eval()
         self.cuda = device.type == "cuda"
         if self.cuda:
             # SharedWeights.pull re-points parameters at a CPU vector, so it loads a CPU shadow
             # model whose parameters are then copied onto the device.
             self.shadow = build_model(**model_kwargs).eval()
-            self.staging = {"obs": torch.empty_like(self.obs).pin_memory(),
-                            "uniforms": torch.empty_like(self.uniforms).pin_memory()}
+            self.staging = {name: torch.empty_like(t).pin_memory() for name, t in self.inputs.items()}
             self.on_device = {name: torch.empty_like(t, device=device) for name, t in self.staging.items()}
             self.back = {name: torch.empty_like(t).pin_memory() for name, t in self.outputs.items()}
         self.version = -1
@@ -91,28 +97,35 @@ class BatchServer:
         index = np.concatenate([self.row_index[c, :r] for c, r in zip(clients, rows)])   # [N]
         if len(index):
             rows_t = torch.from_numpy(index)
-            obs, uniforms = self.gather(rows_t)                                           # [N, ...], [N]
+            inputs = self.gather(rows_t)                                                  # name -> [N, ...]
             with torch.inference_mode():
-                out = self.model(obs.unsqueeze(0))                                        # [1, N, ...]
+                if self.recurrent:                                                        # [1, N, ...]
+                    start = CoreInput(state_from_rows(inputs["core_state"]), None)        # [2, L, N, H]
+                    out, state = self.model.unroll(inputs["obs"].unsqueeze(0), start)
+                else:
+                    out = self.model(inputs["obs"].unsqueeze(0))
                 logits = out.logits[0]
-                results = {"actions": sample_actions(logits, uniforms), "logits": logits,
+                results = {"actions": sample_actions(logits, inputs["uniforms"]), "logits": logits,
                            "value": out.value[0], "features": out.features[0]}
+                if self.recurrent:
+                    results["core_state"] = state_to_rows(state)                          # [N, 2, L, H]
                 self.scatter(rows_t, results)
         self.header[clients, VERSION] = self.version
         self.header[clients, ANSWER_SEQ] = seqs   # last: from here on the client may read
         for c in clients:
             self.channels.doorbell.ring_client(int(c))
 
-    def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows [N] of the flat request areas -> obs [N, *obs_shape], uniforms [N] on the device."""
+    def gather(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rows [N] of the flat request areas -> obs [N, *obs_shape], uniforms [N] (and
+        core_state [N, 2, L, H] for a recurrent model) on the device."""
         if not self.cuda:
-            return self.obs.index_select(0, rows), self.uniforms.index_select(0, rows)
+            return {name: source.index_select(0, rows) for name, source in self.inputs.items()}
         n = len(rows)
-        out = []
-        for name, source in (("obs", self.obs), ("uniforms", self.uniforms)):
+        out = {}
+        for name, source in self.inputs.items():
             staged = torch.index_select(source, 0, rows, out=self.staging[name][:n])
-            out.append(self.on_device[name][:n].copy_(staged, non_blocking=True))
-        return out[0], out[1]
+            out[name] = self.on_device[name][:n].copy_(staged, non_blocking=True)
+        return out
 
     def scatter(self, rows: torch.Tensor, results: dict[str, torch.Tensor]) -> None:
         """Writes each result [N, ...] into rows [N] of the flat response areas."""

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from herd.models import ModelOutput
+from herd.models.core import core_input_from_batch
 
 log = logging.getLogger("herd")
 
@@ -78,25 +79,29 @@ class Learner:
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.grad_sync = grad_sync
 
-    def run_model(self, obs: torch.Tensor):
+    def run_model(self, obs: torch.Tensor, core=None):
         """The training forward pass; a torch.compile that fails (no C compiler, an
-        unsupported op) falls back to the plain model once, with a warning."""
+        unsupported op) falls back to the plain model once, with a warning. core: the
+        batch's CoreInput for a recurrent model (herd/models/core.py), else None."""
+        args = (obs,) if core is None else (obs, core)
         if self.forward is self.model:
-            return self.model(obs)
+            return self.model(*args)
         try:
-            return self.forward(obs)
+            return self.forward(*args)
         except Exception as err:  # torch._dynamo / inductor raise many types
             log.warning("torch.compile failed (%s: %s): the learner runs uncompiled", type(err).__name__,
                         str(err).splitlines()[0][:200] if str(err) else "")
             self.forward = self.model
-            return self.model(obs)
+            return self.model(*args)
 
     def step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One update. batch["obs"] is [T+1, B, ...]; returns metrics (floats).
         A non-finite loss skips the update and reports `skipped` = 1."""
         self.model.train()
         with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
-            out = self.run_model(batch["obs"])                            # logits [T+1, B, A]
+            # A recurrent model unrolls from each column's stored start state, reset after
+            # every done flag (None for a feed-forward model).
+            out = self.run_model(batch["obs"], core_input_from_batch(batch))   # logits [T+1, B, A]
         out = ModelOutput(*(field.float() for field in out))              # the loss in float32
         loss, metrics = self.loss_fn(batch, out)
         if "priorities" in metrics:

@@ -9,11 +9,12 @@ from torch import nn
 
 from herd.models.base import HEADS, ModelOutput
 from herd.models.cnn import ImpalaResNet, NatureCNN
+from herd.models.core import CoreInput, EnvCoreStates, recurrent_core
 from herd.models.minatar_cnn import MinAtarCNN
 from herd.models.mlp import MLPNet
 
-__all__ = ["HEADS", "NETWORKS", "ModelOutput", "MLPNet", "NatureCNN", "ImpalaResNet", "MinAtarCNN", "build_model",
-           "model_signature"]
+__all__ = ["HEADS", "NETWORKS", "CoreInput", "EnvCoreStates", "ModelOutput", "MLPNet", "NatureCNN", "ImpalaResNet",
+           "MinAtarCNN", "build_model", "model_signature", "recurrent_core"]
 
 NETWORKS = ("auto", "mlp", "nature_cnn", "resnet", "minatar_cnn")
 # The Nature CNN's strides (8/4, 4/2, 3/1) need frames of at least 36x36; "auto" gives
@@ -23,12 +24,16 @@ IMAGE_NETWORKS = {"nature_cnn": NatureCNN, "resnet": ImpalaResNet, "minatar_cnn"
 
 
 def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int, feature_size: Optional[int],
-                use_feature_layer: bool = True, hidden_sizes=(64, 64), head: str = "actor_critic") -> nn.Module:
+                use_feature_layer: bool = True, hidden_sizes=(64, 64), head: str = "actor_critic",
+                lstm_size: int = 0) -> nn.Module:
     """The network for an environment. "auto" picks mlp for vector observations [D],
     nature_cnn for frames [C, H, W], minatar_cnn for frames smaller than 36x36. Image
-    networks scale uint8 frames by 1/255; float frames are taken as already in [0, 1]. feature_size=None means the torso's own size.
+    networks scale uint8 frames by 1/255; float frames are taken as already in [0, 1].
+    feature_size=None means the torso's own size.
     head: "actor_critic" (policy logits and value) or "dueling_q" (Q values in the logits
     field, max_a Q in the value field; herd.models.base.HEADS).
+    lstm_size > 0: an LSTM core of that size between the torso and the heads
+    (herd/models/core.py); such a network also has unroll(obs, CoreInput) -> (out, state).
     Every mismatch raises ValueError with one line (the config layer shows it as is)."""
     if head not in HEADS:
         raise ValueError(f"unknown head '{head}' (use one of {', '.join(HEADS)})")
@@ -41,6 +46,8 @@ def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int
         raise ValueError(f"unknown observation dtype '{obs_dtype}'") from None
     if num_actions < 1:
         raise ValueError(f"networks need at least one action, got num_actions={num_actions}")
+    if lstm_size < 0:
+        raise ValueError(f"lstm_size must be positive, got {lstm_size}")
     if feature_size is not None and feature_size < 1:
         raise ValueError(f"feature_out_layer_size must be positive, got {feature_size}")
     if network == "auto":
@@ -55,11 +62,12 @@ def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int
         if any(int(h) < 1 for h in hidden_sizes):
             raise ValueError(f"hidden_sizes must be positive, got {tuple(hidden_sizes)}")
         return MLPNet(obs_shape[0], num_actions, tuple(int(h) for h in hidden_sizes), feature_size, use_feature_layer,
-                      head=head)
+                      head=head, core_size=lstm_size)
     if len(obs_shape) != 3:
         raise ValueError(f"network {network} needs frames [C, H, W], this environment gives shape {obs_shape}")
     cls = IMAGE_NETWORKS[network]
-    return cls(obs_shape[0], num_actions, feature_size, use_feature_layer, frame_hw=obs_shape[1:], head=head)
+    return cls(obs_shape[0], num_actions, feature_size, use_feature_layer, frame_hw=obs_shape[1:], head=head,
+               core_size=lstm_size)
 
 
 def model_signature(model: nn.Module) -> dict[str, list[int]]:

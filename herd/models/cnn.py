@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from herd.models.base import Heads, ModelOutput, flatten_time, frames_to_float, orthogonal, probe_flat_size
+from herd.models.core import CoreInput, LSTMCore, heads_after_core
 
 RELU_GAIN = 2 ** 0.5
 
@@ -19,7 +20,7 @@ class NatureCNN(nn.Module):
     torso_size = 512
 
     def __init__(self, in_channels: int, num_actions: int, feature_size: Optional[int] = 512,
-                 use_feature_layer: bool = True, frame_hw=(84, 84), head: str = "actor_critic"):
+                 use_feature_layer: bool = True, frame_hw=(84, 84), head: str = "actor_critic", core_size: int = 0):
         super().__init__()
         self.convs = nn.Sequential(
             orthogonal(nn.Conv2d(in_channels, 32, 8, stride=4), RELU_GAIN), nn.ReLU(),
@@ -29,13 +30,18 @@ class NatureCNN(nn.Module):
         )
         flat_size = probe_flat_size(self.convs, in_channels, frame_hw, "nature_cnn")   # 3136 at 84x84
         self.fc = nn.Sequential(orthogonal(nn.Linear(flat_size, self.torso_size), RELU_GAIN), nn.ReLU())
-        self.heads = Heads(self.torso_size, num_actions, feature_size, use_feature_layer, head)
+        self.core = LSTMCore(self.torso_size, core_size) if core_size else None      # herd/models/core.py
+        self.heads = Heads(core_size or self.torso_size, num_actions, feature_size, use_feature_layer, head)
 
-    def forward(self, obs: Tensor) -> ModelOutput:
+    def forward(self, obs: Tensor, core: Optional[CoreInput] = None) -> ModelOutput:
         """obs: [T, B, C, H, W] uint8 (or float already in [0, 1])."""
+        return self.unroll(obs, core)[0]
+
+    def unroll(self, obs: Tensor, core: Optional[CoreInput] = None) -> tuple[ModelOutput, Optional[Tensor]]:
+        """forward, plus the LSTM state after the last step [2, L, B, H] (None without a core)."""
         frames, T, B = flatten_time(obs, 3, "NatureCNN")
         # Plain NCHW: channels-last measured no faster here on CPU (and slower at learner batch sizes).
-        return self.heads(self.fc(self.convs(frames_to_float(frames))), T, B)
+        return heads_after_core(self.heads, self.core, self.fc(self.convs(frames_to_float(frames))), T, B, core)
 
 
 class ResidualBlock(nn.Module):
@@ -62,7 +68,7 @@ class ImpalaResNet(nn.Module):
 
     def __init__(self, in_channels: int, num_actions: int, feature_size: Optional[int] = 256,
                  use_feature_layer: bool = True, frame_hw=(84, 84), channels=(16, 32, 32),
-                 head: str = "actor_critic"):
+                 head: str = "actor_critic", core_size: int = 0):
         super().__init__()
         stages, width = [], in_channels
         for out in channels:
@@ -72,14 +78,19 @@ class ImpalaResNet(nn.Module):
         self.stages = nn.Sequential(*stages, nn.ReLU(), nn.Flatten())
         flat_size = probe_flat_size(self.stages, in_channels, frame_hw, "resnet")      # 3872 at 84x84
         self.fc = nn.Sequential(nn.Linear(flat_size, self.torso_size), nn.ReLU())
-        self.heads = Heads(self.torso_size, num_actions, feature_size, use_feature_layer, head)
+        self.core = LSTMCore(self.torso_size, core_size) if core_size else None      # herd/models/core.py
+        self.heads = Heads(core_size or self.torso_size, num_actions, feature_size, use_feature_layer, head)
 
-    def forward(self, obs: Tensor) -> ModelOutput:
+    def forward(self, obs: Tensor, core: Optional[CoreInput] = None) -> ModelOutput:
         """obs: [T, B, C, H, W] uint8 (or float already in [0, 1])."""
+        return self.unroll(obs, core)[0]
+
+    def unroll(self, obs: Tensor, core: Optional[CoreInput] = None) -> tuple[ModelOutput, Optional[Tensor]]:
+        """forward, plus the LSTM state after the last step [2, L, B, H] (None without a core)."""
         frames, T, B = flatten_time(obs, 3, "ImpalaResNet")
         # On CPU, channels-last activations run this network about 2x faster (measured, 1
         # thread: 13 -> 7 ms at B=4, 550 -> 220 ms at B=110). Only the input is converted;
         # the weights stay contiguous because weight sync flattens them with view(-1).
         # Flatten reads logical (C, H, W) order, so the result does not depend on the format.
         fmt = torch.contiguous_format if frames.is_cuda else torch.channels_last
-        return self.heads(self.fc(self.stages(frames_to_float(frames, fmt))), T, B)
+        return heads_after_core(self.heads, self.core, self.fc(self.stages(frames_to_float(frames, fmt))), T, B, core)

@@ -12,6 +12,7 @@ from typing import Optional
 from torch import Tensor, nn
 
 from herd.models.base import Heads, ModelOutput, flatten_time, frames_to_float, orthogonal, probe_flat_size
+from herd.models.core import CoreInput, LSTMCore, heads_after_core
 
 RELU_GAIN = 2 ** 0.5
 
@@ -22,15 +23,21 @@ class MinAtarCNN(nn.Module):
     torso_size = 128
 
     def __init__(self, in_channels: int, num_actions: int, feature_size: Optional[int] = 128,
-                 use_feature_layer: bool = True, frame_hw=(10, 10), head: str = "actor_critic", channels: int = 16):
+                 use_feature_layer: bool = True, frame_hw=(10, 10), head: str = "actor_critic", channels: int = 16,
+                 core_size: int = 0):
         super().__init__()
         self.convs = nn.Sequential(orthogonal(nn.Conv2d(in_channels, channels, 3, stride=1), RELU_GAIN), nn.ReLU(),
                                    nn.Flatten())
         flat_size = probe_flat_size(self.convs, in_channels, frame_hw, "minatar_cnn")   # 16 x 8 x 8 = 1024 at 10x10
         self.fc = nn.Sequential(orthogonal(nn.Linear(flat_size, self.torso_size), RELU_GAIN), nn.ReLU())
-        self.heads = Heads(self.torso_size, num_actions, feature_size, use_feature_layer, head)
+        self.core = LSTMCore(self.torso_size, core_size) if core_size else None      # herd/models/core.py
+        self.heads = Heads(core_size or self.torso_size, num_actions, feature_size, use_feature_layer, head)
 
-    def forward(self, obs: Tensor) -> ModelOutput:
+    def forward(self, obs: Tensor, core: Optional[CoreInput] = None) -> ModelOutput:
         """obs: [T, B, C, H, W], float in [0, 1] (MinAtar's 0/1 channels) or uint8 frames."""
+        return self.unroll(obs, core)[0]
+
+    def unroll(self, obs: Tensor, core: Optional[CoreInput] = None) -> tuple[ModelOutput, Optional[Tensor]]:
+        """forward, plus the LSTM state after the last step [2, L, B, H] (None without a core)."""
         frames, T, B = flatten_time(obs, 3, "MinAtarCNN")
-        return self.heads(self.fc(self.convs(frames_to_float(frames))), T, B)
+        return heads_after_core(self.heads, self.core, self.fc(self.convs(frames_to_float(frames))), T, B, core)

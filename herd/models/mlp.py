@@ -6,6 +6,7 @@ from typing import Optional
 from torch import Tensor, nn
 
 from herd.models.base import Heads, ModelOutput, flatten_time, orthogonal
+from herd.models.core import CoreInput, LSTMCore, heads_after_core
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -26,21 +27,30 @@ class MLPNet(nn.Module):
     learns several times slower. The feature vector comes from the policy torso.
     With use_feature_layer=False the feature vector is the last hidden layer, so
     feature_size must equal hidden_sizes[-1] (or be None). With the dueling Q head, the
-    value torso feeds the state stream V and the policy torso the advantage stream."""
+    value torso feeds the state stream V and the policy torso the advantage stream.
+    With an LSTM core (core_size > 0, herd/models/core.py) the policy torso feeds the core
+    and the value torso a value LSTM of its own (in the same state), for the same reason:
+    shared, the value loss's gradients steer the recurrent features and the policy on the
+    memory task did not learn at all (entropy at ln 2 after 270k steps, README)."""
 
     def __init__(self, obs_dim: int, num_actions: int, hidden_sizes=(64, 64), feature_size: Optional[int] = 64,
                  use_feature_layer: bool = True, activation: str = "tanh", shared_torso: bool = False,
-                 head: str = "actor_critic"):
+                 head: str = "actor_critic", core_size: int = 0):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation '{activation}' (use one of {', '.join(ACTIVATIONS)})")
         self.torso, width = mlp_torso(obs_dim, hidden_sizes, activation)
         self.value_torso = None if shared_torso else mlp_torso(obs_dim, hidden_sizes, activation)[0]
-        self.heads = Heads(width, num_actions, feature_size, use_feature_layer, head)
+        self.core = LSTMCore(width, core_size, 0 if shared_torso else width) if core_size else None
+        self.heads = Heads(core_size or width, num_actions, feature_size, use_feature_layer, head)
 
-    def forward(self, obs: Tensor) -> ModelOutput:
+    def forward(self, obs: Tensor, core: Optional[CoreInput] = None) -> ModelOutput:
         """obs: [T, B, D], any real dtype (float32 normally; converted, never scaled)."""
+        return self.unroll(obs, core)[0]
+
+    def unroll(self, obs: Tensor, core: Optional[CoreInput] = None) -> tuple[ModelOutput, Optional[Tensor]]:
+        """forward, plus the LSTM state after the last step [2, L, B, H] (None without a core)."""
         flat, T, B = flatten_time(obs, 1, "MLPNet")
         flat = flat.float()
         value_torso = self.value_torso(flat) if self.value_torso is not None else None
-        return self.heads(self.torso(flat), T, B, value_torso)
+        return heads_after_core(self.heads, self.core, self.torso(flat), T, B, core, value_torso)

@@ -49,7 +49,9 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from herd.models.core import recurrent_core
 from herd.replay.distances import distance
+from herd.replay.recurrent import recurrent_scorers, scored_steps
 from herd.replay.samplers import RingPositions
 
 Scorer = Callable[[np.ndarray, np.random.Generator], np.ndarray]
@@ -228,16 +230,19 @@ def model_scorers(storage, model: torch.nn.Module, device: torch.device, dist_fu
 
     The learner trains `model` in another thread: the forward passes run under no_grad
     (thread-local, so the learner's autograd is untouched) and never switch train/eval
-    mode. The networks are per-step feed-forward, which is what lets both scorers fold the
-    chosen steps into the batch axis of one forward pass. With `bf16` (a bf16 learner)
-    they run under the same autocast; distances are computed in float32."""
+    mode. Feed-forward networks are per-step, which is what lets both scorers fold the
+    chosen steps into the batch axis of one forward pass. A network with an LSTM core
+    (--use_lstm) cannot see a step on its own: its features come from unrolling each
+    trajectory from its stored start state up to the last step scored (recurrent.py).
+    With `bf16` (a bf16 learner) they run under the same autocast; distances are
+    computed in float32."""
+    if recurrent_core(model) is not None:
+        return recurrent_scorers(storage, model, device, dist_function, p, score_steps, bf16)
     T = storage.unroll_length
 
     def steps_of(rng: np.random.Generator) -> np.ndarray:
         """The time steps [k] scored this round: all T, or score_steps of them at random."""
-        if score_steps is None or score_steps >= T:
-            return np.arange(T)
-        return np.sort(rng.choice(T, size=score_steps, replace=False))
+        return scored_steps(T, score_steps, rng)
 
     def features_of(obs: np.ndarray) -> torch.Tensor:
         """obs [k, C, ...] (numpy) -> current-model features [k, C, F] on `device`."""

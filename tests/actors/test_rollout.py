@@ -70,13 +70,13 @@ class EchoPolicy:
     def __init__(self):
         self.version = 0
 
-    def act(self, obs):
+    def act(self, obs, env_ids=None, reset=None):
         e, c = obs[:, 0], obs[:, 1]
         fields = {"behaviour_logits": np.stack([e, c, -c], 1).astype(np.float32),
                   "behaviour_value": c.astype(np.float32), "features": np.stack([e, c], 1).astype(np.float32)}
         return PolicyStep((c % A).astype(np.int64), fields, self.version)
 
-    def value(self, obs):
+    def value(self, obs, env_ids=None):
         return obs[:, 1].astype(np.float32)        # -c for a truncated final obs
 
     def refresh(self):
