@@ -16,7 +16,7 @@ from herd.errors import ConfigError, UserError
 # KeyboardInterrupt traceback and a SIGTERM a silent exit 143.
 
 
-KIND_NAMES = {"atari": "Atari", "vector": "vector tasks"}
+KIND_NAMES = {"atari": "Atari", "vector": "vector tasks", "continuous": "continuous control"}
 
 
 class OneLineParser(argparse.ArgumentParser):

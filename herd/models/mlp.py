@@ -6,6 +6,7 @@ from typing import Optional
 from torch import Tensor, nn
 
 from herd.models.base import Heads, ModelOutput, flatten_time, orthogonal
+from herd.models.normalize import ObservationNormalizer
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -30,17 +31,23 @@ class MLPNet(nn.Module):
 
     def __init__(self, obs_dim: int, num_actions: int, hidden_sizes=(64, 64), feature_size: Optional[int] = 64,
                  use_feature_layer: bool = True, activation: str = "tanh", shared_torso: bool = False,
-                 head: str = "actor_critic"):
+                 head: str = "actor_critic", action_distribution: str = "categorical", initial_log_std: float = -0.5,
+                 normalize_observations: bool = False):
         super().__init__()
+        # Running mean/std of the raw observations (herd/models/normalize.py: who updates it).
+        self.obs_normalizer = ObservationNormalizer(obs_dim) if normalize_observations else None
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation '{activation}' (use one of {', '.join(ACTIVATIONS)})")
         self.torso, width = mlp_torso(obs_dim, hidden_sizes, activation)
         self.value_torso = None if shared_torso else mlp_torso(obs_dim, hidden_sizes, activation)[0]
-        self.heads = Heads(width, num_actions, feature_size, use_feature_layer, head)
+        self.heads = Heads(width, num_actions, feature_size, use_feature_layer, head, action_distribution,
+                           initial_log_std)
 
     def forward(self, obs: Tensor) -> ModelOutput:
         """obs: [T, B, D], any real dtype (float32 normally; converted, never scaled)."""
         flat, T, B = flatten_time(obs, 1, "MLPNet")
         flat = flat.float()
+        if self.obs_normalizer is not None:
+            flat = self.obs_normalizer(flat)
         value_torso = self.value_torso(flat) if self.value_torso is not None else None
         return self.heads(self.torso(flat), T, B, value_torso)
