@@ -83,6 +83,7 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
                           f"{cfg.general.algorithm}: drop --algorithm or start a new run")
     if cfg.general.seed is None:
         cfg.general.seed = random.randrange(2**31)
+    check_action_kind(cfg)      # before validate(): Ape-X's replay checks would hide the reason
     cfg.validate()
     cfg.parallel.env_backend = resolve_env_backend(cfg.parallel.env_backend, cfg.env.env)  # saved as it ran
     spec = describe_env(cfg.env.env, **{k: v for k, v in env_kwargs(cfg).items() if k != "max_episode_steps"})
@@ -121,12 +122,17 @@ def continuous_model_options(cfg: Config, spec: EnvSpec) -> dict[str, Any]:
     return options
 
 
+def check_action_kind(cfg: Config) -> None:
+    """An algorithm that cannot act in the environment's action space (Ape-X with a Box)."""
+    algorithm = get_algorithm(cfg.general.algorithm)
+    if "continuous" not in algorithm.action_kinds and profile_kind(cfg.env.env) == "continuous":
+        raise ConfigError(f"--algorithm={algorithm.name} needs discrete actions, but {cfg.env.env} has continuous "
+                          "(Box) actions: use --algorithm=impala")
+
+
 def check_continuous(cfg: Config, spec: EnvSpec, algorithm: Algorithm) -> None:
     """What continuous actions, observation normalisation and reward scaling cannot run with."""
     c = cfg.continuous
-    if spec.action_kind not in algorithm.action_kinds:
-        raise ConfigError(f"--algorithm={algorithm.name} needs discrete actions, but {cfg.env.env} has continuous "
-                          "(Box) actions: use --algorithm=impala")
     if spec.action_kind == "continuous" and cfg.general.actor_inference == "server":
         raise ConfigError("--actor_inference=server samples discrete actions only: continuous-action runs act "
                           "with --actor_inference=local")
