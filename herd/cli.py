@@ -16,7 +16,7 @@ from herd.errors import ConfigError, UserError
 # KeyboardInterrupt traceback and a SIGTERM a silent exit 143.
 
 
-KIND_NAMES = {"atari": "Atari", "vector": "vector tasks", "minatar": "MinAtar"}
+KIND_NAMES = {"atari": "Atari", "vector": "vector tasks", "minatar": "MinAtar", "continuous": "continuous control"}
 
 
 class OneLineParser(argparse.ArgumentParser):

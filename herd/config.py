@@ -187,10 +187,20 @@ class LossConfig:
     kl_div_threshold: float = opt(0.3, "LASER KL threshold")
 
 
+# -- continuous control (issue 13) ------------------------------------------------------
+@dataclass
+class ContinuousConfig:
+    normalize_observations: Optional[bool] = opt(None, "normalise vector observations by a running mean and std (updated by the learner from fresh rollouts, carried with the weights, saved in checkpoints; default: on for continuous-action tasks, off otherwise)")
+    reward_scale: Optional[float] = opt(None, "multiply a vector task's rewards by this for learning (scores stay raw; default: 1, continuous-action tasks 0.1)")
+    initial_log_std: float = opt(-0.5, "continuous actions: initial log standard deviation of the Gaussian policy, in the [-1, 1] action space the Box bounds are rescaled to")
+# -- end continuous control
+
+
 SECTIONS = {
     "general": GeneralConfig, "train": TrainingConfig, "env": EnvConfig,
     "parallel": ParallelConfig, "replay": ReplayConfig, "stats": StatsConfig,
     "test": TestConfig, "network": NetworkConfig, "loss": LossConfig,
+    "continuous": ContinuousConfig,
 }
 
 # Defaults that depend on the kind of environment. Atari keeps the seed's values except
@@ -201,13 +211,23 @@ PROFILES: dict[str, dict[str, Any]] = {
         environment_max_steps=15_000_000, clip_rewards=True, envs_per_worker=5,
         replay_parameters=DEFAULT_REPLAY, feature_out_layer_size=512,
         learner_precision="auto", shared_queue_size=16, caching=True, use_replay_compression=True,
+        normalize_observations=False, reward_scale=1.0,
     ),
     "vector": dict(
         lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01,
         environment_max_steps=500_000, clip_rewards=False, envs_per_worker=16,
         replay_parameters='[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
         feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
-        use_replay_compression=False,
+        use_replay_compression=False, normalize_observations=False, reward_scale=1.0,
+    ),
+    # -- continuous control (issue 13): vector observations, Box actions (Pendulum, MuJoCo,
+    # Box2D). README, "Continuous control", says how these were chosen.
+    "continuous": dict(
+        lr=0.0003, batch_size=8, r_f_steps=32, optimizer="adam", rmsprop_eps=0.01,
+        environment_max_steps=1_000_000, clip_rewards=False, envs_per_worker=8,
+        replay_parameters='[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
+        feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
+        use_replay_compression=False, normalize_observations=True, reward_scale=0.1,
     ),
     # --- MinAtar (issue 16) -------------------------------------------------------------
     # 10x10 frames, 0/1 rewards, cheap steps: on-policy IMPALA as on vector tasks (Adam,
@@ -258,6 +278,7 @@ class Config:
     test: TestConfig = field(default_factory=TestConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    continuous: ContinuousConfig = field(default_factory=ContinuousConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """{field name: value} over all sections; tuples become lists (JSON)."""
@@ -398,7 +419,8 @@ def resolve(command_line: dict[str, Any], overrides: dict[str, Any] | None = Non
             saved: dict[str, Any] | None = None, env_kind=None) -> Config:
     """Builds the run's config. Precedence, highest first: the command line, overrides
     from multi_train.py, the config saved in the checkpoint being resumed, the
-    environment kind's profile, the defaults. `env_kind(env_id) -> "atari" | "minatar" | "vector"`."""
+    environment kind's profile, the defaults. `env_kind(env_id) -> "atari" | "minatar" | "vector" |
+    "continuous"` (herd.envs.registry.profile_kind)."""
     layers = [saved or {}, overrides or {}, command_line]
     merged: dict[str, Any] = {}
     for layer in layers:

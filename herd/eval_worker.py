@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from herd.envs.render_gl import choose_mujoco_gl
 from herd.evaluate import play_episodes, quiet_sdl, render_episodes
 from herd.models import build_model
 from herd.stopping import sigint_blocked
@@ -82,6 +83,7 @@ def run_evaluations(spec: EvalSpec, weights: SharedWeights, env_steps, run_dir: 
     except OSError:
         pass
     quiet_sdl(display=False)
+    choose_mujoco_gl(display=False)                # MuJoCo: EGL or OSMesa (herd/envs/render_gl.py)
     torch.set_num_threads(1)
     model = build_model(**spec.model_kwargs)
     model.eval()

@@ -20,8 +20,11 @@ import torch
 
 from herd.algos import get_algorithm
 from herd.envs import env_kind, make_env
+from herd.envs.render_gl import choose_mujoco_gl
+from herd.envs.wrappers import env_action
 from herd.files import write_json
-from herd.models import EnvCoreStates, build_model
+from herd.models import EnvCoreStates, action_distribution_of, build_model
+from herd.ops.distributions import Categorical, get_distribution
 from herd.plan import Plan, env_kwargs, test_policy_of
 from herd.stopping import sigint_blocked
 
@@ -61,9 +64,10 @@ class ProgressBar:
 def act(model, obs: np.ndarray, greedy: bool = False, policy: tuple[str, dict] | None = None,
         memory: tuple[EnvCoreStates, list[int]] | None = None) -> np.ndarray:
     """Actions [E] for a batch of observations [E, ...]: sampled from the stochastic policy,
-    or with `greedy` its most probable action; with policy = (algorithm, its
-    test_act_kwargs), the algorithm's own act (Ape-X: epsilon-greedy on the Q values).
-    memory = (states, env ids of the rows): an LSTM core's per-game states, carried on."""
+    or with `greedy` its most probable action (continuous: [E, A], the Gaussian's mean);
+    with policy = (algorithm, its test_act_kwargs), the algorithm's own act (Ape-X:
+    epsilon-greedy on the Q values). memory = (states, env ids of the rows): an LSTM
+    core's per-game states, carried on."""
     with torch.no_grad():
         x = torch.from_numpy(obs).unsqueeze(0)
         out = model(x) if memory is None else memory[0].step(model, x, np.asarray(memory[1]))[0]
@@ -71,6 +75,9 @@ def act(model, obs: np.ndarray, greedy: bool = False, policy: tuple[str, dict] |
             name, kwargs = policy
             return get_algorithm(name).act(out, None, **kwargs)[0].numpy()
         logits = out.logits[0]                                              # [E, A]
+        dist = get_distribution(action_distribution_of(model))
+        if dist is not Categorical:     # continuous: the Gaussian's mean, or a sample [E, A]
+            return (dist.mode(logits) if greedy else dist.sample(logits, None)).numpy()
         if greedy:
             return logits.argmax(-1).numpy()
         return torch.multinomial(torch.softmax(logits, -1), 1).squeeze(1).numpy()
@@ -100,7 +107,7 @@ def play_episodes(model, env_id: str, env_kwargs: dict, episodes: int, num_envs:
             actions = act(model, np.stack([obs[i] for i in active]), greedy, policy,
                           memory=None if states is None else (states, active))
             for i, action in zip(active, actions):
-                obs[i], _, terminated, truncated, info = envs[i].step(int(action))
+                obs[i], _, terminated, truncated, info = envs[i].step(env_action(action))
                 if "episode_score" in info:          # the real game ended (not just a life)
                     scores.append(float(info["episode_score"]))
                     left[i] -= 1
@@ -183,7 +190,7 @@ def render_episodes(model, env_id: str, env_kwargs: dict, seed: int, video_path:
             if writer is None and episodes and scoring_done is not None and scoring_done.is_set():
                 break
             memory = None if states is None else (states, [0])
-            obs, _, terminated, truncated, info = env.step(int(act(model, obs[None], greedy, policy, memory)[0]))
+            obs, _, terminated, truncated, info = env.step(env_action(act(model, obs[None], greedy, policy, memory)[0]))
             frames += 1
             if writer is not None:
                 writer.append_data(even_sized(env.render()))   # human mode draws inside step()
@@ -224,6 +231,7 @@ def render_process(log_queue, result_conn, model_kwargs: dict, weights: dict, en
     """The render process's body; its warnings reach the parent's log through `log_queue`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl+C reaches the whole group; the parent ends us
     quiet_sdl(has_display())
+    choose_mujoco_gl(has_display())                # MuJoCo: EGL or OSMesa when headless
     log.handlers[:] = [logging.handlers.QueueHandler(log_queue)]
     log.setLevel(logging.INFO)
     log.propagate = False

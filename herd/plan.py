@@ -16,7 +16,8 @@ from herd.algos import Algorithm, get_algorithm, trajectory_layout
 from herd.backends.ray_cluster import check_ray_address
 from herd.checkpoint import check_compatible, load_checkpoint
 from herd.config import Config, ConfigError, resolve
-from herd.envs import EnvSpec, describe_env, env_kind
+from herd.envs import EnvSpec, describe_env
+from herd.envs.registry import profile_kind
 from herd.envs.actor_envs import resolve_env_backend
 from herd.models import build_model, model_signature, recurrent_core
 from herd.trajectory import TrajectoryLayout
@@ -37,12 +38,16 @@ class Plan:
 def env_kwargs(cfg: Config) -> dict[str, Any]:
     """The preprocessing options of herd.envs.make_env, from the config."""
     e = cfg.env
-    return dict(skipped_frames=e.skipped_frames, frames_stacked=e.frames_stacked, noop_threshold=e.noop_threshold,
-                episodic_life=e.episodic_life, grayscaling_frames=e.grayscaling_frames,
-                frame_scale_resolution=tuple(e.frame_scale_resolution), clip_rewards=e.clip_rewards,
-                reward_clipping_method=e.reward_clipping_method, max_episode_steps=e.max_episode_steps,
-                # --hide_velocity (issue 13): only then a key, as every env backend takes these
-                **({"hide_velocity": True} if e.hide_velocity else {}))
+    kwargs = dict(skipped_frames=e.skipped_frames, frames_stacked=e.frames_stacked, noop_threshold=e.noop_threshold,
+                  episodic_life=e.episodic_life, grayscaling_frames=e.grayscaling_frames,
+                  frame_scale_resolution=tuple(e.frame_scale_resolution), clip_rewards=e.clip_rewards,
+                  reward_clipping_method=e.reward_clipping_method, max_episode_steps=e.max_episode_steps)
+    if e.hide_velocity:
+        kwargs["hide_velocity"] = True   # --hide_velocity (issue 13): only then a key, as every env backend takes these
+    scale = cfg.continuous.reward_scale
+    if scale is not None and scale != 1.0:
+        kwargs["reward_scale"] = scale    # vector tasks only (check_continuous); absent, nothing changes
+    return kwargs
 
 
 def env_spec_dict(cfg: Config, spec: EnvSpec) -> dict[str, Any]:
@@ -73,7 +78,7 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
         checkpoint, path = load_checkpoint(url)
         # The saved run's own mode and source must not leak into this one.
         saved = {k: v for k, v in checkpoint["config"].items() if k not in ("op_mode", "load_model_url")}
-    cfg = resolve(options, overrides, saved, env_kind=env_kind)
+    cfg = resolve(options, overrides, saved, env_kind=profile_kind)
     if saved is not None and saved.get("algorithm", "impala") != cfg.general.algorithm:
         # Ape-X's dueling Q head has the same parameter shapes as IMPALA's heads: only the
         # config can tell that the weights mean something else.
@@ -81,17 +86,20 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
                           f"{cfg.general.algorithm}: drop --algorithm or start a new run")
     if cfg.general.seed is None:
         cfg.general.seed = random.randrange(2**31)
+    check_action_kind(cfg)      # before validate(): Ape-X's replay checks would hide the reason
     cfg.validate()
     cfg.parallel.env_backend = resolve_env_backend(cfg.parallel.env_backend, cfg.env.env)  # saved as it ran
     spec = describe_env(cfg.env.env, **{k: v for k, v in env_kwargs(cfg).items() if k != "max_episode_steps"})
     check_seed_shapes(cfg, spec)
     algorithm = get_algorithm(cfg.general.algorithm)
+    check_continuous(cfg, spec, algorithm)
     model_kwargs = dict(network=cfg.network.network, obs_shape=tuple(spec.obs_shape), obs_dtype=spec.obs_dtype,
                         num_actions=spec.num_actions, feature_size=cfg.network.feature_out_layer_size,
                         use_feature_layer=cfg.network.use_additional_scaling_FC_layer,
                         hidden_sizes=tuple(cfg.network.hidden_sizes), **algorithm.model_options,
                         # --use_lstm (issue 13): only then a key, so feed-forward kwargs stay as they were
-                        **({"lstm_size": cfg.network.lstm_size} if cfg.network.use_lstm else {}))
+                        **({"lstm_size": cfg.network.lstm_size} if cfg.network.use_lstm else {}),
+                        **continuous_model_options(cfg, spec))
     try:
         model = build_model(**model_kwargs)
     except ValueError as err:
@@ -100,13 +108,60 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
         check_compatible(checkpoint, env_spec_dict(cfg, spec), model_signature(model), path)
     core = recurrent_core(model)
     layout = trajectory_layout(algorithm, cfg.train.r_f_steps, spec.obs_shape, spec.obs_dtype, spec.num_actions,
-                               cfg.network.feature_out_layer_size, core.state_shape if core is not None else None)
+                               cfg.network.feature_out_layer_size,
+                               model_kwargs.get("action_distribution", "categorical"),
+                               core.state_shape if core is not None else None)
     if mode != "test":
         check_memory(cfg, layout)
         if cfg.parallel.multiprocessing_backend == "ray":
             check_ray_address(cfg.parallel.ray_address)     # unreachable: one line within seconds, not a hang
     check_results_dir(cfg.general.results_dir)
     return Plan(cfg, spec, model_kwargs, layout, algorithm, checkpoint, path)
+
+
+# -- continuous control (issue 13) ------------------------------------------------------
+def continuous_model_options(cfg: Config, spec: EnvSpec) -> dict[str, Any]:
+    """build_model's arguments for a Gaussian policy and observation normalisation; empty
+    for a discrete task without normalisation, whose network is then exactly as before."""
+    options: dict[str, Any] = {}
+    if spec.action_kind == "continuous":
+        options.update(action_distribution="gaussian", initial_log_std=cfg.continuous.initial_log_std)
+    if cfg.continuous.normalize_observations:
+        options["normalize_observations"] = True
+    return options
+
+
+def check_action_kind(cfg: Config) -> None:
+    """An algorithm that cannot act in the environment's action space (Ape-X with a Box)."""
+    algorithm = get_algorithm(cfg.general.algorithm)
+    if "continuous" not in algorithm.action_kinds and profile_kind(cfg.env.env) == "continuous":
+        raise ConfigError(f"--algorithm={algorithm.name} needs discrete actions, but {cfg.env.env} has continuous "
+                          "(Box) actions: use --algorithm=impala")
+
+
+def check_continuous(cfg: Config, spec: EnvSpec, algorithm: Algorithm) -> None:
+    """What continuous actions, observation normalisation and reward scaling cannot run with."""
+    c = cfg.continuous
+    if spec.action_kind == "continuous" and cfg.general.actor_inference == "server":
+        raise ConfigError("--actor_inference=server samples discrete actions only: continuous-action runs act "
+                          "with --actor_inference=local")
+    if c.normalize_observations and spec.kind != "vector":
+        raise ConfigError("--normalize_observations applies to vector observations; Atari frames are scaled to "
+                          "[0, 1] already")
+    if c.normalize_observations and cfg.general.algorithm != "impala":
+        raise ConfigError(f"--normalize_observations is built for --algorithm=impala, not {cfg.general.algorithm} "
+                          "(its target network would normalise with older statistics)")
+    if c.normalize_observations and cfg.parallel.learner_count > 1:
+        raise ConfigError(f"--normalize_observations with --learner_count={cfg.parallel.learner_count}: each "
+                          "learner would gather its own statistics and the weights would differ; use one learner")
+    if c.reward_scale is not None and not 0 < c.reward_scale < float("inf"):
+        raise ConfigError(f"--reward_scale must be a positive number, got {c.reward_scale}")
+    if c.reward_scale not in (None, 1.0) and spec.kind != "vector":
+        raise ConfigError("--reward_scale applies to vector tasks; Atari has --clip_rewards")
+    if not -5.0 <= c.initial_log_std <= 2.0:
+        raise ConfigError(f"--initial_log_std must be in [-5, 2] (the range the policy keeps it in), "
+                          f"got {c.initial_log_std}")
+# -- end continuous control
 
 
 def check_memory(cfg: Config, layout: TrajectoryLayout) -> None:

@@ -31,7 +31,7 @@ from herd.learner.distributed import (GroupSync, LearnerGroup, broadcast_state, 
                                       share_of, short_reason)
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.session import SessionOptions, TrainingSession
-from herd.models import build_model, model_signature
+from herd.models import build_model, model_signature, observation_normalizer
 from herd.monitor.hardware import HardwareMonitor
 from herd.monitor.metrics import RunMetrics
 from herd.monitor.progress import ProgressLine
@@ -100,6 +100,12 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
     session = TrainingSession(plan.layout, learner, build_batches(plan, model, device, group.rank if group else 0),
                               EpisodeStats(cfg.stats.avg_buff_size), metrics, progress, run_dir, options)
     session.sync = sync
+    normalizer = observation_normalizer(model)
+    if normalizer is not None:
+        # The learner alone updates the observation statistics, from the raw observations
+        # of every fresh rollout (obs [T+1, E, D]: obs[T] is the next rollout's obs[0]);
+        # they reach the actors with the next weights (herd/models/normalize.py).
+        session.rollout_hooks.append(lambda views: normalizer.update(views["obs"][:-1]))
     if plan.checkpoint is not None:
         state = plan.checkpoint
         saved_count = int(state["config"].get("learner_count") or 1)
@@ -204,7 +210,8 @@ def train_learner(plan: Plan, run_dir: Path, group: LearnerGroup | None) -> int:
             reason = backend(session, actor_spec(plan, first_actor), worker_count, cfg.parallel.shared_queue_size,
                              stop, cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts,
                              inference_device=inference_device(cfg, session.options.device,
-                                                               plan.algorithm.inference_server),
+                                                               plan.algorithm.inference_server
+                                                               and plan.env_spec.action_kind == "discrete"),
                              **backend_options(cfg.parallel.multiprocessing_backend, cfg.parallel))
             code = 0
     except (TrainingDiverged, ActorFailure, SaveFailed) as err:

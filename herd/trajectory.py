@@ -4,7 +4,8 @@ A trajectory of unroll length T, for one environment, time-major. Every algorith
 actors record the same five fields:
 
     obs               [T+1, *obs_shape]  uint8 frames or float32 vectors; obs[T] bootstraps
-    action            [T]                int64
+    action            [T]                int64; continuous (Box) actions: [T, A] float32, the policy's
+                                         unclipped sample (the env clips it, see herd/envs/wrappers.py)
     reward            [T]                float32, after the env's reward clipping
     done              [T]                bool, the episode ended after this step (terminated or truncated)
     trunc_value       [T]                float32, behaviour value of the final observation where the
@@ -46,10 +47,12 @@ class Field:
     start_only: bool = False
 
 
-def common_fields(obs_shape: tuple, obs_dtype: str) -> dict[str, Field]:
+def common_fields(obs_shape: tuple, obs_dtype: str, action_shape: tuple = (),
+                  action_dtype: str = "int64") -> dict[str, Field]:
     return {
         "obs": Field(tuple(obs_shape), obs_dtype, 0, bootstrap=True),
-        "action": Field((), "int64", -1),
+        # Discrete actions: int64 [], sentinel -1; continuous: float32 [A], sentinel NaN.
+        "action": Field(tuple(action_shape), action_dtype, -1 if action_dtype == "int64" else np.nan),
         "reward": Field((), "float32", np.nan),
         "done": Field((), "bool", False),
         "trunc_value": Field((), "float32", np.nan),
@@ -62,9 +65,12 @@ class TrajectoryLayout:
     obs_shape: tuple
     obs_dtype: str              # "uint8" or "float32"
     step_fields: tuple = ()     # ((name, Field), ...): the algorithm's per-step policy outputs
+    action_shape: tuple = ()    # per step: () discrete, (A,) continuous
+    action_dtype: str = "int64"  # "int64" discrete, "float32" continuous
 
     def field_specs(self) -> dict[str, Field]:
-        return {**common_fields(self.obs_shape, self.obs_dtype), **dict(self.step_fields)}
+        return {**common_fields(self.obs_shape, self.obs_dtype, self.action_shape, self.action_dtype),
+                **dict(self.step_fields)}
 
     def fields(self) -> dict[str, tuple[tuple, np.dtype]]:
         """name -> (shape with time first, dtype) for one environment's trajectory."""

@@ -9,7 +9,7 @@ import torch
 
 from herd.algos import get_algorithm
 from herd.interfaces import PolicyStep
-from herd.models import EnvCoreStates, build_model
+from herd.models import EnvCoreStates, action_distribution_of, build_model
 from herd.models.core import CORE_STATE, CoreInput, state_to_rows
 from herd.weights import SharedWeights
 
@@ -24,7 +24,8 @@ class LocalPolicy:
         self.model.eval()
         self.states = EnvCoreStates.for_model(self.model, num_envs)     # None: feed-forward
         self.algorithm = get_algorithm(algorithm)
-        self.options = dict(options or {})
+        # The network's action distribution (categorical or Gaussian) is the algorithm's to use.
+        self.options = {**(options or {}), "action_distribution": action_distribution_of(self.model)}
         self.act_kwargs = self.algorithm.act_kwargs(actor_id, num_actors, self.options)
         if self.algorithm.finish_rollout is not None:
             self.finish_rollout = self.complete_rollout

@@ -37,9 +37,13 @@ class Apex:
     replay_types = ("prioritized",)
     inference_server = False        # actors need their own network for the initial priorities
     model_options = {"head": "dueling_q"}
+    action_kinds = ("discrete",)    # Q-learning over an enumerable action set
 
     @staticmethod
-    def step_fields(num_actions: int, feature_size: int) -> dict[str, Field]:
+    def step_fields(num_actions: int, feature_size: int, action_distribution: str = "categorical"
+                    ) -> dict[str, Field]:
+        if action_distribution != "categorical":
+            raise ValueError("Ape-X acts in discrete action spaces only")
         return {
             "q_taken": Field((), "float32", float("nan")),     # [T] Q(s_t, a_t) of the acting network
             "q_max": Field((), "float32", float("nan")),       # [T] max_a Q(s_t, a)

@@ -3,8 +3,11 @@
 Backends, actors, replays and the learner loop are shared by every algorithm; a builder
 supplies only what differs:
 
-    step_fields(num_actions, feature_size)  the per-step policy outputs actors record in a
+    step_fields(num_actions, feature_size, action_distribution)
+                                            the per-step policy outputs actors record in a
                                             trajectory beside obs/action/reward/done
+    action_kinds                            which action spaces it can act in: ("discrete",)
+                                            or ("discrete", "continuous")
     act(out, generator, **act_kwargs)       the actor's policy step: model output -> actions
                                             and those per-step fields
     actor_options(cfg)                      what every actor needs from the config (a dict,
@@ -35,6 +38,7 @@ from typing import Callable, Protocol
 import torch
 
 from herd.models.core import CORE_STATE
+from herd.ops.distributions import get_distribution
 from herd.trajectory import Field, TrajectoryLayout
 
 # fn(batch: field -> tensor [T(+1), B, ...], model output over [T+1, B]) -> (scalar loss, metrics)
@@ -48,8 +52,10 @@ class Algorithm(Protocol):
     inference_server: bool          # the batched inference server can act for it
     model_options: dict
     finish_rollout: Callable[[dict, torch.nn.Module, dict], None] | None
+    action_kinds: tuple[str, ...]   # "discrete", "continuous"
 
-    def step_fields(self, num_actions: int, feature_size: int) -> dict[str, Field]: ...
+    def step_fields(self, num_actions: int, feature_size: int,
+                    action_distribution: str = "categorical") -> dict[str, Field]: ...
 
     def act(self, out, generator: torch.Generator, **act_kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """out: ModelOutput over [1, n, ...] -> (actions [n], {step field: [n, ...]})."""
@@ -68,13 +74,18 @@ class Algorithm(Protocol):
 
 
 def trajectory_layout(algorithm: Algorithm, unroll_length: int, obs_shape: tuple, obs_dtype: str,
-                      num_actions: int, feature_size: int, core_state_shape: tuple | None = None) -> TrajectoryLayout:
+                      num_actions: int, feature_size: int, action_distribution: str = "categorical",
+                      core_state_shape: tuple | None = None) -> TrajectoryLayout:
     """The trajectory an actor of `algorithm` fills: the common fields and its own, plus,
-    for a network with an LSTM core, its start state (core_state_shape (2, L, H))."""
-    fields = algorithm.step_fields(num_actions, feature_size)
+    for a network with an LSTM core, its start state (core_state_shape (2, L, H)).
+    action_distribution (herd.ops.distributions): "gaussian" for continuous actions of
+    dimension num_actions, whose action field is then float32 [A]."""
+    dist = get_distribution(action_distribution)
+    fields = algorithm.step_fields(num_actions, feature_size, action_distribution)
     if core_state_shape is not None:
         fields[CORE_STATE] = Field(tuple(core_state_shape), "float32", float("nan"), start_only=True)
-    return TrajectoryLayout(unroll_length, tuple(obs_shape), obs_dtype, tuple(fields.items()))
+    return TrajectoryLayout(unroll_length, tuple(obs_shape), obs_dtype, tuple(fields.items()),
+                            dist.action_shape(num_actions), dist.action_dtype)
 
 
 def describe_optimization(cfg) -> dict:

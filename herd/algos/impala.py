@@ -9,6 +9,8 @@ import torch
 from herd.algos.base import describe_optimization as optimizer_and_schedule
 from herd.algos.base import trajectory_layout
 from herd.losses.impala import ImpalaLossWeights, impala_loss
+from herd.models import action_distribution_of
+from herd.ops.distributions import get_distribution
 from herd.trajectory import Field
 
 
@@ -30,21 +32,31 @@ class Impala:
     inference_server = True
     model_options: dict = {}        # the default actor-critic heads
     finish_rollout = None           # nothing to add to a finished rollout
+    action_kinds = ("discrete", "continuous")   # a categorical or a diagonal Gaussian policy
 
     @staticmethod
-    def step_fields(num_actions: int, feature_size: int) -> dict[str, Field]:
+    def step_fields(num_actions: int, feature_size: int, action_distribution: str = "categorical"
+                    ) -> dict[str, Field]:
+        """The behaviour policy's parameters, one field each (herd.ops.distributions):
+        behaviour_logits [T, A] (categorical), or behaviour_mean and behaviour_log_std
+        [T, A] (Gaussian, A action dimensions); then the value and the features."""
+        dist = get_distribution(action_distribution)
+        policy = {f"behaviour_{name}": Field((num_actions,), "float32", float("nan")) for name in dist.param_names}
         return {
-            "behaviour_logits": Field((num_actions,), "float32", float("nan")),   # [T, A]
+            **policy,
             "behaviour_value": Field((), "float32", float("nan")),               # [T]
             "features": Field((feature_size,), "float32", float("nan")),         # [T, F], for elite replay
         }
 
     @staticmethod
-    def act(out, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Samples from softmax(logits); out is over [1, n]."""
-        logits = out.logits[0]                                                  # [n, A]
-        actions = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)
-        return actions, {"behaviour_logits": logits, "behaviour_value": out.value[0], "features": out.features[0]}
+    def act(out, generator: torch.Generator, action_distribution: str = "categorical"
+            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Samples from the policy (softmax(logits), or the Gaussian); out is over [1, n]."""
+        dist = get_distribution(action_distribution)
+        params = out.logits[0]                                                  # [n, P]
+        actions = dist.sample(params, generator)                                # [n] or [n, A]
+        policy = {f"behaviour_{name}": part for name, part in zip(dist.param_names, dist.split(params))}
+        return actions, {**policy, "behaviour_value": out.value[0], "features": out.features[0]}
 
     @staticmethod
     def actor_options(cfg) -> dict:
@@ -52,7 +64,8 @@ class Impala:
 
     @staticmethod
     def act_kwargs(actor_id: int, num_actors: int, options: dict) -> dict:
-        return {}                   # every actor samples from its policy alike
+        # Every actor samples from its policy alike, with the distribution of its network.
+        return {"action_distribution": options.get("action_distribution", "categorical")}
 
     @staticmethod
     def test_act_kwargs(cfg) -> None:
@@ -64,7 +77,8 @@ class Impala:
 
     @staticmethod
     def build_loss(cfg, model=None):
-        return functools.partial(impala_loss, weights=loss_weights(cfg))
+        dist = get_distribution(action_distribution_of(model) if model is not None else "categorical")
+        return functools.partial(impala_loss, weights=loss_weights(cfg), distribution=dist)
 
     @staticmethod
     def describe_optimization(cfg) -> dict:
@@ -74,6 +88,8 @@ class Impala:
 IMPALA = Impala()
 
 
-def impala_layout(unroll_length: int, obs_shape: tuple, obs_dtype: str, num_actions: int, feature_size: int):
+def impala_layout(unroll_length: int, obs_shape: tuple, obs_dtype: str, num_actions: int, feature_size: int,
+                  action_distribution: str = "categorical"):
     """IMPALA's trajectory layout (tests and benchmarks build one without a config)."""
-    return trajectory_layout(IMPALA, unroll_length, obs_shape, obs_dtype, num_actions, feature_size)
+    return trajectory_layout(IMPALA, unroll_length, obs_shape, obs_dtype, num_actions, feature_size,
+                             action_distribution)

@@ -7,6 +7,7 @@ import numpy as np
 
 from herd.interfaces import EnvBatch
 from herd.envs.registry import make_env
+from herd.envs.wrappers import env_action
 
 
 class GymEnvs:
@@ -30,7 +31,7 @@ class GymEnvs:
         E = self.num_envs
         batch = EnvBatch(np.arange(E), obs=None, reward=np.zeros(E, np.float32), done=np.zeros(E, np.bool_))
         for e, env in enumerate(self.envs):
-            obs, reward, terminated, truncated, info = env.step(int(self.actions[e]))
+            obs, reward, terminated, truncated, info = env.step(env_action(self.actions[e]))
             batch.reward[e] = reward
             if "episode_score" in info:
                 batch.finished.append((float(info["episode_score"]), int(info["episode_length"])))

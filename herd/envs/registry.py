@@ -6,7 +6,10 @@ Three kinds:
              and no sticky actions), with our preprocessing (herd.envs.atari); obs [C, H, W] uint8.
   "minatar": `MinAtar/<Game>-v1` (herd.envs.minatar, optional package); obs [C, 10, 10] float32.
   "vector":  any other gymnasium id with a 1-D Box observation; obs [D] float32.
-Both need a Discrete action space. Every error a user can cause is an EnvError with one line."""
+Atari and MinAtar need a Discrete action space; vector tasks have Discrete actions or continuous
+ones (a 1-D bounded Box, which the agent sees as [-1, 1]^A: herd.envs.wrappers.RescaleClipAction).
+MuJoCo and Box2D ids need their optional extras (herd/envs/extras.py). Every error a user
+can cause is an EnvError with one line."""
 from __future__ import annotations
 
 import difflib
@@ -18,14 +21,17 @@ from dataclasses import dataclass
 
 import ale_py
 import gymnasium as gym
+import numpy as np
 
 from herd.envs.atari import wrap_atari
 from herd.envs.minatar import MAX_EPISODE_STEPS as MINATAR_MAX_EPISODE_STEPS
 from herd.envs.minatar import check_minatar_id, is_minatar_id, make_minatar_raw
 from herd.envs.masking import hide_velocity as hide_velocity_of
+from herd.envs.extras import check_extra
 from herd.errors import EnvError
 from herd.envs.score import GameScore
-from herd.envs.wrappers import REWARD_CLIPPING_METHODS, ClipReward, Float32Observation, SeedFirstReset
+from herd.envs.wrappers import (REWARD_CLIPPING_METHODS, ClipReward, Float32Observation, RescaleClipAction,
+                                ScaleReward, SeedFirstReset)
 
 gym.register_envs(ale_py)
 # ALE prints a banner when an emulator starts; herd's error output must stay one line.
@@ -40,8 +46,9 @@ class EnvSpec:
     kind: str                        # "atari", "minatar" or "vector"
     obs_shape: tuple[int, ...]       # after preprocessing: atari [k*C, H, W], minatar [C, 10, 10], vector [D]
     obs_dtype: str                   # "uint8" (atari) or "float32" (minatar, vector)
-    num_actions: int
+    num_actions: int                 # discrete: actions; continuous: action dimensions A
     max_episode_steps: int | None    # agent steps before truncation (Atari: ALE's own frame cap / skip)
+    action_kind: str = "discrete"    # "discrete" or "continuous" (a Box, seen as [-1, 1]^A)
 
 
 def deprecation_note(caught: list[warnings.WarningMessage]) -> str:
@@ -58,12 +65,14 @@ def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     try:
         with warnings.catch_warnings():    # probing only: herd's own line says what is wrong
             warnings.simplefilter("ignore")
-            return gym.spec(env_id)
+            spec = gym.spec(env_id)
     except Exception:  # gymnasium raises several error types for bad ids
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise EnvError(f"unknown environment '{env_id}': not a registered gymnasium id "
                        f"({hint}for Atari use e.g. {ATARI_EXAMPLE})") from None
+    check_extra(env_id, spec.entry_point)       # MuJoCo, Box2D: a missing extra is one line
+    return spec
 
 
 def is_ale(spec) -> bool:
@@ -143,7 +152,33 @@ def check_discrete(env_id: str, env: gym.Env) -> None:
     if not isinstance(env.action_space, gym.spaces.Discrete):
         env.close()
         raise EnvError(f"environment '{env_id}' has a {type(env.action_space).__name__} action space: "
-                       "herd supports discrete actions only")
+                       "herd runs Atari with discrete actions only")
+
+
+def is_continuous(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box)
+
+
+def check_action_space(env_id: str, env: gym.Env) -> None:
+    """Vector tasks: Discrete actions, or a 1-D Box with finite bounds (rescaled to [-1, 1])."""
+    space = env.action_space
+    if isinstance(space, gym.spaces.Discrete):
+        return
+    if is_continuous(space) and len(space.shape) == 1 and np.all(np.isfinite(space.low)) \
+            and np.all(np.isfinite(space.high)):
+        return
+    env.close()
+    raise EnvError(f"environment '{env_id}' has a {space} action space: herd runs Discrete actions or a 1-D Box "
+                   "with finite bounds")
+
+
+def profile_kind(env_id: str) -> str:
+    """Which defaults of herd.config.PROFILES a run on `env_id` gets: "atari", "vector"
+    (discrete actions) or "continuous" (vector observations, Box actions)."""
+    kind = env_kind(env_id)
+    if kind == "vector" and is_continuous(vector_spaces(env_id)[1]):
+        return "continuous"
+    return kind
 
 
 def make_atari_raw(env_id: str, grayscale: bool, render_mode: str | None) -> gym.Env:
@@ -157,15 +192,19 @@ def make_atari_raw(env_id: str, grayscale: bool, render_mode: str | None) -> gym
 
 
 def make_vector(env_id: str, max_episode_steps: int | None, clip_rewards: bool, reward_clipping_method: str,
-                render_mode: str | None, hide_velocity: bool = False) -> gym.Env:
+                render_mode: str | None, hide_velocity: bool = False, reward_scale: float = 1.0) -> gym.Env:
     limit = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
     env = gym.make(env_id, render_mode=render_mode, **limit)
-    check_discrete(env_id, env)
+    check_action_space(env_id, env)
     if hide_velocity:
         env = hide_velocity_of(env, env_id)      # herd/envs/masking.py: a memory task
     env = Float32Observation(GameScore(env))
+    if is_continuous(env.action_space):
+        env = RescaleClipAction(env)
     if clip_rewards:
         env = ClipReward(env, reward_clipping_method)
+    if reward_scale != 1.0:
+        env = ScaleReward(env, reward_scale)     # after clipping; GameScore, below, sees raw rewards
     return env
 
 
@@ -179,13 +218,14 @@ def make_env(env_id: str, *, seed: int | None = None, skipped_frames: int = 4, f
              noop_threshold: int = 30, episodic_life: bool = True, grayscaling_frames: bool = True,
              frame_scale_resolution=(84, 84), clip_rewards: bool = True, reward_clipping_method: str = "abs_one_sign",
              max_episode_steps: int | None = None, fire_reset: bool = True,
-             render_mode: str | None = None, hide_velocity: bool = False) -> gym.Env:
+             render_mode: str | None = None, hide_velocity: bool = False, reward_scale: float = 1.0) -> gym.Env:
     """An environment with herd's preprocessing. Every env reports the whole game's raw score
     in info["episode_score"] / info["episode_length"] on the step the real game ends, and only
-    then. Atari-only options are checked but ignored for vector and MinAtar envs. With a seed, two envs
-    give identical trajectories under identical actions. hide_velocity: the vector
-    observation without its velocity entries (herd/envs/masking.py; refused for Atari,
-    MinAtar and for envs whose velocities herd does not know)."""
+    then. Atari-only options are checked but ignored for vector and MinAtar envs; reward_scale
+    multiplies a vector task's rewards (after any clipping). With a seed, two envs give
+    identical trajectories under identical actions. hide_velocity: the vector observation
+    without its velocity entries (herd/envs/masking.py; refused for Atari, MinAtar and for
+    envs whose velocities herd does not know)."""
     check_preprocessing(skipped_frames, frames_stacked, noop_threshold, frame_scale_resolution,
                         reward_clipping_method, max_episode_steps)
     kind = env_kind(env_id)
@@ -203,7 +243,8 @@ def make_env(env_id: str, *, seed: int | None = None, skipped_frames: int = 4, f
                          reward_clipping_method=reward_clipping_method, max_episode_steps=max_episode_steps,
                          fire_reset=fire_reset)
     else:
-        env = make_vector(env_id, max_episode_steps, clip_rewards, reward_clipping_method, render_mode, hide_velocity)
+        env = make_vector(env_id, max_episode_steps, clip_rewards, reward_clipping_method, render_mode,
+                          hide_velocity=hide_velocity, reward_scale=reward_scale)
     return SeedFirstReset(env, seed)
 
 
@@ -224,10 +265,12 @@ def describe_env(env_id: str, **preprocessing) -> EnvSpec:
     """The spaces after preprocessing (same keywords as make_env), checked; builds the env once."""
     env = make_env(env_id, **preprocessing)
     try:
-        space = env.observation_space
+        space, actions = env.observation_space, env.action_space
+        continuous = is_continuous(actions)
         return EnvSpec(env_kind(env_id), tuple(int(n) for n in space.shape), str(space.dtype),
-                       int(env.action_space.n),
+                       int(actions.shape[0]) if continuous else int(actions.n),
                        episode_step_limit(env_id, preprocessing.get("skipped_frames", 4),
-                                          preprocessing.get("max_episode_steps")))
+                                          preprocessing.get("max_episode_steps")),
+                       "continuous" if continuous else "discrete")
     finally:
         env.close()

@@ -64,3 +64,42 @@ class SeedFirstReset(gym.Wrapper):
             seed = self.pending_seed
         self.pending_seed = None
         return self.env.reset(seed=seed, options=options)
+
+
+class ScaleReward(gym.RewardWrapper):
+    """The agent sees rewards times `scale` (continuous-control returns in the hundreds make
+    the value loss dwarf the policy gradient under one gradient-norm clip); GameScore,
+    below this, still sees raw ones."""
+
+    def __init__(self, env: gym.Env, scale: float):
+        super().__init__(env)
+        self.scale = float(scale)
+
+    def reward(self, reward):
+        return float(reward) * self.scale
+
+
+class RescaleClipAction(gym.ActionWrapper):
+    """Continuous actions: the agent acts in [-1, 1]^A, which this maps linearly onto the
+    env's Box [low, high]. Anything outside [-1, 1] is clipped here, in the env step: the
+    policy's Gaussian sample itself is what the trajectory stores and what its
+    log-probability is of (herd.ops.distributions.DiagGaussian), so clipping never has to
+    be undone or accounted for in V-trace. One normalised space also lets one initial
+    log-std and one set of defaults serve tasks with bounds of 1 (MuJoCo) or 2 (Pendulum)."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.action_space
+        self.low, self.high = space.low.astype(np.float64), space.high.astype(np.float64)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, space.shape, np.float32)
+
+    def action(self, action):
+        unit = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+        scaled = self.low + (unit + 1.0) * 0.5 * (self.high - self.low)
+        return scaled.astype(self.env.action_space.dtype)
+
+
+def env_action(action):
+    """One row of a policy's actions as an env takes it: a Python int for a discrete action
+    (a numpy scalar), the float vector [A] itself for a continuous one."""
+    return int(action) if np.ndim(action) == 0 else np.asarray(action)

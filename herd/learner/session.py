@@ -95,6 +95,7 @@ class TrainingSession:
         # as it starts and restarts them: what the hardware monitor measures.
         self.processes: dict[str, int] = {"learner": os.getpid()}
         self.update_hooks: list = []   # fn(updates) after every update (the evaluator's schedule)
+        self.rollout_hooks: list = []  # fn(views) for every rollout ingested (observation statistics)
         self.summary_extra: dict = {}  # name -> fn() -> value: what other parts add to summary.json
         # With several learners (herd.learner.distributed): what this one counts waits in
         # sync.pending for the next round, and every learner counts every learner's tally
@@ -118,6 +119,8 @@ class TrainingSession:
         """One finished rollout: views field -> [time, E, ...] (copied out, the slot may be
         reused), from actor `actor_id` (None: unknown)."""
         envs = views["action"].shape[1]
+        for hook in self.rollout_hooks:
+            hook(views)
         lag = self.counters.updates - version
         # Too far off-policy to train on; its steps and games still count.
         stale = self.options.max_policy_lag is not None and lag > self.options.max_policy_lag

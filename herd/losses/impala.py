@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from herd.ops.distributions import action_log_probs, entropy, kl_divergence
+from herd.ops.distributions import Categorical
 from herd.ops.vtrace import from_importance_weights
 
 
@@ -55,20 +55,30 @@ class VTraceTargets(NamedTuple):
     rewards: Tensor                  # [T, B] reward, + gamma * trunc_value on truncated steps
 
 
-def _check_shapes(batch: dict[str, Tensor], out) -> None:
-    T, B = batch["action"].shape
+def behaviour_params(batch: dict[str, Tensor], distribution=Categorical) -> Tensor:
+    """The behaviour policy's parameters [T, B, P] from their trajectory fields (behaviour_logits;
+    or behaviour_mean and behaviour_log_std, joined): what the policy head outputs."""
+    return distribution.join(*(batch[f"behaviour_{name}"] for name in distribution.param_names))
+
+
+def _check_shapes(batch: dict[str, Tensor], out, behaviour: Tensor) -> None:
+    T, B = batch["reward"].shape
     if out.logits.dim() != 3 or tuple(out.logits.shape[:2]) != (T + 1, B):
-        raise ValueError(f"out.logits must be [T+1, B, A] = [{T + 1}, {B}, A], got {tuple(out.logits.shape)}")
+        raise ValueError(f"out.logits must be [T+1, B, P] = [{T + 1}, {B}, P], got {tuple(out.logits.shape)}")
     if tuple(out.value.shape) != (T + 1, B):
         raise ValueError(f"out.value must be [T+1, B] = [{T + 1}, {B}], got {tuple(out.value.shape)}")
-    if tuple(batch["behaviour_logits"].shape) != (T, B, out.logits.shape[2]):
-        raise ValueError(f"behaviour_logits must be [T, B, A], got {tuple(batch['behaviour_logits'].shape)}")
+    if tuple(behaviour.shape) != (T, B, out.logits.shape[2]):
+        raise ValueError(f"the behaviour policy's parameters must be [T, B, P] like the target's, got "
+                         f"{tuple(behaviour.shape)}")
 
 
-def vtrace_targets(batch: dict[str, Tensor], out, weights: ImpalaLossWeights) -> VTraceTargets:
-    """V-trace targets for a batch: the first half of impala_loss, exposed for tests/tools."""
-    _check_shapes(batch, out)
-    target_logits = out.logits[:-1]                                        # [T, B, A]
+def vtrace_targets(batch: dict[str, Tensor], out, weights: ImpalaLossWeights,
+                   distribution=Categorical) -> VTraceTargets:
+    """V-trace targets for a batch: the first half of impala_loss, exposed for tests/tools.
+    distribution: herd.ops.distributions.Categorical or DiagGaussian (continuous actions)."""
+    behaviour = behaviour_params(batch, distribution)                      # [T, B, P]
+    _check_shapes(batch, out, behaviour)
+    target_logits = out.logits[:-1]                                        # [T, B, P]
     values = out.value[:-1]                                                # [T, B]
     bootstrap = out.value[-1].detach()                                     # [B]
     dtype = values.dtype
@@ -85,13 +95,13 @@ def vtrace_targets(batch: dict[str, Tensor], out, weights: ImpalaLossWeights) ->
     rewards = torch.where(done, reward + gamma * trunc_value, reward)      # [T, B]
     discounts = gamma * (~done).to(dtype)                                  # [T, B]
 
-    target_alp = action_log_probs(target_logits, batch["action"])         # [T, B], grad
-    behaviour_alp = action_log_probs(batch["behaviour_logits"].to(dtype), batch["action"])
+    target_alp = distribution.log_prob(target_logits, batch["action"])    # [T, B], grad
+    behaviour_alp = distribution.log_prob(behaviour.to(dtype), batch["action"])
     log_rhos = (target_alp - behaviour_alp).detach()                       # [T, B]
 
     if weights.use_kl_mask:
         with torch.no_grad():
-            kl = kl_divergence(target_logits, batch["behaviour_logits"].to(dtype))  # [T, B]
+            kl = distribution.kl(target_logits, behaviour.to(dtype))      # [T, B]
             keep = kl <= weights.kl_div_threshold
     else:
         keep = torch.ones_like(done)
@@ -107,29 +117,33 @@ def vtrace_targets(batch: dict[str, Tensor], out, weights: ImpalaLossWeights) ->
     return VTraceTargets(returns.vs, returns.pg_advantages, target_alp, log_rhos, keep, discounts, rewards)
 
 
-def _cloning_losses(batch: dict[str, Tensor], out) -> tuple[Tensor, Tensor]:
+def _cloning_losses(batch: dict[str, Tensor], out, distribution=Categorical) -> tuple[Tensor, Tensor]:
     """CLEAR cloning terms, averaged over the replayed columns only; (0, 0) if there are none."""
     replayed = batch["replayed"].bool()                                    # [B]
     if not bool(replayed.any()):
         zero = out.value.new_zeros(())
         return zero, zero
     # Select columns rather than multiply by a mask: 0 * NaN would still be NaN.
-    target_logits = out.logits[:-1][:, replayed]                           # [T, R, A]
-    behaviour_logits = batch["behaviour_logits"][:, replayed].to(target_logits.dtype)
+    target_logits = out.logits[:-1][:, replayed]                           # [T, R, P]
+    behaviour_logits = behaviour_params(batch, distribution)[:, replayed].to(target_logits.dtype)
     values = out.value[:-1][:, replayed]                                   # [T, R]
     behaviour_values = batch["behaviour_value"][:, replayed].to(values.dtype)
     # CLEAR's L_policy-cloning = sum_a mu(a|h) log(mu(a|h) / pi(a|h)): the stored behaviour
     # policy is the fixed target distribution, so this is KL(behaviour || target).
-    policy_cloning = kl_divergence(behaviour_logits, target_logits).mean()
+    policy_cloning = distribution.kl(behaviour_logits, target_logits).mean()
     value_cloning = ((values - behaviour_values) ** 2).mean()
     return policy_cloning, value_cloning
 
 
-def impala_loss(batch: dict[str, Tensor], out, weights: ImpalaLossWeights) -> tuple[Tensor, dict[str, float]]:
+def impala_loss(batch: dict[str, Tensor], out, weights: ImpalaLossWeights,
+                distribution=Categorical) -> tuple[Tensor, dict[str, float]]:
     """Scalar loss to minimise, and metrics (python floats).
 
     batch (time-major): action [T, B] int64, reward [T, B], done [T, B] bool, trunc_value [T, B],
     behaviour_logits [T, B, A], behaviour_value [T, B], replayed [B] bool.
+    Continuous actions (distribution=DiagGaussian): action [T, B, A] float32 and
+    behaviour_mean, behaviour_log_std [T, B, A] in place of behaviour_logits; out.logits
+    is then [T+1, B, 2A]. Every policy term below goes through `distribution`.
     out: anything with .logits [T+1, B, A] and .value [T+1, B] -- the current model over all
     T+1 observations; the last step only provides the (detached) bootstrap value.
 
@@ -141,15 +155,15 @@ def impala_loss(batch: dict[str, Tensor], out, weights: ImpalaLossWeights) -> tu
     The cloning metrics are reported even when their terms are off: they measure how far
     the learner has drifted from the replayed behaviour.
     """
-    targets = vtrace_targets(batch, out, weights)
+    targets = vtrace_targets(batch, out, weights, distribution)
     values = out.value[:-1]                                                # [T, B]
     keep = targets.keep.to(values.dtype)                                   # [T, B]
     num_kept = keep.sum().clamp(min=1.0)   # all steps masked -> zero losses, not 0/0
 
     pg_loss = -(targets.target_action_log_probs * targets.pg_advantages * keep).sum() / num_kept
     value_loss = (0.5 * (targets.vs - values) ** 2 * keep).sum() / num_kept
-    entropy_mean = entropy(out.logits[:-1]).mean()
-    policy_cloning_loss, value_cloning_loss = _cloning_losses(batch, out)
+    entropy_mean = distribution.entropy(out.logits[:-1]).mean()
+    policy_cloning_loss, value_cloning_loss = _cloning_losses(batch, out, distribution)
 
     loss = (weights.policy_gradient * pg_loss
             + weights.value * value_loss

@@ -7,14 +7,16 @@ from typing import Optional
 import numpy as np
 from torch import nn
 
-from herd.models.base import HEADS, ModelOutput
+from herd.models.base import HEADS, ModelOutput, action_distribution_of
 from herd.models.cnn import ImpalaResNet, NatureCNN
 from herd.models.core import CoreInput, EnvCoreStates, recurrent_core
 from herd.models.minatar_cnn import MinAtarCNN
 from herd.models.mlp import MLPNet
+from herd.models.normalize import ObservationNormalizer
 
 __all__ = ["HEADS", "NETWORKS", "CoreInput", "EnvCoreStates", "ModelOutput", "MLPNet", "NatureCNN", "ImpalaResNet",
-           "MinAtarCNN", "build_model", "model_signature", "recurrent_core"]
+           "MinAtarCNN", "action_distribution_of", "build_model", "model_signature", "observation_normalizer",
+           "recurrent_core"]
 
 NETWORKS = ("auto", "mlp", "nature_cnn", "resnet", "minatar_cnn")
 # The Nature CNN's strides (8/4, 4/2, 3/1) need frames of at least 36x36; "auto" gives
@@ -25,7 +27,8 @@ IMAGE_NETWORKS = {"nature_cnn": NatureCNN, "resnet": ImpalaResNet, "minatar_cnn"
 
 def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int, feature_size: Optional[int],
                 use_feature_layer: bool = True, hidden_sizes=(64, 64), head: str = "actor_critic",
-                lstm_size: int = 0) -> nn.Module:
+                lstm_size: int = 0, action_distribution: str = "categorical", initial_log_std: float = -0.5,
+                normalize_observations: bool = False) -> nn.Module:
     """The network for an environment. "auto" picks mlp for vector observations [D],
     nature_cnn for frames [C, H, W], minatar_cnn for frames smaller than 36x36. Image
     networks scale uint8 frames by 1/255; float frames are taken as already in [0, 1].
@@ -34,6 +37,9 @@ def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int
     field, max_a Q in the value field; herd.models.base.HEADS).
     lstm_size > 0: an LSTM core of that size between the torso and the heads
     (herd/models/core.py); such a network also has unroll(obs, CoreInput) -> (out, state).
+    action_distribution: "categorical" (num_actions logits) or "gaussian" (continuous actions
+    of dimension num_actions: mean and log-std in the logits field, initial_log_std its start);
+    normalize_observations: a running mean/std normaliser of vector observations (both mlp only).
     Every mismatch raises ValueError with one line (the config layer shows it as is)."""
     if head not in HEADS:
         raise ValueError(f"unknown head '{head}' (use one of {', '.join(HEADS)})")
@@ -62,12 +68,24 @@ def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int
         if any(int(h) < 1 for h in hidden_sizes):
             raise ValueError(f"hidden_sizes must be positive, got {tuple(hidden_sizes)}")
         return MLPNet(obs_shape[0], num_actions, tuple(int(h) for h in hidden_sizes), feature_size, use_feature_layer,
-                      head=head, core_size=lstm_size)
+                      head=head, core_size=lstm_size, action_distribution=action_distribution,
+                      initial_log_std=initial_log_std, normalize_observations=normalize_observations)
+    if action_distribution != "categorical" or normalize_observations:
+        raise ValueError(f"network {network} has discrete actions and no observation normaliser: continuous actions "
+                         "and --normalize_observations need vector observations (network mlp)")
     if len(obs_shape) != 3:
         raise ValueError(f"network {network} needs frames [C, H, W], this environment gives shape {obs_shape}")
     cls = IMAGE_NETWORKS[network]
     return cls(obs_shape[0], num_actions, feature_size, use_feature_layer, frame_hw=obs_shape[1:], head=head,
                core_size=lstm_size)
+
+
+def observation_normalizer(model: nn.Module):
+    """The network's ObservationNormalizer (herd/models/normalize.py), or None."""
+    for module in model.modules():
+        if isinstance(module, ObservationNormalizer):
+            return module
+    return None
 
 
 def model_signature(model: nn.Module) -> dict[str, list[int]]:

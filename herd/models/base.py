@@ -7,9 +7,12 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor, nn
 
+from herd.models.gaussian import GaussianPolicyHead
+
 
 class ModelOutput(NamedTuple):
-    logits: Tensor      # [T, B, A] unnormalised policy logits (a dueling Q head: the Q values)
+    logits: Tensor      # [T, B, A] unnormalised policy logits (a dueling Q head: the Q values;
+    #                     a Gaussian head, continuous actions: [T, B, 2A] = mean and log-std)
     value: Tensor       # [T, B]    state-value estimate (a dueling Q head: max_a Q)
     features: Tensor    # [T, B, F] per-step feature vector that elite replay compares
 
@@ -39,11 +42,13 @@ class Heads(nn.Module):
     """
 
     def __init__(self, torso_size: int, num_actions: int, feature_size: Optional[int], use_feature_layer: bool,
-                 head: str = "actor_critic"):
+                 head: str = "actor_critic", action_distribution: str = "categorical",
+                 initial_log_std: float = -0.5):
         super().__init__()
         if head not in HEADS:
             raise ValueError(f"unknown head '{head}' (use one of {', '.join(HEADS)})")
         self.dueling = head == "dueling_q"
+        self.action_distribution = action_distribution     # herd.ops.distributions.DISTRIBUTIONS key
         if feature_size is None:
             feature_size = torso_size
         if not use_feature_layer and feature_size != torso_size:
@@ -53,7 +58,15 @@ class Heads(nn.Module):
                              f"use_additional_scaling_FC_layer is False, got {feature_size}")
         self.feature_size = feature_size
         # Dueling: `policy` is the advantage stream A(s, .) and `value` the state stream V(s).
-        self.policy = orthogonal(nn.Linear(torso_size, num_actions), 0.01)
+        # -- continuous control (issue 13): a Gaussian head for Box actions, `num_actions`
+        # being their dimension A (herd/models/gaussian.py says why its log-std is global).
+        if action_distribution == "gaussian" and not self.dueling:
+            self.policy = GaussianPolicyHead(torso_size, num_actions, initial_log_std)
+        elif action_distribution == "categorical":
+            self.policy = orthogonal(nn.Linear(torso_size, num_actions), 0.01)
+        else:
+            raise ValueError(f"head {head} cannot have {action_distribution} actions")
+        # -- end continuous control
         self.value = orthogonal(nn.Linear(torso_size, 1), 1.0)
         self.feature = orthogonal(nn.Linear(torso_size, feature_size), 1.0) if use_feature_layer else None
         if self.feature is not None:
@@ -70,6 +83,15 @@ class Heads(nn.Module):
             q = value.unsqueeze(-1) + logits - logits.mean(dim=-1, keepdim=True)
             return ModelOutput(q, q.max(dim=-1).values, features.view(T, B, -1))
         return ModelOutput(logits, value, features.view(T, B, -1))
+
+
+def action_distribution_of(model: nn.Module) -> str:
+    """The action distribution of a network's policy head ("categorical" or "gaussian"):
+    what actors sample with and what the loss and elite replay's kl_div compare."""
+    for module in model.modules():
+        if isinstance(module, Heads):
+            return module.action_distribution
+    raise ValueError(f"{type(model).__name__} has no policy heads")
 
 
 def flatten_time(obs: Tensor, event_dims: int, name: str) -> tuple[Tensor, int, int]:

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from herd.models.base import Heads, ModelOutput, flatten_time, orthogonal
 from herd.models.core import CoreInput, LSTMCore, heads_after_core
+from herd.models.normalize import ObservationNormalizer
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -35,14 +36,18 @@ class MLPNet(nn.Module):
 
     def __init__(self, obs_dim: int, num_actions: int, hidden_sizes=(64, 64), feature_size: Optional[int] = 64,
                  use_feature_layer: bool = True, activation: str = "tanh", shared_torso: bool = False,
-                 head: str = "actor_critic", core_size: int = 0):
+                 head: str = "actor_critic", core_size: int = 0, action_distribution: str = "categorical",
+                 initial_log_std: float = -0.5, normalize_observations: bool = False):
         super().__init__()
+        # Running mean/std of the raw observations (herd/models/normalize.py: who updates it).
+        self.obs_normalizer = ObservationNormalizer(obs_dim) if normalize_observations else None
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation '{activation}' (use one of {', '.join(ACTIVATIONS)})")
         self.torso, width = mlp_torso(obs_dim, hidden_sizes, activation)
         self.value_torso = None if shared_torso else mlp_torso(obs_dim, hidden_sizes, activation)[0]
         self.core = LSTMCore(width, core_size, 0 if shared_torso else width) if core_size else None
-        self.heads = Heads(core_size or width, num_actions, feature_size, use_feature_layer, head)
+        self.heads = Heads(core_size or width, num_actions, feature_size, use_feature_layer, head, action_distribution,
+                           initial_log_std)
 
     def forward(self, obs: Tensor, core: Optional[CoreInput] = None) -> ModelOutput:
         """obs: [T, B, D], any real dtype (float32 normally; converted, never scaled)."""
@@ -52,5 +57,7 @@ class MLPNet(nn.Module):
         """forward, plus the LSTM state after the last step [2, L, B, H] (None without a core)."""
         flat, T, B = flatten_time(obs, 1, "MLPNet")
         flat = flat.float()
+        if self.obs_normalizer is not None:
+            flat = self.obs_normalizer(flat)
         value_torso = self.value_torso(flat) if self.value_torso is not None else None
         return heads_after_core(self.heads, self.core, self.torso(flat), T, B, core, value_torso)

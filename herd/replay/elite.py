@@ -49,7 +49,9 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from herd.models import action_distribution_of
 from herd.models.core import recurrent_core
+from herd.ops.distributions import Categorical, get_distribution
 from herd.replay.distances import distance
 from herd.replay.recurrent import recurrent_scorers, scored_steps
 from herd.replay.samplers import RingPositions
@@ -235,10 +237,20 @@ def model_scorers(storage, model: torch.nn.Module, device: torch.device, dist_fu
     (--use_lstm) cannot see a step on its own: its features come from unrolling each
     trajectory from its stored start state up to the last step scored (recurrent.py).
     With `bf16` (a bf16 learner) they run under the same autocast; distances are
-    computed in float32."""
+    computed in float32.
+
+    kl_div with continuous actions (a Gaussian policy) compares policies, not features:
+    the KL of the current policy from the stored behaviour Gaussian (behaviour_mean,
+    behaviour_log_std), summed over action dimensions and averaged over the steps scored.
+    Softmaxed features, what kl_div compares for discrete policies, say nothing about a
+    Gaussian's actions. ln_norm and cos_dist compare features either way."""
     if recurrent_core(model) is not None:
+        if dist_function == "kl_div" and get_distribution(action_distribution_of(model)) is not Categorical:
+            raise ValueError("elite kl_div with an LSTM core and continuous actions is not built: use ln_norm or cos_dist")
         return recurrent_scorers(storage, model, device, dist_function, p, score_steps, bf16)
     T = storage.unroll_length
+    dist = get_distribution(action_distribution_of(model))
+    policy_kl = dist_function == "kl_div" and dist is not Categorical
 
     def steps_of(rng: np.random.Generator) -> np.ndarray:
         """The time steps [k] scored this round: all T, or score_steps of them at random."""
@@ -249,7 +261,17 @@ def model_scorers(storage, model: torch.nn.Module, device: torch.device, dist_fu
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             return model(torch.from_numpy(obs).to(device)).features.float()
 
+    def gaussian_kl(positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        fields = tuple(f"behaviour_{name}" for name in dist.param_names)
+        data = storage.read_steps(positions, steps_of(rng), ("obs", *fields))    # obs [k, C, ...], params [k, C, A]
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            current = model(torch.from_numpy(data["obs"]).to(device)).logits.float()   # [k, C, 2A]
+        stored = dist.join(*(torch.from_numpy(data[f]).to(device) for f in fields))   # [k, C, 2A]
+        return dist.kl(stored, current).mean(dim=0).cpu().numpy().astype(np.float64)  # [C]
+
     def off_policy(positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        if policy_kl:
+            return gaussian_kl(positions, rng)
         data = storage.read_steps(positions, steps_of(rng), ("obs", "features"))  # obs [k, C, ...], features [k, C, F]
         current = features_of(data["obs"])                                      # [k, C, F], one forward pass
         stored = torch.from_numpy(data["features"]).to(device)

@@ -1,14 +1,28 @@
-"""The contract every env from make_env keeps, on real gymnasium and ALE envs: observations
-as describe_env promised, seeded determinism, and info["episode_score"] exactly at the
-real end of a game, equal to the raw rewards of the whole game."""
+"""The contract every env from make_env keeps, on real gymnasium and ALE envs (classic
+control, Atari, and the optional MuJoCo and Box2D families): observations as describe_env
+promised, seeded determinism, and info["episode_score"] exactly at the real end of a game,
+equal to the raw rewards of the whole game. Continuous (Box) actions are seen as [-1, 1]^A."""
 import gymnasium as gym
 import numpy as np
 import pytest
 
 from herd.envs import describe_env, make_env
 from herd.envs.atari import wrap_atari
+from herd.envs.wrappers import env_action
 
-ENV_IDS = ["CartPole-v1", "Acrobot-v1", "PongNoFrameskip-v4", "MinAtar/Breakout-v1", "MinAtar/Seaquest-v1"]
+# MuJoCo v5 and Box2D need herd's extras ('.[mujoco]', '.[box2d]'), MinAtar '.[minatar]': CI installs them.
+CONTINUOUS_IDS = ["Pendulum-v1", "HalfCheetah-v5", "Hopper-v5", "LunarLanderContinuous-v3", "BipedalWalker-v3"]
+ENV_IDS = ["CartPole-v1", "Acrobot-v1", "PongNoFrameskip-v4", "MinAtar/Breakout-v1", "MinAtar/Seaquest-v1", "LunarLander-v3",
+           *CONTINUOUS_IDS]
+
+
+def random_actions(spec, size, seed):
+    """Uniform random actions: indices, or vectors in [-1.5, 1.5]^A (beyond the bounds too:
+    the env clips them)."""
+    rng = np.random.default_rng(seed)
+    if spec.action_kind == "continuous":
+        return rng.uniform(-1.5, 1.5, size=(size, spec.num_actions)).astype(np.float32)
+    return rng.integers(spec.num_actions, size=size)
 
 
 def play(env, actions, reset_on_end=True):
@@ -16,7 +30,7 @@ def play(env, actions, reset_on_end=True):
     obs, _ = env.reset()
     trace = {"obs": [obs], "reward": [], "terminated": [], "truncated": [], "info": []}
     for action in actions:
-        obs, reward, terminated, truncated, info = env.step(int(action))
+        obs, reward, terminated, truncated, info = env.step(env_action(action))
         for key, value in zip(("reward", "terminated", "truncated", "info"), (reward, terminated, truncated, info)):
             trace[key].append(value)
         if (terminated or truncated) and reset_on_end:
@@ -30,9 +44,13 @@ def play(env, actions, reset_on_end=True):
 def test_observations_match_describe_env(env_id):
     spec = describe_env(env_id)
     env = make_env(env_id, seed=0)
-    assert isinstance(env.action_space, gym.spaces.Discrete) and env.action_space.n == spec.num_actions
+    if spec.action_kind == "continuous":
+        assert env.action_space == gym.spaces.Box(-1.0, 1.0, (spec.num_actions,), np.float32)
+    else:
+        assert isinstance(env.action_space, gym.spaces.Discrete) and env.action_space.n == spec.num_actions
+    assert (spec.action_kind == "continuous") == (env_id in CONTINUOUS_IDS)
     assert env.observation_space.shape == spec.obs_shape and env.observation_space.dtype == spec.obs_dtype
-    trace = play(env, np.random.default_rng(0).integers(spec.num_actions, size=50))
+    trace = play(env, random_actions(spec, 50, 0))
     assert trace["obs"].shape == (51, *spec.obs_shape) and trace["obs"].dtype == spec.obs_dtype
     assert all(env.observation_space.contains(o) for o in trace["obs"])
     assert all(isinstance(r, float) for r in trace["reward"])
@@ -41,16 +59,16 @@ def test_observations_match_describe_env(env_id):
 
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_same_seed_same_trajectory(env_id):
-    n = describe_env(env_id).num_actions
-    actions = np.random.default_rng(1).integers(n, size=300)     # CartPole resets several times here
+    actions = random_actions(describe_env(env_id), 300, 1)       # CartPole resets several times here
     first, second = (play(make_env(env_id, seed=7), actions) for _ in range(2))
     np.testing.assert_array_equal(first["obs"], second["obs"])
     assert first["reward"] == second["reward"] and first["terminated"] == second["terminated"]
     env_a, env_b = make_env(env_id, seed=3), make_env(env_id, seed=3)
-    assert [env_a.action_space.sample() for _ in range(20)] == [env_b.action_space.sample() for _ in range(20)]
+    np.testing.assert_array_equal([env_a.action_space.sample() for _ in range(20)],
+                                  [env_b.action_space.sample() for _ in range(20)])
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1"])
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "Hopper-v5", "BipedalWalker-v3"])
 def test_different_seeds_start_differently(env_id):
     assert not np.array_equal(make_env(env_id, seed=1).reset()[0], make_env(env_id, seed=2).reset()[0])
 
@@ -70,11 +88,33 @@ def check_scores(trace):
 
 
 @pytest.mark.parametrize("env_id, steps", [("CartPole-v1", 300), ("Acrobot-v1", 1100), ("MinAtar/Breakout-v1", 300),
-                                           ("MinAtar/Asterix-v1", 1500)])
+                                           ("MinAtar/Asterix-v1", 1500), ("Pendulum-v1", 450), ("Hopper-v5", 300),
+                                           ("LunarLanderContinuous-v3", 800)])
 def test_vector_episode_score_at_every_real_end(env_id, steps):
-    n = describe_env(env_id).num_actions
-    trace = play(make_env(env_id, seed=0, clip_rewards=False), np.random.default_rng(0).integers(n, size=steps))
+    actions = random_actions(describe_env(env_id), steps, 0)
+    trace = play(make_env(env_id, seed=0, clip_rewards=False), actions)
     assert check_scores(trace) >= 2
+
+
+def test_continuous_actions_are_rescaled_to_the_bounds_and_clipped():
+    """Pendulum's torque is in [-2, 2]: the agent's 1.0 is 2.0, and 3.0 is clipped to it,
+    the stored (unclipped) action being the policy's own sample (herd.ops.distributions)."""
+    raw = gym.make("Pendulum-v1")
+    raw.reset(seed=4)
+    expected = [raw.step(np.array([torque], np.float32))[0] for torque in (2.0, -1.0, 2.0, -2.0)]
+    env = make_env("Pendulum-v1", seed=4)
+    env.reset()
+    got = [env.step(np.array([a], np.float32))[0] for a in (1.0, -0.5, 3.0, -7.0)]
+    np.testing.assert_allclose(np.stack(got), np.stack(expected), rtol=1e-6)
+
+
+def test_reward_scale_scales_what_the_agent_sees_not_the_score():
+    env = make_env("Pendulum-v1", seed=0, reward_scale=0.1, max_episode_steps=5, clip_rewards=False)
+    trace = play(env, np.zeros((5, 1), np.float32), reset_on_end=False)
+    raw = play(make_env("Pendulum-v1", seed=0, max_episode_steps=5, clip_rewards=False), np.zeros((5, 1), np.float32),
+               reset_on_end=False)
+    np.testing.assert_allclose(trace["reward"], 0.1 * np.array(raw["reward"]), rtol=1e-6)
+    assert trace["info"][-1]["episode_score"] == pytest.approx(sum(raw["reward"]))
 
 
 def test_vector_score_is_raw_when_rewards_are_clipped():

@@ -1,8 +1,31 @@
 """env_kind / describe_env / make_env argument checking: what herd accepts, and one-line
 EnvErrors for what it does not."""
+import sys
+
+import gymnasium as gym
+import numpy as np
 import pytest
+from gymnasium.envs.classic_control import CartPoleEnv
 
 from herd.envs import EnvError, EnvSpec, describe_env, env_kind, make_env
+from herd.envs.registry import profile_kind, vector_spaces
+
+
+class MultiDiscreteCartPole(CartPoleEnv):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.action_space = gym.spaces.MultiDiscrete([2, 2])
+
+
+class UnboundedBoxCartPole(CartPoleEnv):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+
+
+# Action spaces herd refuses, on vector observations (no gymnasium env has them built in).
+gym.register("HerdMultiDiscrete-v0", entry_point=MultiDiscreteCartPole, disable_env_checker=True)
+gym.register("HerdUnboundedBox-v0", entry_point=UnboundedBoxCartPole, disable_env_checker=True)
 
 
 @pytest.mark.parametrize("env_id, kind", [
@@ -47,8 +70,10 @@ def one_line_env_error(call, *args, **kwargs) -> str:
 @pytest.mark.parametrize("env_id, words", [
     ("Foo-v0", ["unknown environment 'Foo-v0'", "PongNoFrameskip-v4"]),
     ("CartPol-v1", ["did you mean", "CartPole-v1"]),
-    ("Pendulum-v1", ["'Pendulum-v1'", "Box action space", "discrete actions only"]),
+    ("HerdMultiDiscrete-v0", ["'HerdMultiDiscrete-v0'", "MultiDiscrete", "Discrete actions or a 1-D Box"]),
+    ("HerdUnboundedBox-v0", ["'HerdUnboundedBox-v0'", "finite bounds"]),
     ("FrozenLake-v1", ["'FrozenLake-v1'", "1-D Box"]),
+    ("CarRacing-v3", ["'CarRacing-v3'", "1-D Box"]),                     # pixels without ALE's preprocessing
     ("Pong-v4", ["PongNoFrameskip-v4", "ALE/Pong-v5"]),
     ("PongNoFrameskip-v0", ["PongNoFrameskip-v4", "sticky actions"]),   # v0 has sticky actions
 ])
@@ -59,10 +84,34 @@ def test_unsupported_environments_are_one_line_env_errors(env_id, words):
     assert issubclass(EnvError, ValueError)
 
 
+@pytest.mark.parametrize("env_id, kind", [("CartPole-v1", "vector"), ("Pendulum-v1", "continuous"),
+                                          ("HalfCheetah-v5", "continuous"), ("LunarLander-v3", "vector"),
+                                          ("PongNoFrameskip-v4", "atari")])
+def test_profile_kind_tells_continuous_actions_apart(env_id, kind):
+    assert profile_kind(env_id) == kind
+
+
+def test_continuous_env_spec():
+    assert describe_env("Hopper-v5") == EnvSpec("vector", (11,), "float32", 3, 1000, "continuous")
+
+
+@pytest.mark.parametrize("env_id, module, extra", [("HalfCheetah-v5", "mujoco", "mujoco"),
+                                                   ("BipedalWalker-v3", "Box2D", "box2d"),
+                                                   ("LunarLander-v3", "Box2D", "box2d")])
+def test_a_missing_extra_is_one_line_naming_it(monkeypatch, env_id, module, extra):
+    """As on a machine without the extra: the module cannot be imported (None in sys.modules
+    is Python's own mark for that, and gymnasium's import of it fails the same way)."""
+    vector_spaces.cache_clear()
+    monkeypatch.setitem(sys.modules, module, None)
+    message = one_line_env_error(describe_env, env_id)
+    assert f"pip install -e '.[{extra}]'" in message and env_id in message
+    vector_spaces.cache_clear()
+
+
 def test_env_kind_rejects_what_make_env_cannot_run():
     one_line_env_error(env_kind, "NoSuchGame-v9")
     one_line_env_error(env_kind, "FrozenLake-v1")
-    assert env_kind("Pendulum-v1") == "vector"                  # actions are describe_env's check
+    assert env_kind("Pendulum-v1") == "vector"                  # observations; actions are describe_env's check
 
 
 @pytest.mark.parametrize("kwargs, name", [

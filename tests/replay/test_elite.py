@@ -321,3 +321,41 @@ def test_score_steps_must_be_a_positive_integer_or_all():
     assert parse_replay_parameters(json.dumps([{**base, "score_steps": "all"}]))[0].option("score_steps") == "all"
     replay = build_replay(parse_replay_parameters(json.dumps([{**base, "score_steps": "all"}]))[0], LAYOUT, 1, 1)
     assert replay.sampler.score_steps is None
+
+
+# -- continuous actions: kl_div compares the Gaussian policies ----------------------------
+
+GAUSSIAN_LAYOUT = impala_layout(unroll_length=T, obs_shape=(2,), obs_dtype="float32", num_actions=2, feature_size=F,
+                                action_distribution="gaussian")
+
+
+def test_gaussian_kl_div_scores_by_the_policies_kl_and_finds_the_models_own_trajectory():
+    torch.manual_seed(0)
+    model = MLPNet(obs_dim=2, num_actions=2, hidden_sizes=(4,), feature_size=F, action_distribution="gaussian")
+    entry = {"type": "custom", "capacity": 5, "sample_ratio": 1, "dist_function": "kl_div",
+             "sample_strategy": "elite_sampling", "elite_sampling_strategy": "strategy1", "lambda_batch_multiplier": 5,
+             "score_steps": "all"}
+    replay = build_replay(parse_replay_parameters(json.dumps([entry]))[0], GAUSSIAN_LAYOUT, share=1, rollout_size=1)
+    replay.attach_model(model, "cpu")
+    rng = np.random.default_rng(0)
+    stored = []
+    for position in range(5):
+        obs = rng.normal(size=(T + 1, 2)).astype(np.float32)
+        with torch.no_grad():
+            own = model(torch.from_numpy(obs[:-1, None])).logits[:, 0].numpy()          # [T, 4]: mean, log_std
+        params = own if position == 2 else own + rng.normal(0, 0.5, size=own.shape).astype(np.float32)
+        data = {name: np.zeros(shape, dtype=dtype) for name, (shape, dtype) in GAUSSIAN_LAYOUT.fields().items()}
+        data["obs"], data["behaviour_mean"], data["behaviour_log_std"] = obs, params[:, :2], params[:, 2:]
+        replay.add(data, version=position)
+        stored.append((obs, params))
+    scored = replay.sampler.scorer(np.arange(5), rng)
+    assert scored[2] == pytest.approx(0.0, abs=1e-6) and np.all(scored[np.arange(5) != 2] > 1e-3)
+    obs, params = stored[0]                      # the score is the closed-form KL(behaviour || current)
+    with torch.no_grad():
+        current = model(torch.from_numpy(obs[:-1, None])).logits[:, 0]
+    behaviour = torch.from_numpy(params)
+    expected = torch.distributions.kl_divergence(
+        torch.distributions.Independent(torch.distributions.Normal(behaviour[:, :2], behaviour[:, 2:].exp()), 1),
+        torch.distributions.Independent(torch.distributions.Normal(current[:, :2], current[:, 2:].exp()), 1)).mean()
+    assert scored[0] == pytest.approx(float(expected), rel=1e-5)
+    assert replay.sample(1, rng)[1].tolist() == [2]

@@ -1,0 +1,58 @@
+"""Running observation normalisation for vector tasks: (x - mean) / std, clipped.
+
+Where the statistics live and who updates them, so that every process agrees:
+  - They are part of the model, as frozen parameters (requires_grad=False, like the
+    feature layer of herd.models.base.Heads): the learner's weight publishing
+    (herd.weights.SharedWeights) carries them to every actor, the inference server and the
+    evaluation worker together with the weights they belong to, and the checkpoint's
+    model state_dict saves them as plain tensors (weights_only loading), so `herd resume`
+    and `herd test` normalise exactly as training did.
+  - Only the learner updates them, from the raw observations of every fresh rollout it
+    ingests (herd/train.py wires that), never from replayed data (already counted) and
+    never in the actors (each would drift its own way). Trajectories store raw
+    observations; the learner normalises them with its current statistics, and V-trace's
+    importance ratio corrects for the actor's older ones like for any older weights.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+CLIP = 10.0          # normalised values beyond +-10 std are outliers, not information
+EPSILON = 1e-8       # keeps a constant feature (std 0) finite
+
+
+class ObservationNormalizer(nn.Module):
+    def __init__(self, size: int):
+        super().__init__()
+        # float32 like every other parameter (SharedWeights holds one flat float32 vector);
+        # the merge below runs in float64. The count is exact in float32 up to 2^24 steps
+        # per update of it, far above one rollout.
+        self.count = nn.Parameter(torch.zeros(()), requires_grad=False)
+        self.mean = nn.Parameter(torch.zeros(size), requires_grad=False)
+        self.var = nn.Parameter(torch.ones(size), requires_grad=False)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """obs [N, D] float -> normalised [N, D]."""
+        return ((obs - self.mean) / torch.sqrt(self.var + EPSILON)).clamp(-CLIP, CLIP)
+
+    @torch.no_grad()
+    def update(self, obs) -> None:
+        """Adds a batch of raw observations [..., D] (numpy or tensor) to the statistics
+        (Chan et al.'s parallel merge of two means and variances)."""
+        batch = torch.as_tensor(np.asarray(obs), dtype=torch.float64, device=self.mean.device).reshape(-1, self.mean.shape[0])
+        n = batch.shape[0]
+        if n == 0:
+            return
+        count = float(self.count)
+        mean, var = self.mean.double(), self.var.double()
+        batch_mean, batch_var = batch.mean(0), batch.var(0, unbiased=False)
+        total = count + n
+        delta = batch_mean - mean
+        new_mean = mean + delta * (n / total)
+        # Before any data var is 1 (the identity transform), with weight count = 0.
+        new_var = (var * count + batch_var * n + delta.pow(2) * (count * n / total)) / total
+        self.mean.copy_(new_mean.to(self.mean.dtype))
+        self.var.copy_(new_var.to(self.var.dtype))
+        self.count.fill_(total)

@@ -1,0 +1,46 @@
+"""What a continuous-control run is checked for before anything starts: each refusal is
+one line (exit 2 from the CLI), and a valid plan has the Gaussian policy's shapes."""
+import pytest
+
+from herd.config import ConfigError
+from herd.plan import prepare
+
+
+def refusal(tmp_path, **options) -> str:
+    with pytest.raises(ConfigError) as caught:
+        prepare({"results_dir": str(tmp_path), **options})
+    message = str(caught.value)
+    assert message and "\n" not in message
+    return message
+
+
+def test_a_continuous_plan(tmp_path):
+    plan = prepare({"env": "Hopper-v5", "results_dir": str(tmp_path)})
+    assert plan.env_spec.action_kind == "continuous" and plan.env_spec.num_actions == 3
+    assert plan.model_kwargs["action_distribution"] == "gaussian" and plan.model_kwargs["normalize_observations"]
+    fields = plan.layout.fields()
+    T = plan.cfg.train.r_f_steps
+    assert fields["action"][0] == (T, 3) and str(fields["action"][1]) == "float32"
+    assert fields["behaviour_mean"][0] == fields["behaviour_log_std"][0] == (T, 3) and "behaviour_logits" not in fields
+
+
+def test_discrete_plans_keep_their_network_arguments(tmp_path):
+    plan = prepare({"env": "CartPole-v1", "results_dir": str(tmp_path)})
+    assert not {"action_distribution", "normalize_observations", "initial_log_std"} & set(plan.model_kwargs)
+    assert str(plan.layout.fields()["action"][1]) == "int64"
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"env": "Pendulum-v1", "algorithm": "apex"}, ["--algorithm=apex needs discrete actions", "--algorithm=impala"]),
+    ({"env": "Pendulum-v1", "actor_inference": "server"}, ["--actor_inference=server", "local"]),
+    ({"env": "PongNoFrameskip-v4", "normalize_observations": "True"}, ["--normalize_observations", "vector"]),
+    ({"env": "CartPole-v1", "algorithm": "apex", "normalize_observations": "True"}, ["built for --algorithm=impala"]),
+    ({"env": "Pendulum-v1", "learner_count": "2", "worker_count": "2"}, ["--learner_count=2", "one learner"]),
+    ({"env": "Pendulum-v1", "reward_scale": "0"}, ["--reward_scale must be a positive number"]),
+    ({"env": "PongNoFrameskip-v4", "reward_scale": "0.5"}, ["--reward_scale applies to vector tasks"]),
+    ({"env": "Pendulum-v1", "initial_log_std": "3"}, ["--initial_log_std must be in [-5, 2]"]),
+])
+def test_what_continuous_runs_refuse_is_one_line(tmp_path, options, words):
+    message = refusal(tmp_path, **options)
+    for word in words:
+        assert word in message, message
