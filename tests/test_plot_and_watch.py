@@ -52,6 +52,17 @@ def test_runs_group_by_configuration_and_curves_show_mean_and_spread(tmp_path):
     assert curves[:, -1].tolist() == [5.0, 7.0]            # each run's last 2-game average
 
 
+def test_replay_lists_that_differ_late_get_different_short_labels(tmp_path):
+    queue = '{"type": "queue", "capacity": 1, "sample_ratio": 0.5}'
+    uniform = f'[{queue}, {{"type": "standard", "capacity": 500, "sample_ratio": 0.5}}]'
+    elite = (f'[{queue}, {{"type": "custom", "capacity": 500, "sample_ratio": 0.5, "dist_function": "ln_norm", '
+             '"sample_strategy": "elite_sampling"}]')
+    runs = [make_run(tmp_path, "u", 1, uniform, [1, 2]), make_run(tmp_path, "e", 1, elite, [1, 2])]
+    labels = group_labels(group_runs(runs))
+    assert sorted(labels) == ["replays: queue 0.5 + custom/elite_sampling 0.5 (1 run)",
+                              "replays: queue 0.5 + standard 0.5 (1 run)"]
+
+
 def test_plot_writes_figures_per_configuration_or_compared(tmp_path):
     runs = [make_run(tmp_path, n, s, r, [1, 2, 3]) for n, s, r in (("a1", 1, "u"), ("a2", 2, "u"), ("b", 1, "e"))]
     compared = plot_runs([str(r) for r in runs], str(tmp_path / "cmp"), compare=True)

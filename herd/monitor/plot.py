@@ -8,6 +8,7 @@ group gets its own figures (a folder per group); with --compare the groups share
 labelled by the options in which they differ (elite vs uniform replay, say)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -27,15 +28,33 @@ def group_runs(runs: list[Path]) -> list[list[Path]]:
 
 
 def group_labels(groups: list[list[Path]]) -> list[str]:
-    """Each group named by the options whose values differ between groups."""
+    """Each group named by the options whose values differ between groups; labels that
+    still coincide once shortened get a number, so no two curves share a name."""
     configs = [read_config(group[0]) for group in groups]
     keys = sorted({k for c in configs for k in c} - {"seed", "results_dir", "load_model_url", "continues_from"})
     differing = [k for k in keys if len({str(c.get(k)) for c in configs}) > 1]
     labels = []
     for config, group in zip(configs, groups):
-        text = ", ".join(f"{k}={config.get(k)}" for k in differing) or config.get("env", "run")
+        text = ", ".join(describe_option(k, config.get(k)) for k in differing) or config.get("env", "run")
         labels.append(f"{text[:80]} ({len(group)} run{'s' if len(group) > 1 else ''})")
+    if len(set(labels)) < len(labels):
+        labels = [f"{label} #{index}" for index, label in enumerate(labels, start=1)]
     return labels
+
+
+def describe_option(key: str, value) -> str:
+    """An option as a legend shows it. The replays, a long JSON list whose first 80
+    characters are the same queue for most runs, become their types and ratios:
+    `replays: queue 0.5 + custom/elite_sampling 0.5`."""
+    if key == "replay_parameters" and isinstance(value, str):
+        try:
+            replays = json.loads(value)
+            parts = [f"{r['type']}{'/' + r['sample_strategy'] if 'sample_strategy' in r else ''} {r['sample_ratio']:g}"
+                     for r in replays]
+            return "replays: " + " + ".join(parts)
+        except (ValueError, TypeError, KeyError):
+            pass                       # not the list herd writes: shown as it is
+    return f"{key}={value}"
 
 
 def score_curves(runs: list[Path], x_column: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -87,7 +106,7 @@ def save_figures(groups: list[list[Path]], labels: list[str], out: Path) -> list
             for index, run in enumerate(group):
                 table = read_table(run / "train.csv")
                 if column in table:
-                    ax.plot(table["env_step"], table[column], color=f"C{labels.index(label)}", alpha=0.7,
+                    ax.plot(table["env_step"], table[column], color=f"C{labels.index(label) % 10}", alpha=0.7,
                             label=label if index == 0 else None)
         ax.set(title=title, xlabel="environment steps")
         ax.grid(alpha=0.3)
