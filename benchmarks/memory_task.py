@@ -96,7 +96,15 @@ def main() -> None:
     parser.add_argument("--budget_s", type=float, default=1800, help="wall seconds per run at most")
     parser.add_argument("--extra", default="", help="extra herd flags for every run")
     parser.add_argument("--label", default="memory_task", help="names the results file")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="NAME",
+                        help="instead of running: combine the runs of earlier results files (e.g. one invocation "
+                             "per seed, run side by side) into --label")
+    parser.add_argument("--add_run", action="append", default=[], metavar="AGENT:SEED:RUN_FOLDER",
+                        help="with --merge: also a run made by a plain `herd train` with the same flags (its "
+                             "seconds count from the session's start, not the process launch)")
     args = parser.parse_args()
+    if args.merge:
+        return merge(args)
     agents = [a.strip() for a in args.agents.split(",") if a.strip()]
     unknown = [a for a in agents if a not in AGENTS]
     if unknown:
@@ -125,6 +133,39 @@ def main() -> None:
     record(args.label, {"task": "CartPole-v1 --hide_velocity=True", "target": TARGET, "window": WINDOW,
                         "common_flags": COMMON, "agents": {a: AGENTS[a] for a in agents}, "steps": args.steps,
                         "extra": args.extra, "precision": "fp32", "reached": reached, "runs": runs})
+
+
+def merge(args) -> None:
+    """Combines earlier results files (and run folders) into one record."""
+    import json
+    runs, records = [], []
+    for name in args.merge:
+        record_ = json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())
+        records.append({"name": name, "machine": record_["machine"], "date": record_["date"]})
+        runs += [{**run, "source": name} for run in record_["runs"]]
+    for spec in args.add_run:
+        agent, seed, folder = spec.split(":", 2)
+        episodes = read_csv(Path(folder) / "episodes.csv")
+        config = json.loads((Path(folder) / "config.json").read_text())
+        session_start = episodes[0]["unix_time"] - episodes[0]["wall_time"]
+        runs.append({"agent": agent, "seed": int(seed), "exit": 0, "stopped_at_target": None,
+                     "source": f"herd train, config {json.dumps({k: config[k] for k in CONFIG_KEYS})}",
+                     **summarize(episodes, session_start)})
+    runs.sort(key=lambda r: (r["agent"], r["seed"]))
+    agents = sorted({r["agent"] for r in runs})
+    reached = {a: f"{sum(r['seconds_to_475'] is not None for r in runs if r['agent'] == a)}/"
+                  f"{sum(r['agent'] == a for r in runs)}" for a in agents}
+    print_table(["agent", "seed", "s to 475", "env steps to 475", "best avg100", "final avg100", "env steps run"],
+                [[r["agent"], r["seed"], r["seconds_to_475"] or "not reached", r["env_steps_to_475"] or "-",
+                  r["best_avg100"], r["final_avg100"], r["env_steps"]] for r in runs])
+    print(" ".join(f"{a}_reached={reached[a]}" for a in agents))
+    record(args.label, {"task": "CartPole-v1 --hide_velocity=True", "target": TARGET, "window": WINDOW,
+                        "common_flags": COMMON, "agents": {a: AGENTS[a] for a in agents}, "precision": "fp32",
+                        "reached": reached, "merged_from": records, "runs": runs})
+
+
+CONFIG_KEYS = ("use_lstm", "lstm_size", "hide_velocity", "r_f_steps", "batch_size", "lr", "optimizer", "worker_count",
+               "envs_per_worker", "environment_max_steps", "seed")
 
 
 if __name__ == "__main__":
