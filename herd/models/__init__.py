@@ -19,7 +19,7 @@ NETWORKS = ("auto", "mlp", "nature_cnn", "resnet")
 
 def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int, feature_size: Optional[int],
                 use_feature_layer: bool = True, hidden_sizes=(64, 64), head: str = "actor_critic",
-                action_distribution: str = "categorical", initial_log_std: float = -0.5,
+                action_distribution: str = "categorical", initial_log_std: float = -1.0,
                 normalize_observations: bool = False) -> nn.Module:
     """The network for an environment. "auto" picks mlp for vector observations [D] and
     nature_cnn for frames [C, H, W]. Image networks scale uint8 frames by 1/255; float frames
