@@ -132,7 +132,7 @@ def test_help_shows_the_default_each_kind_of_environment_gets():
     text = " ".join(build_seed_parser().format_help().split())
     assert ("trajectories per learner batch [default: Atari 100; vector tasks 8; continuous control 8; MinAtar 16]"
             in text)
-    assert ("rollout fragment length, the unroll length T [default: Atari 10; vector tasks 16; continuous control 32; "
+    assert ("rollout fragment length, the unroll length T [default: Atari 10; vector tasks 16; continuous control 16; "
             "MinAtar 20]" in text)
     assert "[default: impala]" in text
 
@@ -140,7 +140,7 @@ def test_help_shows_the_default_each_kind_of_environment_gets():
 def test_continuous_tasks_get_their_own_profile():
     from herd.envs.registry import profile_kind
     cfg = resolve({"env": "Pendulum-v1"}, env_kind=profile_kind)
-    assert (cfg.continuous.normalize_observations, cfg.continuous.reward_scale, cfg.train.lr) == (True, 0.1, 0.0003)
+    assert (cfg.continuous.normalize_observations, cfg.continuous.reward_scale, cfg.train.lr) == (True, 0.1, 0.001)
     cartpole = resolve({"env": "CartPole-v1"}, env_kind=profile_kind)
     assert (cartpole.continuous.normalize_observations, cartpole.continuous.reward_scale) == (False, 1.0)
 

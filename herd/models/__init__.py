@@ -27,7 +27,7 @@ IMAGE_NETWORKS = {"nature_cnn": NatureCNN, "resnet": ImpalaResNet, "minatar_cnn"
 
 def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int, feature_size: Optional[int],
                 use_feature_layer: bool = True, hidden_sizes=(64, 64), head: str = "actor_critic",
-                lstm_size: int = 0, action_distribution: str = "categorical", initial_log_std: float = -0.5,
+                lstm_size: int = 0, action_distribution: str = "categorical", initial_log_std: float = -1.0,
                 normalize_observations: bool = False) -> nn.Module:
     """The network for an environment. "auto" picks mlp for vector observations [D],
     nature_cnn for frames [C, H, W], minatar_cnn for frames smaller than 36x36. Image

@@ -43,7 +43,7 @@ class Heads(nn.Module):
 
     def __init__(self, torso_size: int, num_actions: int, feature_size: Optional[int], use_feature_layer: bool,
                  head: str = "actor_critic", action_distribution: str = "categorical",
-                 initial_log_std: float = -0.5):
+                 initial_log_std: float = -1.0):
         super().__init__()
         if head not in HEADS:
             raise ValueError(f"unknown head '{head}' (use one of {', '.join(HEADS)})")

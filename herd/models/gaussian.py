@@ -24,7 +24,7 @@ class GaussianPolicyHead(nn.Module):
     """torso [N, H] -> params [N, 2A] = cat(mean, log_std): what herd.ops.distributions.
     DiagGaussian reads, in the network's `logits` field."""
 
-    def __init__(self, torso_size: int, num_actions: int, initial_log_std: float = -0.5):
+    def __init__(self, torso_size: int, num_actions: int, initial_log_std: float = -1.0):
         super().__init__()
         self.mean = nn.Linear(torso_size, num_actions)
         # Small initial means (the gain of the categorical head's logits): the first

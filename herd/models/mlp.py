@@ -37,7 +37,7 @@ class MLPNet(nn.Module):
     def __init__(self, obs_dim: int, num_actions: int, hidden_sizes=(64, 64), feature_size: Optional[int] = 64,
                  use_feature_layer: bool = True, activation: str = "tanh", shared_torso: bool = False,
                  head: str = "actor_critic", core_size: int = 0, action_distribution: str = "categorical",
-                 initial_log_std: float = -0.5, normalize_observations: bool = False):
+                 initial_log_std: float = -1.0, normalize_observations: bool = False):
         super().__init__()
         # Running mean/std of the raw observations (herd/models/normalize.py: who updates it).
         self.obs_normalizer = ObservationNormalizer(obs_dim) if normalize_observations else None
