@@ -5,8 +5,14 @@ Ids: `MinAtar/<Game>-v1` plays the game's minimal action set, `MinAtar/<Game>-v0
 actions: the names (and meanings) the minatar package itself registers with gymnasium.
 herd builds its own env from the package's `Environment` instead of using that
 registration, because herd's models want channel-first float frames [C, 10, 10] (the
-package gives [10, 10, C] booleans) and because registering it would import the package
-(2-3 s: seaborn, scipy) in every process that only parses a command line.
+package gives [10, 10, C] booleans).
+
+The game modules (minatar/environments/<game>.py, numpy only) are loaded from their files
+instead of through `import minatar`: the package's __init__ imports matplotlib and seaborn
+(pandas, scipy) for its display, 2.5 s of CPU in every actor process; on this 2-core
+machine under load that pushed the actors' start past their 60 s start-up timeout. The
+package's `Environment` wrapper around a game is five lines, mirrored in MinAtarEnv
+(sticky actions drawn from the game's own RandomState, as there).
 
 Kept as MinAtar defines its games: sticky actions (the previous action repeats with
 probability 0.1) and difficulty ramping (the games speed up as they go). Rewards are the
@@ -18,6 +24,8 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import re
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -55,23 +63,40 @@ def check_minatar_id(env_id: str) -> tuple[str, bool]:
     return GAMES[match.group(1)], match.group(2) == "1"
 
 
+def load_game(game: str):
+    """The module minatar/environments/<game>.py, loaded from its file without running the
+    package's __init__ (see the module docstring); once per process."""
+    name = f"herd_minatar_games.{game}"
+    if name not in sys.modules:
+        package = importlib.util.find_spec("minatar")        # locates the package, imports nothing
+        path = Path(package.submodule_search_locations[0]) / "environments" / f"{game}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
 class MinAtarEnv(gym.Env):
     """One MinAtar game as a gymnasium env: observations [C, 10, 10] float32 in {0, 1}
-    (channel c of the package's [10, 10, C] state), a Discrete action space over the
-    chosen action set, reward 0 or 1 (float), terminated when the game ends."""
+    (channel c of the game's [10, 10, C] state), a Discrete action space over the chosen
+    action set, reward 0 or 1 (float), terminated when the game ends."""
 
     metadata = {"render_modes": ["human", "rgb_array"], "render_fps": 15}
 
     def __init__(self, game: str, minimal_actions: bool = True, render_mode: str | None = None):
-        from minatar import Environment    # optional dependency: checked by check_minatar_id
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise EnvError(f"MinAtar renders {' or '.join(self.metadata['render_modes'])}, not '{render_mode}'")
-        self.game = Environment(game, sticky_action_prob=STICKY_ACTION_PROB, difficulty_ramping=DIFFICULTY_RAMPING)
-        self.action_set = self.game.minimal_action_set() if minimal_actions else list(range(self.game.num_actions()))
+        self.game = load_game(game).Env(ramping=DIFFICULTY_RAMPING)
+        self.random = np.random.RandomState()       # unseeded until reset(seed=...), as in MinAtar
+        self.game.random = self.random              # one stream for the game and its sticky actions
+        self.last_action = 0
+        self.action_set = self.game.minimal_action_set() if minimal_actions else list(range(6))   # MinAtar's six
         height, width, channels = self.game.state_shape()
         self.observation_space = gym.spaces.Box(0.0, 1.0, (channels, height, width), np.float32)
         self.action_space = gym.spaces.Discrete(len(self.action_set))
         self.render_mode = render_mode
+        self.window = None                          # matplotlib image, human mode
         # A fixed colour per channel, black for an empty cell (rgb_array frames).
         self.palette = np.vstack([[0, 0, 0], np.random.default_rng(0).integers(64, 256, (channels, 3))]).astype(np.uint8)
 
@@ -81,29 +106,45 @@ class MinAtarEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         if seed is not None:
-            self.game.seed(seed)        # one RandomState for the game and its sticky actions
-        self.game.reset()
+            self.random = np.random.RandomState(seed)
+            self.game.random = self.random
+        self.game.reset()           # MinAtar keeps last_action across games; so do we
         return self.observation(), {}
 
     def step(self, action):
-        reward, done = self.game.act(self.action_set[int(action)])
+        action = self.action_set[int(action)]
+        if self.random.rand() < STICKY_ACTION_PROB:
+            action = self.last_action
+        self.last_action = action
+        reward, done = self.game.act(action)
         if self.render_mode == "human":
             self.render()
         return self.observation(), float(reward), bool(done), False, {}
 
-    def render(self):
-        if self.render_mode == "human":
-            self.game.display_state(1000 // self.metadata["render_fps"])   # matplotlib window, paced
-            return None
+    def frame(self) -> np.ndarray:
+        """[160, 160, 3] uint8: the highest channel present in a cell picks its colour."""
         state = self.game.state()                                           # [H, W, C] bool
-        # The highest channel present in a cell picks its colour (MinAtar's own display does so).
         cell = np.max(state * np.arange(1, state.shape[2] + 1), axis=2)    # [H, W], 0 = empty
-        frame = self.palette[cell]                                          # [H, W, 3]
-        return np.repeat(np.repeat(frame, CELL_PIXELS, axis=0), CELL_PIXELS, axis=1)
+        return np.repeat(np.repeat(self.palette[cell], CELL_PIXELS, axis=0), CELL_PIXELS, axis=1)
+
+    def render(self):
+        if self.render_mode != "human":
+            return self.frame()
+        import matplotlib.pyplot as plt      # a window only: never imported by training
+        if self.window is None:
+            self.window = plt.imshow(self.frame())
+            plt.axis("off")
+            plt.show(block=False)
+        else:
+            self.window.set_data(self.frame())
+        plt.pause(1 / self.metadata["render_fps"])
+        return None
 
     def close(self):
-        if self.render_mode == "human" and self.game.visualized:
-            self.game.close_display()
+        if self.window is not None:
+            import matplotlib.pyplot as plt
+            plt.close(self.window.figure)
+            self.window = None
 
 
 def make_minatar_raw(env_id: str, render_mode: str | None = None) -> MinAtarEnv:

@@ -8,6 +8,7 @@ import pytest
 from herd.envs import EnvError, EnvSpec, describe_env, env_kind, make_env
 from herd.envs.minatar import INSTALL_HINT
 
+GAMES_BY_ID = {"Breakout": "breakout", "Seaquest": "seaquest"}
 GAMES = {"Breakout": (4, 3), "Seaquest": (10, 6), "SpaceInvaders": (6, 4), "Freeway": (7, 3), "Asterix": (4, 5)}
 
 
@@ -21,7 +22,7 @@ def test_every_game_channel_first_with_its_minimal_action_set(game):
 def test_observation_is_the_package_state_channel_first():
     env = make_env("MinAtar/Breakout-v1", seed=3)
     obs, _ = env.reset()
-    state = env.unwrapped.game.state()                                      # [10, 10, C] bool
+    state = env.unwrapped.game.state()                                      # [10, 10, C] bool, the game's own
     np.testing.assert_array_equal(obs, state.transpose(2, 0, 1).astype(np.float32))
     assert set(np.unique(obs)) <= {0.0, 1.0} and obs.sum() > 0             # the bricks, the paddle, the ball
 
@@ -59,3 +60,24 @@ def test_missing_package_names_the_extra(monkeypatch):
     with pytest.raises(EnvError) as caught:
         describe_env("MinAtar/Breakout-v1")
     assert str(caught.value) == f"environment 'MinAtar/Breakout-v1' needs the minatar package: {INSTALL_HINT}"
+
+
+@pytest.mark.parametrize("game", ["Breakout", "Seaquest"])
+def test_same_games_as_the_package_environment(game):
+    """herd loads the game modules itself (no matplotlib in actors); the games, sticky
+    actions and ramping must still be exactly the package's Environment's."""
+    from minatar import Environment
+    reference = Environment(GAMES_BY_ID[game], sticky_action_prob=0.1, difficulty_ramping=True)
+    reference.seed(11)
+    reference.reset()
+    env = make_env(f"MinAtar/{game}-v0", seed=11)                          # v0: the package's six actions
+    obs, _ = env.reset()
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        np.testing.assert_array_equal(obs, reference.state().transpose(2, 0, 1))
+        action = int(rng.integers(6))
+        obs, reward, terminated, _, _ = env.step(action)
+        assert (reward, terminated) == tuple(map(float, reference.act(action)))
+        if terminated:
+            obs, _ = env.reset()
+            reference.reset()
