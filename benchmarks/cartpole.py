@@ -1,7 +1,9 @@
 """Time to solve CartPole with the default quick start: `herd train --env CartPole-v1`.
 
 For each seed, the wall time from launching the process to the first moment the
-100-episode average return reaches 475. Usage: python benchmarks/cartpole.py [--seeds 1 2 3]
+100-episode average return reaches 475. With --peer, Sample Factory's CartPole example
+then runs with the same seeds in the same command (peer_sf_cartpole.py), one after the
+other, never beside herd. Usage: python benchmarks/cartpole.py [--seeds 1 2 3] [--peer]
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--label", default="cartpole", help="names the results file")
     parser.add_argument("--extra", default="", help="extra herd flags in one string, e.g. --extra='--lr=0.002 --batch_size=8'")
+    parser.add_argument("--peer", action="store_true", help="then Sample Factory 2.1.1's CartPole example, same seeds")
+    parser.add_argument("--peer_limit", type=float, default=300, help="seconds a peer run may take to reach 475")
     args = parser.parse_args()
     extra = shlex.split(args.extra)
     runs, times = [], []
@@ -57,10 +61,31 @@ def main() -> None:
     # The acceptance (issue 16): every seed reaches 475 and still averages 475 or more at the end.
     held = sum(r["seconds"] is not None and r["final_avg100"] >= TARGET for r in runs)
     print(f"median_seconds_to_475={median:.1f} reached={reached}/{len(runs)} ended_at_475_or_more={held}/{len(runs)}")
+    peer = run_peers(args.seeds, args.peer_limit) if args.peer else None
     record(args.label, {"command": "python benchmarks/cartpole.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                         "herd_command": "herd train --env CartPole-v1 " + args.extra, "target": TARGET, "runs": runs,
                         "median_seconds": median if median != float("inf") else None,
-                        "reached": reached, "ended_at_or_above_target": held})
+                        "reached": reached, "ended_at_or_above_target": held,
+                        **({"peer": peer} if peer else {})})
+
+
+def run_peers(seeds: list[int], limit: float) -> dict:
+    """Sample Factory's CartPole example once per seed; prints its table, returns its record."""
+    from peer_sample_factory import PeerError
+    from peer_sf_cartpole import run_peer_cartpole
+    try:
+        runs = [run_peer_cartpole(seed, limit) for seed in seeds]
+    except PeerError as e:
+        raise SystemExit(f"cartpole: peer: {e}")
+    times = [r["seconds"] if r["seconds"] is not None else float("inf") for r in runs]
+    median = statistics.median(times)
+    print_table(["Sample Factory seed", "seconds to 475 (from launch, 5 s reports)", "best avg100"],
+                [[r["seed"], f"{r['seconds']:.1f}" if r["seconds"] is not None else f"not in {limit:.0f} s",
+                  r["best_avg100"]] for r in runs])
+    print(f"peer_median_seconds_to_475={median:.1f}")
+    return {"peer": "sample-factory 2.1.1, sf_examples.train_gym_env", "command": runs[0]["command"],
+            "runs": [{k: v for k, v in r.items() if k not in ("command", "log_tail")} for r in runs],
+            "median_seconds": median if median != float("inf") else None}
 
 
 if __name__ == "__main__":

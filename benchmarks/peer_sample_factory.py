@@ -195,7 +195,7 @@ def _machine_busy_seconds() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
-def _stop(process: subprocess.Popen, grace: float = 30) -> None:
+def stop_peer(process: subprocess.Popen, grace: float = 30) -> None:
     """SIGINT to SF's main process (its event loop exits cleanly and stops its children, which
     ignore SIGINT themselves); then SIGKILL whatever is left in its session."""
     tree = [process]
@@ -251,7 +251,7 @@ def run_peer(env_id: str = "PongNoFrameskip-v4", workers: int = 2, envs_per_work
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         log_path = Path(tmp) / "sf.log"
         with open(log_path, "w") as log:
-            # a new session: SF's processes form one group, killed together by _stop
+            # a new session: SF's processes form one group, killed together by stop_peer
             process = subprocess.Popen(command, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True)
             # (time, CPU seconds of SF's processes, busy CPU seconds of the whole machine): how much
@@ -264,7 +264,7 @@ def run_peer(env_id: str = "PongNoFrameskip-v4", workers: int = 2, envs_per_work
                     time.sleep(1)
                 early = process.poll() is not None  # SF ended by itself: a crash or a bad flag
             finally:
-                _stop(process)
+                stop_peer(process)
         left = _session_left(process.pid)
         text = ANSI.sub("", log_path.read_text(errors="replace"))
     tail = text.strip().splitlines()[-40:]
