@@ -129,7 +129,7 @@ def test_ctrl_c_saves_and_the_run_resumes_on_either_backend(cluster, tmp_path):
 
 
 def test_a_killed_actor_and_a_lost_node_do_not_end_the_run(cluster, tmp_path):
-    budget = 250_000
+    budget = 80_000
     with killed_at_exit(start_cli(["train", *SMALL, f"--ray_address={cluster.address}",
                                    f"--environment_max_steps={budget}", "--verbose_learner_out_int=2"],
                                   tmp_path)) as process:
