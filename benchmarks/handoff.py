@@ -27,6 +27,9 @@ import pickle
 import secrets
 import time
 
+# Before Ray is imported: its nodes on 127.0.0.1 only (herd/backends/ray_cluster.py says why).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 import numpy as np
 import torch.multiprocessing as mp
 
@@ -130,7 +133,7 @@ def ray_returns(producer, seconds: float) -> tuple[list, int, float]:
 def ray_queue(producer, seconds: float) -> tuple[list, int, float]:
     import ray
     from ray.util.queue import Queue
-    queue = Queue(maxsize=INFLIGHT)
+    queue = Queue(maxsize=INFLIGHT, actor_options={"num_cpus": 0})   # the queue actor needs no core of its own
     latencies, count, start = [], 0, time.monotonic()
     filling = producer.fill.remote(queue, 10**9)        # runs until the actor is killed
     while time.monotonic() - start < seconds:
@@ -170,8 +173,8 @@ def run_ray(way: str, payload: str, seconds: float, nodes: int) -> dict:
     """nodes 1: the producer beside the learner (one private node); 2: on a second node."""
     import ray
     from ray.cluster_utils import Cluster
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
-    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    from herd.backends.ray_cluster import use_token_auth
+    use_token_auth(os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32))
     node = dict(node_ip_address="127.0.0.1", object_store_memory=300 * 2**20)
     cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0 if nodes == 2 else 1,
                                                                 include_dashboard=False, **node))

@@ -27,14 +27,18 @@ import os
 import secrets
 import time
 
-import numpy as np
-import ray
+# Before Ray is imported: its nodes on 127.0.0.1 only (herd/backends/ray_cluster.py says why).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
 from ray.cluster_utils import Cluster
 
-from common import print_table, record
+from common import print_table, record  # noqa: E402
 from herd.algos import get_algorithm
 from herd.algos.base import trajectory_layout
 from herd.backends.ray_actors import RolloutWorker, WeightsBoard
+from herd.backends.ray_cluster import use_token_auth
 from herd.actors.actor import ActorSpec
 from herd.envs import describe_env
 from herd.models import build_model
@@ -127,11 +131,10 @@ def main() -> None:
     parser.add_argument("--actors_per_node", type=int, default=1)
     parser.add_argument("--node_cpus", type=float, default=1)
     parser.add_argument("--inflight", type=int, default=4, help="queued calls per actor")
-    parser.add_argument("--rate", type=float, default=100, help="the sink's pace, rollouts per second")
+    parser.add_argument("--rate", type=float, default=10, help="the sink's pace, rollouts per second (below what the actors make: the sink is the bottleneck)")
     parser.add_argument("--seconds", type=float, default=10)
     args = parser.parse_args()
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
-    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    use_token_auth(secrets.token_hex(32))
     runs = [run(int(n), args) for n in args.nodes.split(",")]
     rows = [[r["nodes"], r["actors"], r["nodes_used"], r["unthrottled"]["env_steps_per_s"],
              r["unthrottled"]["latency_p50_ms"], f"{args.rate:g}", r["paced"]["rollouts_per_s"],
