@@ -24,8 +24,16 @@ def installed(module: str) -> bool:
 
 
 def check_extra(env_id: str, entry_point: str) -> None:
-    """EnvError with one line when `env_id` belongs to a family whose extra is missing."""
+    """EnvError with one line when `env_id` belongs to a family whose extra is missing, or
+    is a MuJoCo task older than v5 (written for the old mujoco API: with mujoco 4 they
+    print C-level deprecation warnings on every start, and their physics differ from v5)."""
     for package, (extra, module, family) in EXTRAS.items():
-        if str(entry_point).startswith(package) and not installed(module):
+        if not str(entry_point).startswith(package):
+            continue
+        name, _, version = env_id.rpartition("-v")
+        if extra == "mujoco" and version != "5":
+            raise EnvError(f"environment '{env_id}' is out of date: herd runs gymnasium's MuJoCo v5 tasks "
+                           f"(use {name}-v5)")
+        if not installed(module):
             raise EnvError(f"environment '{env_id}' needs {family}, which is not installed: "
                            f"pip install -e '.[{extra}]'")
