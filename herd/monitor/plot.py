@@ -8,6 +8,7 @@ group gets its own figures (a folder per group); with --compare the groups share
 labelled by the options in which they differ (elite vs uniform replay, say)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -26,14 +27,21 @@ def group_runs(runs: list[Path]) -> list[list[Path]]:
     return list(groups.values())
 
 
+def shown(value: str, common_start: str) -> str:
+    return "..." + value[len(common_start):] if len(common_start) > 20 else value
+
+
 def group_labels(groups: list[list[Path]]) -> list[str]:
     """Each group named by the options whose values differ between groups."""
     configs = [read_config(group[0]) for group in groups]
     keys = sorted({k for c in configs for k in c} - {"seed", "results_dir", "load_model_url", "continues_from"})
     differing = [k for k in keys if len({str(c.get(k)) for c in configs}) > 1]
+    # A long value (a --replay_parameters list) often differs only after a long common
+    # start; show it from where the groups part, or the labels cut at 80 look the same.
+    common = {k: os.path.commonprefix([str(c.get(k)) for c in configs]) for k in differing}
     labels = []
     for config, group in zip(configs, groups):
-        text = ", ".join(f"{k}={config.get(k)}" for k in differing) or config.get("env", "run")
+        text = ", ".join(f"{k}={shown(str(config.get(k)), common[k])}" for k in differing) or config.get("env", "run")
         labels.append(f"{text[:80]} ({len(group)} run{'s' if len(group) > 1 else ''})")
     return labels
 
