@@ -31,6 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--label", default="cartpole", help="names the results file")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take (more on a loaded machine)")
     parser.add_argument("--extra", default="", help="extra herd flags in one string, e.g. --extra='--lr=0.002 --batch_size=8'")
     parser.add_argument("--peer", action="store_true", help="then Sample Factory 2.1.1's CartPole example, same seeds")
     parser.add_argument("--peer_limit", type=float, default=300, help="seconds a peer run may take to reach 475")
@@ -40,7 +41,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             run_dir, launch, code = run_herd(["train", "--env", "CartPole-v1", f"--seed={seed}", "--basic_verbose=False",
-                                              *extra], Path(tmp))
+                                              *extra], Path(tmp), timeout=args.timeout)
             episodes = read_csv(run_dir / "episodes.csv")
             seconds, steps = time_to_target(episodes, launch)
             best = max((sum(e["score"] for e in episodes[i - 100:i]) / 100 for i in range(100, len(episodes) + 1)),

@@ -99,3 +99,22 @@ def test_tensorboard_dashboard_charts_the_algorithms_losses(tmp_path):
     layout = events.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0]
     for chart in (b"train/pg_loss", b"train/value_loss", b"train/entropy", b"hardware/.*/cpu_percent"):
         assert chart in layout
+
+
+def test_labels_show_long_values_from_where_they_differ(tmp_path):
+    queue = '[{"type": "queue", "capacity": 1, "sample_ratio": 0.8}, {"type": "'
+    runs = [make_run(tmp_path, kind, 1, queue + kind + '", "capacity": 1000, "sample_ratio": 0.2}]', [1, 2])
+            for kind in ("standard", "custom")]
+    labels = group_labels(group_runs(runs))
+    assert len({label for label in labels}) == 2
+    assert sorted(labels) == ["replays: queue 0.8 + custom 0.2 (1 run)", "replays: queue 0.8 + standard 0.2 (1 run)"]
+
+
+def test_other_long_values_show_from_where_they_differ(tmp_path):
+    runs = [make_run(tmp_path, kind, 1, "x", [1, 2]) for kind in ("a", "b")]
+    for run, tail in zip(runs, ("first", "second")):
+        config = json.loads((run / "config.json").read_text())
+        config["note"] = "a long common beginning of the two notes, then " + tail
+        (run / "config.json").write_text(json.dumps(config))
+    labels = group_labels(group_runs(runs))
+    assert sorted(labels) == ["note=...first (1 run)", "note=...second (1 run)"]

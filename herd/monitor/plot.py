@@ -9,6 +9,7 @@ labelled by the options in which they differ (elite vs uniform replay, say)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -27,25 +28,33 @@ def group_runs(runs: list[Path]) -> list[list[Path]]:
     return list(groups.values())
 
 
+def shown(value: str, common_start: str) -> str:
+    return "..." + value[len(common_start):] if len(common_start) > 20 else value
+
+
 def group_labels(groups: list[list[Path]]) -> list[str]:
     """Each group named by the options whose values differ between groups; labels that
     still coincide once shortened get a number, so no two curves share a name."""
     configs = [read_config(group[0]) for group in groups]
     keys = sorted({k for c in configs for k in c} - {"seed", "results_dir", "load_model_url", "continues_from"})
     differing = [k for k in keys if len({str(c.get(k)) for c in configs}) > 1]
+    # A long value (a --replay_parameters list) often differs only after a long common
+    # start; show it from where the groups part, or the labels cut at 80 look the same.
+    common = {k: os.path.commonprefix([str(c.get(k)) for c in configs]) for k in differing}
     labels = []
     for config, group in zip(configs, groups):
-        text = ", ".join(describe_option(k, config.get(k)) for k in differing) or config.get("env", "run")
+        text = ", ".join(describe_option(k, config.get(k), common[k]) for k in differing) or config.get("env", "run")
         labels.append(f"{text[:80]} ({len(group)} run{'s' if len(group) > 1 else ''})")
     if len(set(labels)) < len(labels):
         labels = [f"{label} #{index}" for index, label in enumerate(labels, start=1)]
     return labels
 
 
-def describe_option(key: str, value) -> str:
+def describe_option(key: str, value, common_start: str = "") -> str:
     """An option as a legend shows it. The replays, a long JSON list whose first 80
     characters are the same queue for most runs, become their types and ratios:
-    `replays: queue 0.5 + custom/elite_sampling 0.5`."""
+    `replays: queue 0.5 + custom/elite_sampling 0.5`; another long value is shown from
+    where the groups' values part (`common_start`)."""
     if key == "replay_parameters" and isinstance(value, str):
         try:
             replays = json.loads(value)
@@ -54,7 +63,7 @@ def describe_option(key: str, value) -> str:
             return "replays: " + " + ".join(parts)
         except (ValueError, TypeError, KeyError):
             pass                       # not the list herd writes: shown as it is
-    return f"{key}={value}"
+    return f"{key}={shown(str(value), common_start)}"
 
 
 def score_curves(runs: list[Path], x_column: str) -> tuple[np.ndarray, np.ndarray] | None:

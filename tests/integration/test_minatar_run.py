@@ -13,16 +13,17 @@ from herd.checkpoint import load_checkpoint
 
 
 def test_minatar_trains_and_tests_with_a_video(tmp_path):
-    result = run_cli(["train", "--env=MinAtar/Breakout-v1", "--environment_max_steps=2000", "--seed=1",
-                      "--worker_count=1", "--envs_per_worker=4", "--tensorboard=False"], tmp_path / "train")
+    result = run_cli(["train", "--env=MinAtar/Breakout-v1", "--environment_max_steps=1000", "--seed=1",
+                      "--worker_count=1", "--envs_per_worker=4", "--batch_size=4", "--tensorboard=False"],
+                     tmp_path / "train")
     assert result.returncode == 0, result.stderr[-2000:]
     run = only_run(tmp_path / "train")
     config = json.loads((run / "config.json").read_text())
-    assert config["batch_size"] == 16 and config["r_f_steps"] == 20 and config["optimizer"] == "adam"
+    assert config["r_f_steps"] == 20 and config["optimizer"] == "adam" and config["lr"] == 0.001   # the profile
     weights, _ = load_checkpoint(run)
     assert tuple(weights["model"]["convs.0.weight"].shape) == (16, 4, 3, 3)     # minatar_cnn on Breakout's 4 channels
     episodes = (run / "episodes.csv").read_text().splitlines()
-    assert len(episodes) > 10                              # random Breakout games last ~10 steps
+    assert len(episodes) > 10                              # random Breakout games last about 10 steps
 
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     tested = subprocess.run([sys.executable, "-m", "herd.cli", "test", str(run), "--test_episode_count=3",
