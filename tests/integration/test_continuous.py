@@ -99,7 +99,8 @@ model = build_model("auto", (17,), "float32", 6, 64, action_distribution="gaussi
 print(render_episodes(model, "HalfCheetah-v5", dict(clip_rewards=False), 0, Path({str(tmp_path / 'cheetah.mp4')!r}),
                       games=1, max_frames=30, window=False))
 """
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=180,
+    # cwd: MuJoCo 4 writes MUJOCO_LOG.TXT there (HalfCheetah's model uses a deprecated attribute).
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=180,
                             env=no_display_env(PYTHONPATH=str(ROOT)))
     assert result.returncode == 0, result.stderr[-3000:]
     backend, video = result.stdout.split()[-2:]
