@@ -158,6 +158,12 @@ def check_continuous(cfg: Config, spec: EnvSpec, algorithm: Algorithm) -> None:
         raise ConfigError(f"--reward_scale must be a positive number, got {c.reward_scale}")
     if c.reward_scale not in (None, 1.0) and spec.kind != "vector":
         raise ConfigError("--reward_scale applies to vector tasks; Atari has --clip_rewards")
+    if spec.action_kind == "continuous" and cfg.network.use_lstm and any(
+            r.option("dist_function") == "kl_div" for r in cfg.replays):
+        # Elite kl_div scores a Gaussian step by step (folded into the batch axis); an LSTM
+        # must unroll each trajectory from its start state instead: that scorer is not built.
+        raise ConfigError("elite replay's dist_function kl_div with --use_lstm and continuous actions is not built: "
+                          "use ln_norm or cos_dist")
     if not -5.0 <= c.initial_log_std <= 2.0:
         raise ConfigError(f"--initial_log_std must be in [-5, 2] (the range the policy keeps it in), "
                           f"got {c.initial_log_std}")

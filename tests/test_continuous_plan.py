@@ -38,6 +38,10 @@ def test_discrete_plans_keep_their_network_arguments(tmp_path):
     ({"env": "Pendulum-v1", "learner_count": "2", "worker_count": "2"}, ["--learner_count=2", "one learner"]),
     ({"env": "Pendulum-v1", "reward_scale": "0"}, ["--reward_scale must be a positive number"]),
     ({"env": "PongNoFrameskip-v4", "reward_scale": "0.5"}, ["--reward_scale applies to vector tasks"]),
+    ({"env": "Pendulum-v1", "use_lstm": "True", "replay_parameters":
+      '[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "custom", "capacity": 50, "sample_ratio": 0.5, '
+      '"dist_function": "kl_div", "sample_strategy": "elite_sampling", "lambda_batch_multiplier": 2, '
+      '"alfa_annealing_factor": 2.0}]'}, ["kl_div with --use_lstm and continuous actions", "ln_norm"]),
     ({"env": "Pendulum-v1", "initial_log_std": "3"}, ["--initial_log_std must be in [-5, 2]"]),
 ])
 def test_what_continuous_runs_refuse_is_one_line(tmp_path, options, words):
