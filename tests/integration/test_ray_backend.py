@@ -77,10 +77,11 @@ def train_rows(results) -> int:
 
 
 def test_cartpole_learns_with_every_actor_on_the_worker_nodes(cluster, tmp_path):
-    # The quick start's CartPole defaults (2 actors x 16 envs), seed 2. Pass rate: at 200,000 steps
-    # 3 of 4 runs on a machine shared with other jobs (load 8-25) reached a best 100-game average
-    # of 200 (232, 336, 243 for local processes; one Ray run stayed below): the order in which
-    # rollouts arrive is not reproducible, and lag grows with load. 300,000 steps leave margin.
+    # The quick start's CartPole defaults (2 actors x 16 envs), seed 2. Pass rate, on this machine
+    # shared with other jobs (load 8-25): at 200,000 steps 2 of 3 Ray runs reached a best 100-game
+    # average of 200 (336, 232, one below; local processes under the same load: 243), since the
+    # order in which rollouts arrive is not reproducible and lag grows with load; at 300,000
+    # steps 1 of 1 (407). A failure here is worth a look, not a rerun.
     result = run_cli(["train", "--env=CartPole-v1", "--seed=2", "--environment_max_steps=300000",
                       "--multiprocessing_backend=ray", f"--ray_address={cluster.address}", "--tensorboard=False"],
                      tmp_path, timeout=240)
