@@ -4,9 +4,8 @@
                    index through its pipe; the learner takes numpy views of the slot
     ray-return     herd's Ray backend: the rollout is the return value of an actor call
                    (object ref), the learner keeps `inflight` calls queued per actor
-    ray-queue      the alternative through ray.util.queue.Queue (a queue actor): the actor
-                   puts the arrays, the learner gets them
-    ray-channel    Ray compiled graphs (shared-memory channels), one call at a time
+    ray-channel    the alternative: Ray compiled graphs (shared-memory channels), one
+                   execute() at a time
     ... -2nodes    the same with the actor on a second Ray node (loopback): the object
                    store copies the rollout across
 
@@ -105,10 +104,6 @@ class Producer:
     def next(self, _=None):
         return Rollout(0, 0, 0, 1, []), self.slots.views(0), time.time()
 
-    def fill(self, queue, count: int) -> None:
-        for _ in range(count):
-            queue.put((Rollout(0, 0, 0, 1, []), self.slots.views(0), time.time()))
-
     def node(self) -> str:
         import ray
         return ray.get_runtime_context().get_node_id()
@@ -130,23 +125,6 @@ def ray_returns(producer, seconds: float) -> tuple[list, int, float]:
     return latencies, count, time.monotonic() - start
 
 
-def ray_queue(producer, seconds: float) -> tuple[list, int, float]:
-    import ray
-    from ray.util.queue import Queue
-    queue = Queue(maxsize=INFLIGHT, actor_options={"num_cpus": 0})   # the queue actor needs no core of its own
-    latencies, count, start = [], 0, time.monotonic()
-    filling = producer.fill.remote(queue, 10**9)        # runs until the actor is killed
-    while time.monotonic() - start < seconds:
-        _, arrays, stamp = queue.get()
-        latencies.append(time.time() - stamp)
-        count += 1
-        del arrays
-    elapsed = time.monotonic() - start
-    ray.kill(producer)
-    del filling
-    return latencies, count, elapsed
-
-
 def ray_channel(producer, seconds: float) -> tuple[list, int, float]:
     import ray
     from ray.dag import InputNode
@@ -166,7 +144,7 @@ def ray_channel(producer, seconds: float) -> tuple[list, int, float]:
         compiled.teardown()
 
 
-RAY_WAYS = {"ray-return": ray_returns, "ray-queue": ray_queue, "ray-channel": ray_channel}
+RAY_WAYS = {"ray-return": ray_returns, "ray-channel": ray_channel}
 
 
 def run_ray(way: str, payload: str, seconds: float, nodes: int) -> dict:
@@ -194,8 +172,8 @@ def run_ray(way: str, payload: str, seconds: float, nodes: int) -> dict:
     data = layout.nbytes() * envs
     # The arrays are written once into the producer node's object store (large objects; small
     # ones travel inside the reply, about as many bytes), once more into the learner's node's
-    # store when that is another node; the queue stores and returns them once more.
-    copies = (1 + (nodes == 2)) * (2 if way == "ray-queue" else 1)
+    # store when that is another node (a channel writes them once into its shared memory).
+    copies = 1 + (nodes == 2)
     return {**summarize(latencies, count, elapsed), "bytes_copied": copies * data}
 
 
@@ -203,7 +181,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--payloads", default="pong,cartpole")
-    parser.add_argument("--transports", default="local,ray-return,ray-return-2nodes,ray-queue,ray-channel")
+    parser.add_argument("--transports", default="local,ray-return,ray-return-2nodes,ray-channel")
     args = parser.parse_args()
     rows, results = [], {}
     for payload in args.payloads.split(","):

@@ -77,13 +77,17 @@ def train_rows(results) -> int:
 
 
 def test_cartpole_learns_with_every_actor_on_the_worker_nodes(cluster, tmp_path):
-    # The quick start's CartPole defaults (2 actors x 16 envs), seed 2 (test_learning.py's pass rate note).
-    result = run_cli(["train", "--env=CartPole-v1", "--seed=2", "--environment_max_steps=200000",
+    # The quick start's CartPole defaults (2 actors x 16 envs), seed 2. Pass rate, on this machine
+    # shared with other jobs (load 8-25): at 200,000 steps 2 of 3 Ray runs reached a best 100-game
+    # average of 200 (336, 232, one below; local processes under the same load: 243), since the
+    # order in which rollouts arrive is not reproducible and lag grows with load; at 300,000
+    # steps 1 of 1 (407). A failure here is worth a look, not a rerun.
+    result = run_cli(["train", "--env=CartPole-v1", "--seed=2", "--environment_max_steps=300000",
                       "--multiprocessing_backend=ray", f"--ray_address={cluster.address}", "--tensorboard=False"],
                      tmp_path, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
-    assert summary["ended"] == "finished" and summary["environment_steps"] >= 200000
+    assert summary["ended"] == "finished" and summary["environment_steps"] >= 300000
     assert summary["max_average_score"] is not None and summary["max_average_score"] >= 200, summary
     # Every actor started on a worker node (the head has no CPUs), the learner on the head.
     assert summary["actor_nodes"] and set(summary["actor_nodes"]) <= worker_ids(cluster), summary["actor_nodes"]
