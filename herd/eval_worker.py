@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -92,8 +93,11 @@ def run_evaluations(spec: EvalSpec, weights: SharedWeights, env_steps, run_dir: 
         from torch.utils.tensorboard import SummaryWriter
         writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), filename_suffix=".eval")
     start, seen, evaluation = time.monotonic(), -1, 0
+    parent = multiprocessing.parent_process()
     try:
-        while not stop.value:
+        # A learner killed outright (kill -9, the OOM killer) never sets `stop`: without
+        # the parent check this process would poll for new weights forever.
+        while not stop.value and (parent is None or parent.is_alive()):
             if weights.version == seen:
                 time.sleep(POLL_S)
                 continue
