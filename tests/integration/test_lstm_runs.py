@@ -15,7 +15,7 @@ ELITE = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "cust
          '"lambda_batch_multiplier": 3}]')
 MEMORY_TASK = ["--env=CartPole-v1", "--hide_velocity=True", "--use_lstm=True", "--lstm_size=16", "--worker_count=1",
                "--envs_per_worker=4", "--r_f_steps=8", "--batch_size=4", "--basic_verbose=False",
-               "--tensorboard=False"]
+               "--tensorboard=False", "--actor_timeout=600"]   # slow starts on a busy machine are not hangs
 
 
 @pytest.fixture(scope="module")
