@@ -8,7 +8,9 @@ CASES = [
     (["--env=CartPole-v1", '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.4}]'], "sum to 1"),
     (["--env=CartPole-v1", '--replay_parameters=[{"type": "lifo", "capacity": 1, "sample_ratio": 1}]'], "unknown replay type"),
     (["--env=NoSuchGame-v9"], "NoSuchGame-v9"),
-    (["--env=Pendulum-v1"], "discrete"),
+    # Pendulum (a Box action space) runs now (continuous control); pixel observations other
+    # than Atari's are still refused.
+    (["--env=CarRacing-v3"], "1-D Box (vector) observations or Atari frames"),
     (["--env=CartPole-v1", "--batch_size=0"], "--batch_size must be >= 1"),
     (["--env=CartPole-v1", "--envs_per_worker=-2"], "--envs_per_worker must be >= 1"),
     (["--env=PongNoFrameskip-v4", '--replay_parameters=[{"type": "standard", "capacity": 100000000, "sample_ratio": 1}]'],
