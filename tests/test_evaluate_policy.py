@@ -9,6 +9,8 @@ from herd.models import ModelOutput
 class FixedLogits(torch.nn.Module):
     """Every observation gets logits [1.0, 0.9, -5]: action 0 is the most probable, not certain."""
 
+    action_distribution = "categorical"    # no herd Heads inside: declared (herd.models.base)
+
     def forward(self, obs):
         T, B = obs.shape[:2]
         logits = torch.tensor([1.0, 0.9, -5.0]).expand(T, B, 3)

@@ -11,6 +11,8 @@ class StepCounter(torch.nn.Module):
     """A recurrent stand-in whose state counts the steps since its last reset: the state it
     is given at a step says how many steps of the episode came before (0 at the first)."""
 
+    action_distribution = "categorical"    # no herd Heads inside: declared (herd.models.base)
+
     def __init__(self):
         super().__init__()
         self.core = LSTMCore(1, 1)          # what marks a network as recurrent; its weights are unused

@@ -87,7 +87,11 @@ class Heads(nn.Module):
 
 def action_distribution_of(model: nn.Module) -> str:
     """The action distribution of a network's policy head ("categorical" or "gaussian"):
-    what actors sample with and what the loss and elite replay's kl_div compare."""
+    what actors sample with and what the loss and elite replay's kl_div compare. A module
+    without herd's Heads (a hand-made policy in a test) says so in an attribute."""
+    declared = getattr(model, "action_distribution", None)
+    if isinstance(declared, str):
+        return declared
     for module in model.modules():
         if isinstance(module, Heads):
             return module.action_distribution
