@@ -4,10 +4,10 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 
 import torch
 
+from herd_testing import wait_for
 from herd.weights import SharedWeights
 
 SIZE = 2_000_000   # floats: big enough that a copy takes milliseconds, so readers overlap publishes
@@ -27,9 +27,10 @@ def read_many(weights: SharedWeights, count: int, torn) -> None:
             torn.value += 1
 
 
-def read_forever(weights: SharedWeights) -> None:
+def read_forever(weights: SharedWeights, pulls) -> None:
     while True:
         weights.snapshot()
+        pulls.value += 1
 
 
 def test_pulls_are_never_torn_while_publishing():
@@ -57,9 +58,11 @@ def test_a_reader_killed_mid_pull_does_not_block_publish():
     context = multiprocessing.get_context("spawn")
     model = uniform_model(1.0)
     weights = SharedWeights(model, context)
-    reader = context.Process(target=read_forever, args=(weights,))
+    pulls = context.Value("i", 0)
+    reader = context.Process(target=read_forever, args=(weights, pulls))
     reader.start()
-    time.sleep(2.0)                      # started, and copying most of the time
+    # Killed once it is pulling back to back (copying most of the time), not at a fixed delay.
+    assert wait_for(lambda: pulls.value >= 20, 60), "the reader never started pulling"
     os.kill(reader.pid, signal.SIGKILL)
     reader.join()
     published = threading.Event()
