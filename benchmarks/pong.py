@@ -5,15 +5,16 @@ Meant for a GPU machine (the README's headline): `python benchmarks/pong.py --mi
 runs `herd train` with the configuration below (the batched inference server on the GPU,
 the C++ vector env backend, one actor per core). `--extra` adds or overrides herd flags.
 On a CPU-only machine fewer frames per second arrive, and learning is limited by the
-number of updates, not frames: there use smaller batches, e.g. (2 cores, 40 minutes to a
-100-game average of 19):
-  python benchmarks/pong.py --minutes 40 --tag _batch8 --extra="--device=cpu
-    --actor_inference=local --env_batch_size=0 --envs_per_worker=8 --batch_size=8"
-Writes benchmarks/results/pong_<device><tag>.json with the curve and the run's log tail.
+number of updates, not frames: there herd's Atari defaults take batches of 8 (the machine
+profile in herd/config.py). `--defaults` runs exactly what a user gets with no flag:
+  python benchmarks/pong.py --defaults --minutes 40 --tag _defaults
+Writes benchmarks/results/pong_<device><tag>.json with the whole curve (every game), the
+average at every 5 minutes, the run's resolved config and its log tail.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import tempfile
@@ -39,6 +40,15 @@ def curve(episodes: list[dict], launch: float, window: int = 100) -> list[dict]:
              "average": round(average, 2), "games": games} for row, average, games in moving_averages(episodes, window)]
 
 
+def minute_marks(full: list[dict], minutes: float, every: int = 5) -> dict[int, float | None]:
+    """The 100-game average at every `every` minutes from launch (None before 100 games)."""
+    marks = {}
+    for minute in range(every, int(minutes) + 1, every):
+        before = [p for p in full if p["seconds"] <= 60 * minute]
+        marks[minute] = before[-1]["average"] if before else None
+    return marks
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=5.0, help="stop the run after this long")
@@ -46,9 +56,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--extra", default="", help="extra herd flags in one string")
     parser.add_argument("--tag", default="", help="suffix of the results file name, to keep runs apart")
+    parser.add_argument("--defaults", action="store_true",
+                        help="run `herd train --env PongNoFrameskip-v4` with herd's defaults for this machine and no "
+                             "other flag (but --basic_verbose=False and --extra)")
     args = parser.parse_args()
-    herd_args = ["train", *gpu_config(args.workers), "--environment_max_steps=100000000", "--basic_verbose=False",
-                 "--tensorboard=False", *shlex.split(args.extra)]
+    if args.defaults:
+        herd_args = ["train", "--env=PongNoFrameskip-v4", "--basic_verbose=False", *shlex.split(args.extra)]
+    else:
+        herd_args = ["train", *gpu_config(args.workers), "--environment_max_steps=100000000", "--basic_verbose=False",
+                     "--tensorboard=False", *shlex.split(args.extra)]
     with tempfile.TemporaryDirectory() as tmp:
         run_dir, launch, code = run_herd(herd_args, Path(tmp), stop_after=args.minutes * 60,
                                          timeout=args.minutes * 60 + 300)
@@ -65,9 +81,13 @@ def main() -> None:
                else f"did not reach {args.target} in {args.minutes} min (best 100-game average {best})")
     print(verdict)
     device = "cuda" if '"device": "cuda"' in config else "cpu"
+    minutes = minute_marks(full, args.minutes)
+    print_table(["minutes from launch", *map(str, minutes)], [["avg of last 100 games", *minutes.values()]])
     record(f"pong_{device}{args.tag}", {"command": "python benchmarks/pong.py " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
                               "herd_args": herd_args, "exit_code": code, "target": args.target,
-                              "reached": reached, "best_average": best, "curve": points[::10], "log_tail": log_tail})
+                              "reached": reached, "best_average": best, "average_at_minute": minutes,
+                              "config": json.loads(config), "log_tail": log_tail,
+                              "curve": points})                       # every game: the whole curve
 
 
 if __name__ == "__main__":

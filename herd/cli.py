@@ -17,6 +17,7 @@ from herd.errors import ConfigError, UserError
 
 
 KIND_NAMES = {"atari": "Atari", "vector": "vector tasks", "minatar": "MinAtar", "continuous": "continuous control"}
+DEVICE_NAMES = {"cpu": "with a CPU learner", "cuda": "with a GPU learner"}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -29,11 +30,14 @@ class OneLineParser(argparse.ArgumentParser):
 def default_text(f: dataclasses.Field) -> str:
     """' [default: ...]' as a run gets it: from the field, or per environment kind where a
     profile sets it (so --help can never disagree with what runs)."""
-    from herd.config import ALGORITHM_PROFILES, PROFILES
-    per_kind = {kind: values[f.name] for kind, values in PROFILES.items() if f.name in values}
+    from herd.config import ALGORITHM_PROFILES, MACHINE_PROFILES, PROFILES
+    per_kind = {KIND_NAMES[kind]: values[f.name] for kind, values in PROFILES.items() if f.name in values}
+    for kind, devices in MACHINE_PROFILES.items():      # the defaults that depend on the machine
+        per_kind.update({f"{KIND_NAMES[kind]} {DEVICE_NAMES[device]}": values[f.name]
+                         for device, values in devices.items() if f.name in values})
     text = f" [default: {f.default}]" if f.default is not None else ""
     if per_kind:
-        text = " [default: " + "; ".join(f"{KIND_NAMES[kind]} {value}" for kind, value in per_kind.items()) + "]"
+        text = " [default: " + "; ".join(f"{kind} {value}" for kind, value in per_kind.items()) + "]"
     for algorithm, kinds in ALGORITHM_PROFILES.items():
         own = {kind: values[f.name] for kind, values in kinds.items() if f.name in values}
         if own:

@@ -72,7 +72,7 @@ class TrainingConfig:
     learner_thread_count: Optional[int] = opt(None, "torch threads of the learner (unset on Atari: one per CPU core in fp32, one per two cores in bf16)")
     max_bad_updates: int = opt(10, "non-finite losses in a row after which the run stops (each one skips its update)")
     max_policy_lag: Optional[int] = opt(None, "drop fresh rollouts made by a policy more than N updates older than the learner's (default: no bound; train.csv logs the lag)")
-    learner_compile: bool = opt(False, "compile the learner's forward and backward with torch.compile (about 1.5-2x faster on a CPU; the first update then takes 20 s longer)")
+    learner_compile: Optional[bool] = opt(None, "compile the learner's forward and backward with torch.compile (about 1.5-2x faster on a CPU; the first update then takes 20-40 s longer; unset: on for Atari IMPALA runs of 1M steps or more, off otherwise)")
     learner_precision: Optional[str] = opt(None, "learner arithmetic: fp32, bf16 (autocast: about 2x faster on CPUs with AMX and on GPUs with bf16), or auto (bf16 where the hardware has it, else fp32)", ("auto", "fp32", "bf16"))
     replay_ratio: Optional[float] = opt(None, "without a queue replay: items the learner samples per item added (trajectories, or transitions for Ape-X); unset: 1")
     n_step: int = opt(3, "Ape-X: steps of the n-step return (the last steps of a trajectory bootstrap from its final observation with fewer)")
@@ -120,9 +120,9 @@ class ParallelConfig:
     actor_cpus: float = opt(1.0, "Ray backend: CPUs each actor reserves on its node (below 1: several actors share a core; above 1: a whole number); actors spread over the nodes that have room")
 
 
+QUEUE_ONLY = '[{"type": "queue", "capacity": 1, "sample_ratio": 1}]'           # on-policy: fresh data only
 CONTINUOUS_REPLAY = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.25}, '
                      '{"type": "standard", "capacity": 2000, "sample_ratio": 0.75}]')     # continuous control (issue 13)
-DEFAULT_REPLAY = '[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]'
 
 
 @dataclass
@@ -208,17 +208,17 @@ SECTIONS = {
 # Defaults that depend on the kind of environment. Atari keeps the seed's values except
 # where the README's table of differing defaults says why not.
 PROFILES: dict[str, dict[str, Any]] = {
+    # The batch, unroll, learning rate, actors' envs and replays depend on the machine:
+    # MACHINE_PROFILES below.
     "atari": dict(
-        lr=0.0008, batch_size=100, r_f_steps=10, optimizer="rmsprop", rmsprop_eps=1e-5, lr_scheduler_steps=10000,
-        environment_max_steps=15_000_000, clip_rewards=True, envs_per_worker=5,
-        replay_parameters=DEFAULT_REPLAY, feature_out_layer_size=512,
-        learner_precision="auto", shared_queue_size=16, caching=True, use_replay_compression=True,
-        normalize_observations=False, reward_scale=1.0,
+        optimizer="rmsprop", rmsprop_eps=1e-5, environment_max_steps=15_000_000, clip_rewards=True,
+        feature_out_layer_size=512, learner_precision="auto", shared_queue_size=16, caching=True,
+        use_replay_compression=True, normalize_observations=False, reward_scale=1.0,
     ),
     "vector": dict(
         lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01,
         environment_max_steps=500_000, clip_rewards=False, envs_per_worker=16,
-        replay_parameters='[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
+        replay_parameters=QUEUE_ONLY,
         feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
         use_replay_compression=False, normalize_observations=False, reward_scale=1.0,
     ),
@@ -241,12 +241,33 @@ PROFILES: dict[str, dict[str, Any]] = {
     "minatar": dict(
         lr=0.001, batch_size=16, r_f_steps=20, optimizer="adam", rmsprop_eps=0.01,
         environment_max_steps=5_000_000, clip_rewards=False, envs_per_worker=16,
-        replay_parameters='[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
+        replay_parameters=QUEUE_ONLY,
         feature_out_layer_size=128, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4,
         caching=False, use_replay_compression=False,
     ),
     # --- end MinAtar ----------------------------------------------------------------------
 }
+
+
+# Defaults that depend on the machine a run finds, per environment kind and learner device
+# ("cpu" or "cuda"), applied after the algorithm's profile and before the kind's (issue 16).
+# Atari: on-policy IMPALA (the queue only: every frame trained on once, as in the IMPALA
+# paper's Pong runs) with unrolls of 20 and RMSprop at 0.0006. A CPU learner is what limits
+# learning (README, Pong learning: with 32 trajectories per batch 12 minutes on 2 cores were
+# not enough to start), so a CPU gets batches of 8, which learned Pong to 19 in 40 minutes on
+# 2 cores; a GPU learner takes 32. The learning rate decays over the whole run (15M steps:
+# about 94,000 updates of 8 x 20 steps). Precision, threads and compiling are picked in
+# apply_profile from the same hardware.
+ATARI_ON_POLICY = dict(r_f_steps=20, lr=0.0006, envs_per_worker=8, replay_parameters=QUEUE_ONLY)
+MACHINE_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    "atari": {"cpu": dict(ATARI_ON_POLICY, batch_size=8), "cuda": dict(ATARI_ON_POLICY, batch_size=32)},
+}
+# A run this long (environment steps) compiles its Atari learner by default: compiling costs
+# 20-40 s at the start and makes every update about 1.6x faster (README, learner step).
+COMPILE_FROM_STEPS = 1_000_000
+# The options whose defaults come from the hardware (MACHINE_PROFILES and apply_profile):
+# what a run's log and config.json say were picked for the machine.
+HARDWARE_PICKED = ("worker_count", "learner_precision", "learner_thread_count", "learner_compile")
 
 
 # Ape-X's defaults per environment kind, applied before (so over) the kind's own profile
@@ -387,7 +408,8 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     """Fills the fields left at None with the defaults of the algorithm (for this kind of
     environment, ALGORITHM_PROFILES), then of the environment's kind (PROFILES)."""
     algorithm_profile = ALGORITHM_PROFILES.get(cfg.general.algorithm, {}).get(kind, {})
-    for name, value in [*algorithm_profile.items(), *PROFILES[kind].items()]:
+    for name, value in [*algorithm_profile.items(), *machine_profile(kind, cfg.general.device).items(),
+                        *PROFILES[kind].items()]:
         section = getattr(cfg, FIELD_SECTION[name])
         if getattr(section, name) is None:
             setattr(section, name, value)
@@ -402,6 +424,9 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         # a second thread gains less than it takes from the actors; an fp32 one needs them all.
         cores = max(1, os.cpu_count() or 1)
         cfg.train.learner_thread_count = max(1, cores // 2) if cfg.train.learner_precision == "bf16" else cores
+    if cfg.train.learner_compile is None:
+        cfg.train.learner_compile = (kind == "atari" and cfg.general.algorithm == "impala"
+                                     and cfg.train.environment_max_steps >= COMPILE_FROM_STEPS)
     specs = cfg.replays
     off_policy = any(not spec.on_policy for spec in specs)
     if cfg.train.lr_scheduler_steps is None:
@@ -417,6 +442,23 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     if cfg.loss.use_value_cloning_loss is None:
         cfg.loss.use_value_cloning_loss = off_policy
     return cfg
+
+
+def machine_profile(kind: str, device: str) -> dict[str, Any]:
+    """MACHINE_PROFILES' defaults for this kind of environment on the learner device that
+    --device gives here."""
+    return MACHINE_PROFILES.get(kind, {}).get(learner_device(device).type, {})
+
+
+def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
+    """What the hardware decided in this run's config: the options of machine_profile and
+    HARDWARE_PICKED that were not given (command line, multi_train, a resumed checkpoint),
+    with the hardware they were picked for."""
+    flat = cfg.to_flat()
+    device = learner_device(cfg.general.device)
+    names = [*machine_profile(kind, cfg.general.device), *HARDWARE_PICKED]
+    return {"hardware": {"device": device.type, "cpu_cores": os.cpu_count() or 1, "bf16_units": fast_bf16(device)},
+            "options": {name: flat[name] for name in names if name not in given}}
 
 
 def resolve(command_line: dict[str, Any], overrides: dict[str, Any] | None = None,

@@ -15,7 +15,7 @@ import psutil
 from herd.algos import Algorithm, get_algorithm, trajectory_layout
 from herd.backends.ray_cluster import check_ray_address
 from herd.checkpoint import check_compatible, load_checkpoint
-from herd.config import Config, ConfigError, resolve
+from herd.config import Config, ConfigError, machine_picks, resolve
 from herd.envs import EnvSpec, describe_env
 from herd.envs.registry import profile_kind
 from herd.envs.actor_envs import resolve_env_backend
@@ -33,6 +33,8 @@ class Plan:
     algorithm: Algorithm
     checkpoint: dict[str, Any] | None = None
     checkpoint_path: Path | None = None
+    # What the hardware decided (config.machine_picks): logged and written to config.json.
+    machine_picks: dict[str, Any] | None = None
 
 
 def env_kwargs(cfg: Config) -> dict[str, Any]:
@@ -116,7 +118,9 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
         if cfg.parallel.multiprocessing_backend == "ray":
             check_ray_address(cfg.parallel.ray_address)     # unreachable: one line within seconds, not a hang
     check_results_dir(cfg.general.results_dir)
-    return Plan(cfg, spec, model_kwargs, layout, algorithm, checkpoint, path)
+    given = {*options, *(overrides or {}), *(saved or {})}
+    return Plan(cfg, spec, model_kwargs, layout, algorithm, checkpoint, path,
+                machine_picks(cfg, profile_kind(cfg.env.env), given))
 
 
 # -- continuous control (issue 13) ------------------------------------------------------

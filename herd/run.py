@@ -115,6 +115,9 @@ def run_experiment(options: dict, overrides: dict | None = None) -> int:
         print(f"herd: error: {err}", file=sys.stderr)
         return 1
     log.info("run folder %s", run_dir)
+    if plan.cfg.general.op_mode != "test" and plan.machine_picks and plan.machine_picks["options"]:
+        log.info("picked for this machine (%s): %s", describe_hardware(plan.machine_picks["hardware"]),
+                 ", ".join(f"{name}={value}" for name, value in plan.machine_picks["options"].items()))
     if plan.cfg.general.op_mode == "test":
         return interruptible_test(plan, run_dir)
     return train(plan, run_dir)
@@ -140,10 +143,19 @@ def interruptible_test(plan, run_dir: Path) -> int:
             signal.signal(sig, handler)
 
 
+def describe_hardware(hardware: dict) -> str:
+    """'a GPU' or '2 CPU cores with bf16 units' (herd.config.machine_picks' hardware)."""
+    if hardware["device"] == "cuda":
+        return "a GPU learner"
+    return f"{hardware['cpu_cores']} CPU cores, {'with' if hardware['bf16_units'] else 'without'} bf16 units"
+
+
 def write_config(plan, run_dir: Path) -> None:
     config = plan.cfg.to_flat()
     if plan.checkpoint_path is not None:
         config["continues_from"] = str(plan.checkpoint_path)
+    if plan.machine_picks is not None:
+        config["picked_for_this_machine"] = plan.machine_picks
     write_json(run_dir / "config.json", config)
 
 

@@ -7,6 +7,10 @@ from herd.cli import build_seed_parser, explicit_options, parse_herd_args
 from herd.config import (ConfigError, Config, apply_profile, batch_shares, parse_replay_parameters, resolve)
 
 
+MIXED = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
+         '{"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]')      # the seed's replays
+
+
 def kind_of(env_id):
     return "atari" if env_id.endswith("NoFrameskip-v4") else "vector"
 
@@ -21,8 +25,31 @@ def test_seed_flags_parse_verbatim():
     assert cfg.train.batch_size == 10 and cfg.parallel.envs_per_worker == 2
     assert cfg.loss.c_const == 0.9 and cfg.loss.use_kl_mask is True
     assert [s.type for s in cfg.replays] == ["queue", "standard"]
-    # Atari keeps the seed's defaults where not given.
-    assert cfg.train.optimizer == "rmsprop" and cfg.train.lr == 0.0008 and cfg.env.clip_rewards is True
+    # Where not given: the seed's RMSprop and reward clipping, herd's machine profile's lr.
+    assert cfg.train.optimizer == "rmsprop" and cfg.train.lr == 0.0006 and cfg.env.clip_rewards is True
+
+
+def test_atari_defaults_depend_on_the_learner_device_and_say_what_was_picked():
+    from herd.config import machine_picks
+    cpu = resolve({"env": "PongNoFrameskip-v4", "device": "cpu"}, env_kind=kind_of)
+    gpu = resolve({"env": "PongNoFrameskip-v4", "device": "cuda"}, env_kind=kind_of)
+    assert (cpu.train.batch_size, gpu.train.batch_size) == (8, 32)
+    for cfg in (cpu, gpu):
+        assert (cfg.train.r_f_steps, cfg.train.lr, cfg.parallel.envs_per_worker) == (20, 0.0006, 8)
+        assert [s.type for s in cfg.replays] == ["queue"] and cfg.train.learner_compile is True
+        # The learning rate decays over the whole 15M-step run.
+        assert cfg.train.lr_scheduler_steps == -(-15_000_000 // (cfg.train.batch_size * 20))
+    picks = machine_picks(cpu, "atari", given={"env", "device", "lr"})
+    assert picks["hardware"]["device"] == "cpu" and picks["hardware"]["cpu_cores"] >= 1
+    assert picks["options"]["batch_size"] == 8 and "lr" not in picks["options"]
+    assert {"worker_count", "learner_precision", "learner_thread_count", "learner_compile"} <= set(picks["options"])
+    # A short run is not worth compiling; vector tasks, MinAtar and Ape-X keep their own defaults.
+    assert resolve({"env": "PongNoFrameskip-v4", "environment_max_steps": "1000"},
+                   env_kind=kind_of).train.learner_compile is False
+    cartpole = resolve({"env": "CartPole-v1", "device": "cpu"}, env_kind=kind_of)
+    assert (cartpole.train.batch_size, cartpole.train.learner_compile) == (8, False)
+    apex = resolve({"env": "PongNoFrameskip-v4", "algorithm": "apex"}, env_kind=kind_of)
+    assert (apex.train.batch_size, apex.train.learner_compile, apex.replays[0].type) == (128, False, "prioritized")
 
 
 def test_herd_subcommand_and_dashed_flags():
@@ -42,7 +69,9 @@ def test_vector_profile_differs_from_atari_and_command_line_wins():
     assert pong.train.rmsprop_eps == 1e-5 and cartpole.train.rmsprop_eps == 0.01
     assert resolve({"env": "PongNoFrameskip-v4", "rmsprop_eps": "0.01"}, env_kind=kind_of).train.rmsprop_eps == 0.01
     # CLEAR cloning defaults on exactly when an off-policy replay is used.
-    assert cartpole.loss.use_policy_cloning_loss is False and pong.loss.use_policy_cloning_loss is True
+    mixed = resolve({"env": "PongNoFrameskip-v4", "replay_parameters": MIXED}, env_kind=kind_of)
+    assert cartpole.loss.use_policy_cloning_loss is False and pong.loss.use_policy_cloning_loss is False
+    assert mixed.loss.use_policy_cloning_loss is True and mixed.loss.use_value_cloning_loss is True
 
 
 def test_precedence_command_line_over_overrides_over_saved_over_defaults():
@@ -92,7 +121,7 @@ def test_batch_shares_sum_to_batch_size():
     ({"gamma": "1.5"}, "--gamma"),
     ({"rmsprop_eps": "-1"}, "--rmsprop_eps must be > 0"),
     ({"rmsprop_eps": "0"}, "--rmsprop_eps must be > 0"),
-    ({"batch_size": "1"}, "too small"),
+    ({"batch_size": "1", "replay_parameters": MIXED}, "too small"),
     ({"op_mode": "test"}, "needs --load_model_url"),
     ({"frame_scale_resolution": "84"}, "frame_scale_resolution"),
 ])
@@ -130,10 +159,10 @@ def test_lr_decay_horizon_defaults_to_the_whole_vector_run():
 def test_help_shows_the_default_each_kind_of_environment_gets():
     from herd.cli import build_seed_parser
     text = " ".join(build_seed_parser().format_help().split())
-    assert ("trajectories per learner batch [default: Atari 100; vector tasks 8; continuous control 8; MinAtar 16]"
-            in text)
-    assert ("rollout fragment length, the unroll length T [default: Atari 10; vector tasks 16; continuous control 16; "
-            "MinAtar 20]" in text)
+    assert ("trajectories per learner batch [default: vector tasks 8; continuous control 8; MinAtar 16; "
+            "Atari with a CPU learner 8; Atari with a GPU learner 32]" in text)
+    assert ("rollout fragment length, the unroll length T [default: vector tasks 16; continuous control 16; "
+            "MinAtar 20; Atari with a CPU learner 20; Atari with a GPU learner 20]" in text)
     assert "[default: impala]" in text
 
 
