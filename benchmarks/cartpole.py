@@ -35,13 +35,14 @@ def main() -> None:
     parser.add_argument("--extra", default="", help="extra herd flags in one string, e.g. --extra='--lr=0.002 --batch_size=8'")
     parser.add_argument("--peer", action="store_true", help="then Sample Factory 2.1.1's CartPole example, same seeds")
     parser.add_argument("--peer_limit", type=float, default=300, help="seconds a peer run may take to reach 475")
+    parser.add_argument("--keep", help="keep the run folders in DIR (for train.csv, herd plot)")
     args = parser.parse_args()
     extra = shlex.split(args.extra)
     runs, times = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             run_dir, launch, code = run_herd(["train", "--env", "CartPole-v1", f"--seed={seed}", "--basic_verbose=False",
-                                              *extra], Path(tmp), timeout=args.timeout)
+                                              *extra], Path(args.keep or tmp), timeout=args.timeout)
             episodes = read_csv(run_dir / "episodes.csv")
             seconds, steps = time_to_target(episodes, launch)
             best = max((sum(e["score"] for e in episodes[i - 100:i]) / 100 for i in range(100, len(episodes) + 1)),

@@ -150,6 +150,11 @@ def validate(cfg: Config) -> None:
     if not 0 <= p.env_batch_size <= p.envs_per_worker:
         raise ConfigError(f"--env_batch_size must be between 0 (all, synchronous) and --envs_per_worker="
                           f"{p.envs_per_worker}, got {p.env_batch_size}")
+    if 0 < p.env_batch_size < p.envs_per_worker and p.shared_queue_size < 2:
+        # An environment that runs ahead opens the next trajectory slot while the current
+        # one still fills: with one slot it would wait for itself.
+        raise ConfigError(f"--env_batch_size={p.env_batch_size} (asynchronous environments) needs at least 2 "
+                          f"trajectory slots per actor, got --shared_queue_size={p.shared_queue_size}")
     if t.max_policy_lag is not None and t.max_policy_lag < 0:
         raise ConfigError(f"--max_policy_lag must be >= 0 (updates), got {t.max_policy_lag}")
     if cfg.env.max_episode_steps is not None and cfg.env.max_episode_steps < 1:

@@ -122,6 +122,7 @@ def test_batch_shares_sum_to_batch_size():
     ({"rmsprop_eps": "-1"}, "--rmsprop_eps must be > 0"),
     ({"rmsprop_eps": "0"}, "--rmsprop_eps must be > 0"),
     ({"batch_size": "1", "replay_parameters": MIXED}, "too small"),
+    ({"env_batch_size": "2", "shared_queue_size": "1"}, "needs at least 2 trajectory slots"),
     ({"op_mode": "test"}, "needs --load_model_url"),
     ({"frame_scale_resolution": "84"}, "frame_scale_resolution"),
 ])

@@ -109,6 +109,9 @@ def collect_rollouts(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter
             yield delivery
         if delivered:
             policy.refresh()
+        # obs[t+1], or obs[0] of the next slot: after the deliveries, since opening a slot
+        # may wait for a delivered one to come back (with --shared_queue_size=1).
+        writer.observe(batch)
 
 
 def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots, rollouts,

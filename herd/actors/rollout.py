@@ -97,9 +97,12 @@ class RolloutWriter:
             slot.version = min(slot.version, out.version)
 
     def record_outcome(self, batch: EnvBatch, truncated_values: dict) -> list[Delivery]:
-        """The outcome of the last step of the batch's environments, then their next
-        observation. truncated_values: row -> the policy's value of that row's final
-        observation (episodes cut by a time limit). Returns the slots completed now."""
+        """The outcome of the last step of the batch's environments. truncated_values: row
+        -> the policy's value of that row's final observation (episodes cut by a time
+        limit). Returns the slots completed now. The batch's observations (the next step's,
+        or obs[0] of the next slot) are written by observe(batch) afterwards: the caller
+        hands the completed slots on first, because opening the next slot may wait for one
+        of them to come back (an actor with a single slot)."""
         stepped = np.flatnonzero(self.seen[batch.env_ids])        # the other rows are first observations
         for rows, envs, slot, t in self.groups(batch.env_ids, stepped):
             views = slot.views
@@ -115,9 +118,7 @@ class RolloutWriter:
         self.step[wrapped] = 0
         self.traj[wrapped] += 1
         self.episodes.extend(batch.finished)
-        delivered = self.deliver_complete()
-        self.observe(batch)                                      # obs[t+1], or obs[0] of the next slot
-        return delivered
+        return self.deliver_complete()
 
     def deliver_complete(self) -> list[Delivery]:
         delivered = []

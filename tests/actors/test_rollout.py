@@ -142,3 +142,14 @@ def test_async_mode_delivers_in_order_with_the_oldest_version():
     delivered, _, acquired = run_loop(1, deliveries=5)
     versions = [d.version for d in delivered]
     assert versions == sorted(versions) and len(set(acquired)) <= 6
+
+
+def test_an_actor_with_one_slot_hands_it_over_before_it_opens_the_next():
+    # With one slot (--shared_queue_size=1) the next trajectory can only start once the
+    # learner has the last one back: acquiring first would wait forever (here: pop from
+    # an empty list). Each delivery must still hold consecutive steps of every env.
+    delivered, copies, acquired = run_loop(E, deliveries=3, slots_count=1)
+    assert [d.slot for d in delivered] == [0, 0, 0] and acquired == [0, 0, 0, 0]
+    for k, data in enumerate(copies):
+        for e in range(E):
+            assert data["obs"][:, e, 1].tolist() == list(range(k * T, k * T + T + 1))
