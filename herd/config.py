@@ -265,9 +265,6 @@ MACHINE_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
 # A run this long (environment steps) compiles its Atari learner by default: compiling costs
 # 20-40 s at the start and makes every update about 1.6x faster (README, learner step).
 COMPILE_FROM_STEPS = 1_000_000
-# The options whose defaults come from the hardware (MACHINE_PROFILES and apply_profile):
-# what a run's log and config.json say were picked for the machine.
-HARDWARE_PICKED = ("worker_count", "learner_precision", "learner_thread_count", "learner_compile")
 
 
 # Ape-X's defaults per environment kind, applied before (so over) the kind's own profile
@@ -451,12 +448,19 @@ def machine_profile(kind: str, device: str) -> dict[str, Any]:
 
 
 def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
-    """What the hardware decided in this run's config: the options of machine_profile and
-    HARDWARE_PICKED that were not given (command line, multi_train, a resumed checkpoint),
-    with the hardware they were picked for."""
-    flat = cfg.to_flat()
+    """What herd picked for the hardware in this run's config, with the hardware: the
+    options of machine_profile, the actor count, and where the kind's profile leaves them to
+    the machine the learner's precision, threads and compiling; only those not given
+    (command line, multi_train, a resumed checkpoint)."""
+    flat, profile = cfg.to_flat(), PROFILES[kind]
     device = learner_device(cfg.general.device)
-    names = [*machine_profile(kind, cfg.general.device), *HARDWARE_PICKED]
+    names = [*machine_profile(kind, cfg.general.device), "worker_count"]     # one actor per core
+    if profile.get("learner_precision") == "auto":
+        names.append("learner_precision")           # bf16 where the hardware has bf16 units
+    if "learner_thread_count" not in profile:
+        names.append("learner_thread_count")        # from the cores and the precision
+    if kind == "atari":
+        names.append("learner_compile")             # long Atari runs (apply_profile)
     return {"hardware": {"device": device.type, "cpu_cores": os.cpu_count() or 1, "bf16_units": fast_bf16(device)},
             "options": {name: flat[name] for name in names if name not in given}}
 

@@ -43,6 +43,9 @@ def test_atari_defaults_depend_on_the_learner_device_and_say_what_was_picked():
     assert picks["hardware"]["device"] == "cpu" and picks["hardware"]["cpu_cores"] >= 1
     assert picks["options"]["batch_size"] == 8 and "lr" not in picks["options"]
     assert {"worker_count", "learner_precision", "learner_thread_count", "learner_compile"} <= set(picks["options"])
+    # CartPole's precision and threads are its profile's, not the hardware's.
+    assert set(machine_picks(resolve({"env": "CartPole-v1"}, env_kind=kind_of), "vector", {"env"})["options"]) == {
+        "worker_count"}
     # A short run is not worth compiling; vector tasks, MinAtar and Ape-X keep their own defaults.
     assert resolve({"env": "PongNoFrameskip-v4", "environment_max_steps": "1000"},
                    env_kind=kind_of).train.learner_compile is False
