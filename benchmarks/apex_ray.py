@@ -14,8 +14,9 @@ learning (default): for each seed, `herd train --env CartPole-v1 --algorithm=ape
 --throughput: the same flags with the replay in the learner, then in the server, each
     run for --seconds after a --warmup (the first updates after the replay's fill-in),
     stopped with Ctrl+C: environment steps/s and learner updates/s over the measured
-    window (from train.csv, one row every 10 updates), and the bytes the replay server
-    received as rollouts and sent as batches.
+    window (from train.csv, one row every 10 updates), the CPU the learner's process and
+    the server's used per update (hardware.csv), and the bytes the replay server received
+    as rollouts and sent as batches (the learner's: the rollout bytes it read itself).
 
 The machine is shared: every record holds the load average at its start and end.
 Usage: python benchmarks/apex_ray.py [--seeds 1 2] [--throughput] [--extra='...']
@@ -23,6 +24,7 @@ Usage: python benchmarks/apex_ray.py [--seeds 1 2] [--throughput] [--extra='...'
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import secrets
@@ -102,8 +104,17 @@ def window_rates(run_dir: Path, warmup: float, seconds: float) -> dict:
         return {"env_steps_per_s": None, "updates_per_s": None, "window_s": 0.0}
     first, last = after[0], after[-1]
     seconds = last["wall_time"] - first["wall_time"]
-    return {"env_steps_per_s": round((last["env_step"] - first["env_step"]) / seconds, 1),
-            "updates_per_s": round((last["update"] - first["update"]) / seconds, 2), "window_s": round(seconds, 1)}
+    rates = {"env_steps_per_s": round((last["env_step"] - first["env_step"]) / seconds, 1),
+             "updates_per_s": round((last["update"] - first["update"]) / seconds, 2), "window_s": round(seconds, 1)}
+    # hardware.csv (every 5 s): the CPU the learner's and the replay server's processes used in the window.
+    with open(run_dir / "hardware.csv") as f:
+        rows = [r for r in csv.DictReader(f) if warmup <= float(r["wall_time"]) <= warmup + seconds]
+    for source in ("learner", "replay-server"):
+        used = [float(r["cpu_percent"]) for r in rows if r["source"] == source and r["cpu_percent"]]
+        if used:
+            percent = rates[f"{source}_cpu_percent"] = round(sum(used) / len(used), 1)
+            rates[f"{source}_cpu_ms_per_update"] = round(10 * percent / rates["updates_per_s"], 2)
+    return rates
 
 
 def throughput(args, cluster: Cluster, flags: list[str]) -> None:
@@ -121,8 +132,11 @@ def throughput(args, cluster: Cluster, flags: list[str]) -> None:
             runs.append(run)
             replay = run["replay"]
             rows.append(["server" if served else "learner", run["env_steps_per_s"], run["updates_per_s"],
-                         run["window_s"], replay.get("rollout_bytes"), replay.get("batch_bytes", "-"), f"{load:.1f}"])
-    print_table(["replay in", "env steps/s", "updates/s", "window s", "rollout bytes", "batch bytes", "load"], rows)
+                         run["window_s"], run.get("learner_cpu_ms_per_update"),
+                         run.get("replay-server_cpu_ms_per_update", "-"), replay.get("rollout_bytes"),
+                         replay.get("batch_bytes", "-"), f"{load:.1f}"])
+    print_table(["replay in", "env steps/s", "updates/s", "window s", "learner CPU ms/update",
+                 "server CPU ms/update", "rollout bytes", "batch bytes", "load"], rows)
     record(f"apex_ray_throughput{args.tag}", {"command": command(args), "cluster": cluster_text(args),
                                               "warmup_seconds": args.warmup, "seconds": args.seconds, "runs": runs})
 

@@ -150,14 +150,17 @@ def test_ctrl_c_saves_the_servers_replay_which_resumes_in_the_server_or_the_lear
     steps, updates = state["counters"]["env_steps"], state["counters"]["updates"]
     assert updates == summary["training_steps"] > 0 and state["replay"]["replays"][0]["sampler"]["ring"]["filled"] > 0
 
-    # Into a new server and out again, unchanged: the stored trajectories, the sum tree's
-    # leaves, the largest priority, beta's progress, the pacing credit and the sampling RNG.
-    same = tmp_path / "same"
-    result = run_cli(["resume", str(run), address, f"--environment_max_steps={steps}"], same, timeout=120)
+    # Into a new server (this time on a worker node) and out again, unchanged: the stored
+    # trajectories, the sum tree's leaves, the largest priority, beta's progress, the pacing
+    # credit and the sampling RNG.
+    same, node = tmp_path / "same", sorted(n.node_id for n in cluster.worker_nodes)[0]
+    result = run_cli(["resume", str(run), address, f"--replay_server_node={node}", f"--environment_max_steps={steps}"],
+                     same, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     again, _ = load_checkpoint(only_run(same))
     assert_same(state["replay"], again["replay"])
-    assert json.loads((only_run(same) / "summary.json").read_text())["replay"]["loaded_trajectories"] == \
+    replay = json.loads((only_run(same) / "summary.json").read_text())["replay"]
+    assert replay["node"] == node and replay["loaded_trajectories"] == \
         state["replay"]["replays"][0]["sampler"]["ring"]["filled"]
 
     # The same checkpoint goes on with the replay in the learner (on Ray: the local backend
