@@ -78,14 +78,13 @@ class RayCluster:
 
 
 def restore_auth(saved: dict) -> None:
-    """The variables as they were (saved by connect), Ray's config re-read."""
+    """The variables as they were (saved by connect), Ray's config and token re-read."""
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    from ray._raylet import Config
-    Config.initialize("")
+    reread_auth()
 
 
 def use_token_auth(token: str) -> None:
@@ -96,8 +95,17 @@ def use_token_auth(token: str) -> None:
     without its token and be refused."""
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN"] = token
-    from ray._raylet import Config
+    reread_auth()
+
+
+def reread_auth() -> None:
+    """Ray's config re-read, and its token: Ray 2.60 keeps the first token it loaded in a
+    process-wide cache (AuthenticationTokenLoader), so a second cluster with a new token in
+    the same process (`herd multi`, a test session) would otherwise be refused with the old
+    one; Ray's own token setup resets that cache the same way."""
+    from ray._raylet import AuthenticationTokenLoader, Config
     Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def is_loopback(address: str) -> bool:
