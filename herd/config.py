@@ -118,6 +118,8 @@ class ParallelConfig:
     # The Ray backend's options (herd/backends/ray_backend.py), read by --multiprocessing_backend=ray only.
     ray_address: str = opt("local", "Ray backend: where the actors run. local: a private Ray started on this machine (loopback only, no dashboard, token auth, shut down at the end); auto: the cluster started on this machine with `ray start --head`; host:port: the head of a Ray cluster (its GCS port, 6379 unless changed)")
     actor_cpus: float = opt(1.0, "Ray backend: CPUs each actor reserves on its node (below 1: several actors share a core; above 1: a whole number); actors spread over the nodes that have room")
+    replay_server: bool = opt(False, "Ray backend, Ape-X: keep the replay in its own Ray actor (a replay server) instead of in the learner process: actors' rollouts go to it without passing through the learner, which only receives sampled batches and sends priorities back; checkpoints still hold the replay")
+    replay_server_node: str = opt("learner", "Ray backend, --replay_server: the node it runs on. learner: the learner's node (it reserves no Ray CPU there, as the learner does not); or a node id (hex, as `ray list nodes` and summary.json show): it then reserves 1 CPU there, which no actor gets")
 
 
 QUEUE_ONLY = '[{"type": "queue", "capacity": 1, "sample_ratio": 1}]'           # on-policy: fresh data only
@@ -136,7 +138,7 @@ class ReplayConfig:
     caching: Optional[bool] = opt(None, "prepare batches ahead in background threads (on vector tasks sampling is cheap and the extra policy lag costs more)")
     caching_threads: int = opt(1, "threads preparing batches")
     cache_sample_size: int = opt(1, "batches prepared per round")
-    cache_output_buffer_size: int = opt(3, "prepared batches kept ready")
+    cache_output_buffer_size: int = opt(3, "prepared batches kept ready (with --replay_server: sample requests the learner keeps in flight to the server)")
 
 
 @dataclass

@@ -36,3 +36,8 @@ class SaveFailed(RuntimeError):
 
 class LearnerFailure(RuntimeError):
     """With several learners: one died or stopped answering, so the others cannot go on."""
+
+
+class ReplayLost(RuntimeError):
+    """The replay server (the Ray backend's --replay_server) died or stopped answering:
+    the run cannot go on, and the replay it held cannot be saved."""

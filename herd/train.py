@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +25,9 @@ from herd.backends import backend_options, get_backend
 from herd.backends.signals import install_stop_signals
 from herd.config import parse_eval_interval
 from herd.devices import learner_device
-from herd.errors import ActorFailure, LearnerFailure, SaveFailed, TrainingDiverged
+from herd.errors import ActorFailure, LearnerFailure, ReplayLost, SaveFailed, TrainingDiverged
 from herd.eval_worker import EvalSpec, Evaluator
-from herd.learner.batches import DirectBatches, PrefetchedBatches
+from herd.learner.batches import DirectBatches, PrefetchedBatches, ReplayElsewhere
 from herd.learner.distributed import (GroupSync, LearnerGroup, broadcast_state, free_port, join_group, leave_group,
                                       share_of, short_reason)
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
@@ -44,9 +45,10 @@ from herd.replay.spec import batch_shares
 log = logging.getLogger("herd")
 
 
-def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device, rank: int = 0):
-    """The replays of --replay_parameters, their mixer, and the batch source over it; with
-    several learners, learner `rank`'s own, drawing its 1/N of every batch."""
+def build_mixer(plan: Plan, model: torch.nn.Module | None, device: torch.device, rank: int = 0) -> ReplayMixer:
+    """The replays of --replay_parameters and their mixer; with several learners, learner
+    `rank`'s own, drawing its 1/N of every batch. model: what elite/attentive replays
+    score with (None where no replay needs it: a replay server's prioritized replay)."""
     cfg, r = plan.cfg, plan.cfg.replay
     specs = cfg.replays
     shares = batch_shares(specs, cfg.train.batch_size // cfg.parallel.learner_count)
@@ -55,10 +57,25 @@ def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device, rank
                             compression_level=r.lz4_compression_level, anneal_rounds_base=cfg.train.lr_scheduler_steps,
                             seed=seed + index, n_step=cfg.train.n_step)
                for index, (spec, share) in enumerate(zip(specs, shares))]
-    for replay in replays:
-        # Elite/attentive replays score with the learner's model, in the learner's precision.
-        replay.attach_model(model, device, bf16=cfg.train.learner_precision == "bf16")
-    mixer = ReplayMixer(replays, shares, r.training_fill_in_factor, seed=seed, replay_ratio=cfg.train.replay_ratio)
+    if model is not None:
+        for replay in replays:
+            # Elite/attentive replays score with the learner's model, in the learner's precision.
+            replay.attach_model(model, device, bf16=cfg.train.learner_precision == "bf16")
+    return ReplayMixer(replays, shares, r.training_fill_in_factor, seed=seed, replay_ratio=cfg.train.replay_ratio)
+
+
+def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device, rank: int = 0):
+    """The batch source over the replays (build_mixer): in this process, or, with the Ray
+    backend's --replay_server, a stand-in until the backend starts the replay server,
+    which builds the same mixer itself (validate() allows it for Ape-X only, whose
+    prioritized replay needs no model)."""
+    r = plan.cfg.replay
+    if plan.cfg.parallel.replay_server:
+        # Pickled to the server: the plan without the checkpoint (its replay goes there once, on its own).
+        light = Plan(**{**plan.__dict__, "checkpoint": None})
+        return ReplayElsewhere(partial(build_mixer, light, None, torch.device("cpu")),
+                               requests_ahead=r.cache_output_buffer_size, writes_waiting=r.replay_writer_queue_size)
+    mixer = build_mixer(plan, model, device, rank)
     if r.caching:
         return PrefetchedBatches(mixer, device, r.caching_threads, r.cache_sample_size, r.cache_output_buffer_size,
                                  r.replay_writer_queue_size, r.discarding_strategy)
@@ -152,8 +169,9 @@ def start_hardware_monitor(plan: Plan, session: TrainingSession, run_dir: Path) 
     interval = plan.cfg.stats.hardware_interval
     if not interval or not session.options.primary:
         return None
-    monitor = HardwareMonitor(run_dir, lambda: dict(session.processes), session.batches.replay_nbytes, interval,
-                              writer=session.metrics.writer)
+    # Read through the session each time: the Ray backend's replay server replaces the batch source.
+    monitor = HardwareMonitor(run_dir, lambda: dict(session.processes), lambda: session.batches.replay_nbytes(),
+                              interval, writer=session.metrics.writer)
     monitor.start()
     return monitor
 
@@ -214,9 +232,11 @@ def train_learner(plan: Plan, run_dir: Path, group: LearnerGroup | None) -> int:
                                                                and plan.env_spec.action_kind == "discrete"),
                              **backend_options(cfg.parallel.multiprocessing_backend, cfg.parallel))
             code = 0
-    except (TrainingDiverged, ActorFailure, SaveFailed) as err:
-        reason = {TrainingDiverged: "diverged", ActorFailure: "actors failed"}.get(type(err), "save failed")
-        failed_save = err if isinstance(err, SaveFailed) else None
+    except (TrainingDiverged, ActorFailure, SaveFailed, ReplayLost) as err:
+        reason = {TrainingDiverged: "diverged", ActorFailure: "actors failed",
+                  ReplayLost: "replay server died"}.get(type(err), "save failed")
+        # No final checkpoint after a failed save, nor without the replay: the last one is kept.
+        failed_save = err if isinstance(err, (SaveFailed, ReplayLost)) else None
         log.error("%s", err)
     except LearnerFailure as err:
         reason = "learner failed"

@@ -86,6 +86,13 @@ class TrajectoryLayout:
         return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in self.fields().values())
 
 
+def env_columns(views: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """One rollout, field -> [time, E, ...], as its E trajectories, field -> [time, ...]
+    (views of the rollout's arrays, not copies): what a replay stores one at a time."""
+    envs = views["action"].shape[1]
+    return [{name: view[:, e] for name, view in views.items()} for e in range(envs)]
+
+
 def torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
 

@@ -61,6 +61,8 @@ def _positive(cfg: Config) -> dict[str, Any]:
     }
 
 
+# A Ray node id: 28 bytes, written as hex (`ray list nodes`, summary.json's actor_nodes).
+NODE_ID_HEX = 56
 # Seeds go to numpy's legacy RNG (32-bit) and to every RNG herd uses; one range for all.
 MAX_SEED = 2**32 - 1
 FLOAT32_MAX = 3.4028234663852886e38
@@ -263,6 +265,7 @@ def validate_ray(cfg: Config) -> None:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"--ray_address must be local, auto or host:port (e.g. 10.0.0.5:6379), got '{address}'")
+    check_replay_server(cfg)
     if p.multiprocessing_backend != "ray":
         return
     if (p.learner_count or 1) > 1:
@@ -271,3 +274,25 @@ def validate_ray(cfg: Config) -> None:
     if cfg.general.actor_inference == "server":
         raise ConfigError("--actor_inference=server shares memory with actors on this machine: with "
                           "--multiprocessing_backend=ray actors act with their own model (use --actor_inference=local)")
+
+
+def check_replay_server(cfg: Config) -> None:
+    """--replay_server and --replay_server_node: what they can run with (one line each)."""
+    p = cfg.parallel
+    node = str(p.replay_server_node).strip()
+    if node != "learner" and not (len(node) == NODE_ID_HEX and all(c in "0123456789abcdef" for c in node.lower())):
+        raise ConfigError(f"--replay_server_node must be learner or a Ray node id ({NODE_ID_HEX} hex digits, as "
+                          f"`ray list nodes` shows), got '{node}'")
+    if not p.replay_server:
+        if node != "learner":
+            raise ConfigError(f"--replay_server_node={node} places a replay server, but --replay_server is off: "
+                              "add --replay_server=True or drop --replay_server_node")
+        return
+    if p.multiprocessing_backend != "ray":
+        raise ConfigError("--replay_server=True runs the replay in a Ray actor: it needs --multiprocessing_backend=ray "
+                          "(the local backend keeps the replay in the learner: add --replay_server=False, also to "
+                          "resume such a run's checkpoint there)")
+    if cfg.general.algorithm != "apex":
+        raise ConfigError(f"--replay_server=True is built for --algorithm=apex only, not {cfg.general.algorithm} "
+                          "(an on-policy queue would send every fresh trajectory to the server and back, and elite "
+                          "replays score with the learner's model): drop --replay_server")

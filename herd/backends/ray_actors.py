@@ -2,17 +2,20 @@
 
     learner (driver)                                    RolloutWorker (a Ray actor, any node)
       next_rollout.remote()  x slots_per_actor  ---->   steps its E envs until a rollout is done
-      ray.wait / ray.get  <-- object ref  -----------   returns (Rollout, {field: [T(+1), E, ...]})
+      ray.wait / ray.get  <-- two object refs -------   returns Rollout, {field: [T(+1), E, ...]}
       ray.put(weights) once per update
       offer_weights.remote(version, [ref]) ---------->  remembers the newest ref; pulls the
                                                         weights (ray.get) between rollouts
 
-A rollout travels as the return value of a call: Ray serializes the slot's arrays into
-the object store of the actor's node when the call returns (one copy), moves them to the
-learner's node if it is another (one more), and the learner reads them there without a
-copy. A rollout is one immutable object: it arrives whole or its ref raises, so nothing
-half-written can reach the learner. The learner keeps slots_per_actor calls queued per
-actor: they bound how far an actor runs ahead, as its slots do in the local backend.
+A rollout travels as the return values of a call: its metadata (steps, games, version)
+and its arrays, two objects. Ray serializes the slot's arrays into the object store of the
+actor's node when the call returns (one copy), moves them to the learner's node if it is
+another (one more), and the learner reads them there without a copy; or, with a replay
+server (herd/backends/ray_replay.py), the learner reads the metadata only and the server's
+node fetches the arrays. A rollout's objects are immutable: they arrive whole or their
+refs raise, so nothing half-written can reach the learner or the server. The learner
+keeps slots_per_actor calls queued per actor: they bound how far an actor runs ahead, as
+its slots do in the local backend.
 
 Weights are one ray.put per update (a flat float32 vector); each actor is told the newest
 ref with a tiny call in its own concurrency group (so it is not queued behind the rollout
@@ -126,7 +129,8 @@ class RolloutWorker:
         return self.free.popleft()
 
     def next_rollout(self) -> tuple[Rollout, dict]:
-        """Steps until a rollout is finished; returns it: (Rollout, field -> [T(+1), E, ...])."""
+        """Steps until a rollout is finished; returns it: (Rollout, field -> [T(+1), E, ...]),
+        as two objects (the pool calls it with num_returns=2: herd/backends/ray_pool.py)."""
         # The previous call's arrays were serialized into the object store when it returned
         # (calls of this group run one after another), so its slot may be written again.
         self.free.extend(self.handed)

@@ -78,14 +78,13 @@ class RayCluster:
 
 
 def restore_auth(saved: dict) -> None:
-    """The variables as they were (saved by connect), Ray's config re-read."""
+    """The variables as they were (saved by connect), Ray's config and token re-read."""
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    from ray._raylet import Config
-    Config.initialize("")
+    reread_auth()
 
 
 def use_token_auth(token: str) -> None:
@@ -96,8 +95,17 @@ def use_token_auth(token: str) -> None:
     without its token and be refused."""
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN"] = token
-    from ray._raylet import Config
+    reread_auth()
+
+
+def reread_auth() -> None:
+    """Ray's config re-read, and its token: Ray 2.60 keeps the first token it loaded in a
+    process-wide cache (AuthenticationTokenLoader), so a second cluster with a new token in
+    the same process (`herd multi`, a test session) would otherwise be refused with the old
+    one; Ray's own token setup resets that cache the same way."""
+    from ray._raylet import AuthenticationTokenLoader, Config
     Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def is_loopback(address: str) -> bool:
@@ -140,19 +148,36 @@ def connect(address: str, actors: int, actor_cpus: float) -> RayCluster:
     return cluster
 
 
-def check_room(actor_cpus: float, actors: int) -> None:
+def check_room(actor_cpus: float, actors: int, reserved: dict[str, float] | None = None) -> None:
     """One line (ConfigError) when no node of the cluster could ever host an actor;
-    a warning when the cluster cannot host all of them at once (the rest wait for room)."""
+    a warning when the cluster cannot host all of them at once (the rest wait for room).
+    reserved: node id -> CPUs taken there before any actor (a replay server)."""
     import ray
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    largest = max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0)
+    reserved = reserved or {}
+    free = [max(0.0, n["Resources"].get("CPU", 0.0) - reserved.get(n["NodeID"], 0.0)) for n in nodes]
+    largest = max(free, default=0.0)
     if largest < actor_cpus:
         raise ConfigError(f"--actor_cpus={actor_cpus:g}: no node of the Ray cluster has that many CPUs "
-                          f"(the largest has {largest:g}): lower --actor_cpus or add bigger nodes")
-    total = sum(math.floor(n["Resources"].get("CPU", 0.0) / actor_cpus + 1e-9) for n in nodes)
+                          f"(the largest has {largest:g}{' free' if reserved else ''}): lower --actor_cpus or add "
+                          "bigger nodes")
+    total = sum(math.floor(cpus / actor_cpus + 1e-9) for cpus in free)
     if total < actors:
         log.warning("the Ray cluster has room for %d of the %d actors (--actor_cpus=%g): the others wait for room",
                     total, actors, actor_cpus)
+
+
+def check_server_node(node: str, cpus: float) -> None:
+    """One line (ConfigError) unless `node` (a node id) is a live node of the cluster with
+    `cpus` CPUs (--replay_server_node)."""
+    import ray
+    nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
+    if node not in nodes:
+        raise ConfigError(f"--replay_server_node={node}: no live node of the Ray cluster has that id "
+                          "(`ray list nodes` shows them; or use learner)")
+    if nodes[node]["Resources"].get("CPU", 0.0) < cpus:
+        raise ConfigError(f"--replay_server_node={node}: the replay server reserves {cpus:g} CPU there, and the "
+                          "node has none (or use learner: the learner's node, where it reserves none)")
 
 
 def describe_nodes() -> str:

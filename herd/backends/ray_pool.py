@@ -1,7 +1,11 @@
 """The Ray backend's actor pool: creates the Ray actors (SPREAD over the nodes with room),
 keeps slots_per_actor next_rollout calls queued on each, collects their rollouts, and
 replaces dead or hung actors (herd/backends/ray_backend.py says why the pool restarts them
-itself rather than through Ray's max_restarts)."""
+itself rather than through Ray's max_restarts).
+
+A next_rollout call has two returns, the rollout's metadata (small: Rollout) and its
+arrays, so that the learner can read the one without the other: with a replay server
+(herd/backends/ray_replay.py) the arrays' ref goes on to the server unread."""
 from __future__ import annotations
 
 import logging
@@ -27,7 +31,7 @@ class RemoteActor:
     started: float                        # when it was created (monotonic)
     starting: object = None               # ref of its where() call until it answered: placed and started
     node: str | None = None               # node id (hex) it runs on
-    calls: list = field(default_factory=list)   # refs of its queued next_rollout calls, oldest first
+    calls: list = field(default_factory=list)   # metadata refs of its queued next_rollout calls, oldest first
     last_seen: float = 0.0                # when it last delivered a rollout (or started)
     delivered: bool = False               # any rollout yet: until then START_GRACE applies
     offered: int = -1                     # the newest weights version it was told about
@@ -40,8 +44,12 @@ class RayActorPool:
     rollouts, replaces dead or hung ones, kills them all at the end."""
 
     def __init__(self, spec: ActorSpec, layout: TrajectoryLayout, count: int, slots_per_actor: int, actor_cpus: float,
-                 board: WeightsBoard, timeout: float, max_restarts: int, driver_node: str, registry: dict):
+                 board: WeightsBoard, timeout: float, max_restarts: int, driver_node: str, registry: dict,
+                 fetch_arrays: bool = True):
+        """fetch_arrays: receive() reads each rollout's arrays (the replay is in the learner)
+        or hands out their object ref unread (a replay server reads them)."""
         self.spec, self.layout, self.count, self.board = spec, layout, count, board
+        self.fetch_arrays = fetch_arrays
         self.slots_per_actor, self.actor_cpus = slots_per_actor, actor_cpus
         self.timeout, self.max_restarts = timeout, max_restarts
         self.driver_node, self.registry = driver_node, registry   # registry: "actor-<i>" -> pid (this node's)
@@ -49,7 +57,7 @@ class RayActorPool:
         self.restarts = 0
         self.nodes: Counter = Counter()          # node id -> actors started there (summary.json)
         self.actors: list[RemoteActor | None] = [None] * count
-        self.owner: dict = {}                    # ref of a next_rollout call -> actor id
+        self.owner: dict = {}                    # metadata ref of a next_rollout call -> (actor id, arrays ref)
 
     def start(self) -> None:
         for actor_id in range(self.count):
@@ -77,28 +85,31 @@ class RayActorPool:
             # Fire and forget: a failure shows in its rollout calls.
             actor.handle.offer_weights.options(concurrency_group=WEIGHTS_GROUP).remote(version, refs)
             actor.offered = version
-        ref = actor.handle.next_rollout.remote()
-        actor.calls.append(ref)
-        self.owner[ref] = actor_id
+        metadata, arrays = actor.handle.next_rollout.options(num_returns=2).remote()
+        actor.calls.append(metadata)
+        self.owner[metadata] = (actor_id, arrays)
 
-    def receive(self, timeout: float) -> list:
-        """(actor id, Rollout, field -> [T(+1), E, ...]) of the rollouts that arrived within
-        `timeout` seconds. A call that raised marks its actor for replacement; its rollout
+    def receive(self, timeout: float, wake: list = ()) -> list:
+        """(actor id, Rollout, field -> [T(+1), E, ...] or its object ref) of the rollouts that
+        arrived within `timeout` seconds, or sooner once a ref of `wake` is ready (a replay
+        server's answer). A call that raised marks its actor for replacement; its rollout
         is dropped whole (and so are the actor's other queued calls when it is replaced)."""
         pending = list(self.owner)
         if not pending:
             time.sleep(timeout)
             return []
-        ready, _ = ray.wait(pending, num_returns=1, timeout=timeout)
+        ready, _ = ray.wait([*pending, *wake], num_returns=1, timeout=timeout)
         if ready:   # take everything that is ready by now, not one per wait
             ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
         rollouts = []
         for ref in ready:
-            actor_id = self.owner.pop(ref)
+            actor_id, arrays_ref = self.owner.pop(ref)
             actor = self.actors[actor_id]
             actor.calls.remove(ref)
             try:
-                rollout, arrays = ray.get(ref)
+                # Both returns exist once the call returned: the metadata is what was waited on.
+                rollout = ray.get(ref)
+                arrays = ray.get(arrays_ref) if self.fetch_arrays else arrays_ref
             except RayTaskError as err:          # its code raised (an env crashed): the actor is unusable
                 actor.failed = f"failed: {one_line(err)}"
                 continue

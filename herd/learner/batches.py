@@ -1,10 +1,13 @@
 """Where the learner gets its batches: straight from the replay mixer, or prepared ahead
 by background threads (`caching`) so that writing, sampling, decompressing and collating
-hide behind the learner's step.
+hide behind the learner's step. (With the Ray backend's --replay_server the replay lives
+in a Ray actor instead: herd/backends/ray_replay.py's RemoteBatches, the same protocol;
+`ReplayElsewhere` below stands in for it until the backend has started it.)
 
-Both sources take rollouts with `put(trajectories, version)`, hand out ready batches with
-`next_ready()` -> (tensors, MixedBatch) or None when none is ready yet, and pass the
-learner's new per-column values (priorities) back to the replays with
+Every source takes rollouts with `put_rollout(views, version)` (field -> [time, E, ...];
+`put(trajectories, version)` takes them one environment column at a time), hands out
+ready batches with `next_ready()` -> (tensors, MixedBatch) or None when none is ready yet,
+and passes the learner's new per-column values (priorities) back to the replays with
 `update(keys, values)`: a batch prepared ahead may have been partly overwritten since,
 and the replays' keys make sure such values are dropped, not misapplied."""
 from __future__ import annotations
@@ -16,9 +19,11 @@ import time
 
 import torch
 
+from herd.errors import ReplayLost
 from herd.learner.learner import to_tensors
 from herd.replay.mixer import ReplayMixer
 from herd.replay.writer import WriterQueue
+from herd.trajectory import env_columns
 
 log = logging.getLogger("herd")
 
@@ -31,6 +36,9 @@ class DirectBatches:
 
     def has_room(self) -> bool:
         return True
+
+    def put_rollout(self, views: dict, version: int) -> None:
+        self.put(env_columns(views), version)
 
     def put(self, trajectories: list, version: int) -> None:
         """Writes into the replays now (one copy, out of the slot)."""
@@ -88,6 +96,9 @@ class PrefetchedBatches:
     def has_room(self) -> bool:
         """False while the writer queue is full: the learner should take no more rollouts."""
         return self.writer.has_room()
+
+    def put_rollout(self, views: dict, version: int) -> None:
+        self.put(env_columns(views), version)
 
     def put(self, trajectories: list, version: int) -> None:
         if self.error is not None:
@@ -153,3 +164,57 @@ class PrefetchedBatches:
         self.stopping.set()
         for worker in self.workers:
             worker.join(2.0)
+
+
+class ReplayElsewhere:
+    """The batch source of a run whose replay lives in another process (the Ray backend's
+    replay server) until the backend has started that process and taken over
+    (RemoteBatches): it knows how to build the replay there (`build() -> ReplayMixer`,
+    picklable), keeps the checkpoint's replay state for it, and gives no batches. It is
+    also what holds the server's last state between the backend's end and the final
+    checkpoint (the server ends with the backend's Ray connection)."""
+
+    discarded = 0
+
+    def __init__(self, build, requests_ahead: int = 0, writes_waiting: int = 0, state: dict | None = None,
+                 lost: BaseException | None = None):
+        """requests_ahead: sample requests the learner keeps in flight to the server
+        (--cache_output_buffer_size); writes_waiting: rollouts sent to it and not yet
+        written after which the learner takes no more (--replay_writer_queue_size)."""
+        self.build = build
+        self.requests_ahead, self.writes_waiting = requests_ahead, writes_waiting
+        self.state, self.fresh = state, True
+        self.lost = lost      # why the state could not be fetched (the server had died), else None
+
+    def hand_over(self, batches) -> None:
+        """Loads the replay state it holds (a checkpoint's) into the source that takes over."""
+        if self.state is not None:
+            batches.load_replay_state(self.state, self.fresh)
+
+    def has_room(self) -> bool:
+        return False
+
+    def put_rollout(self, views, version: int) -> None:
+        raise RuntimeError("the replay server has not started (or has ended): no rollout can be stored")
+
+    def next_ready(self):
+        return None
+
+    def update(self, keys: list, values) -> int:
+        return 0
+
+    def replay_state(self) -> dict | None:
+        """The loaded (or last fetched) state; None when there is none (a run stopped before
+        its replay server started): the checkpoint then holds no replay."""
+        if self.lost is not None:
+            raise ReplayLost(str(self.lost))
+        return self.state
+
+    def load_replay_state(self, state: dict, fresh: bool = True) -> None:
+        self.state, self.fresh = state, fresh
+
+    def replay_nbytes(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self.state = None

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints, save_checkpoint
-from herd.errors import LearnerFailure, SaveFailed, TrainingDiverged
+from herd.errors import LearnerFailure, ReplayLost, SaveFailed, TrainingDiverged
 from herd.files import write_json
 from herd.learner.distributed import GroupSync, Tally
 from herd.learner.learner import LEARNER_METRICS, Learner
@@ -76,7 +76,7 @@ class TrainingSession:
                  metrics: RunMetrics | None, progress: ProgressLine, run_dir: Path, options: SessionOptions):
         self.layout = layout        # what one trajectory holds; backends size their slots by it
         self.learner = learner
-        self.batches = batches      # herd.learner.batches: DirectBatches or PrefetchedBatches
+        self.batches = batches      # herd.learner.batches' protocol (DirectBatches, PrefetchedBatches, ...)
         self.stats = stats
         self.metrics = metrics      # None in a process that is not the primary one
         self.progress = progress
@@ -114,11 +114,12 @@ class TrainingSession:
         """The step budget is spent, or (several learners) the group stopped."""
         return self.counters.env_steps >= self.options.max_env_steps or (self.sync is not None and self.sync.stopped)
 
-    def ingest(self, views: dict[str, np.ndarray], version: int, steps: int, episodes: list,
-               actor_id: int | None = None) -> None:
-        """One finished rollout: views field -> [time, E, ...] (copied out, the slot may be
-        reused), from actor `actor_id` (None: unknown)."""
-        envs = views["action"].shape[1]
+    def ingest(self, views, version: int, steps: int, episodes: list, actor_id: int | None = None) -> None:
+        """One finished rollout from actor `actor_id` (None: unknown): views field ->
+        [time, E, ...] (copied out, the slot may be reused); or, where the replay lives in
+        another process (the Ray backend's replay server), the reference to the rollout
+        that its batch source forwards there: this process never reads it (validate()
+        refuses the options whose rollout hooks would)."""
         for hook in self.rollout_hooks:
             hook(views)
         lag = self.counters.updates - version
@@ -126,7 +127,7 @@ class TrainingSession:
         stale = self.options.max_policy_lag is not None and lag > self.options.max_policy_lag
         if not stale:
             # Views into the slot: the batch source copies what it keeps before this returns.
-            self.batches.put([{name: view[:, e] for name, view in views.items()} for e in range(envs)], version)
+            self.batches.put_rollout(views, version)
         if self.marked_stats is not None:
             # Ape-X marks its least exploring actor's games (one learner: validate() refuses
             # it with several, whose rounds carry (score, length) pairs only).
@@ -234,7 +235,9 @@ class TrainingSession:
         if hasattr(self.learner.loss_fn, "state_dict"):
             state["loss_state"] = self.learner.loss_fn.state_dict()      # Ape-X: the target network
         if self.options.save_replay:
-            state["replay"] = self.batches.replay_state()
+            replay = self.batches.replay_state()
+            if replay is not None:      # None: a replay server that never started (herd/learner/batches.py)
+                state["replay"] = replay
         return state
 
     def save(self) -> Path | None:
@@ -314,13 +317,21 @@ class TrainingSession:
             **{name: value() for name, value in self.summary_extra.items()},
         }
 
-    def finish(self, reason: str, failed_save: SaveFailed | None = None) -> bool:
+    def use_batches(self, batches) -> None:
+        """Another batch source from now on (the Ray backend's replay server takes over
+        from the stand-in that held the checkpoint's replay, and hands back its last state
+        at the end); the previous one is closed."""
+        previous, self.batches = self.batches, batches
+        previous.close()
+
+    def finish(self, reason: str, failed_save: Exception | None = None) -> bool:
         """However the run ended: the last progress line and metrics row, the final
         checkpoint and summary.json (primary only), then everything closed. Writes what
         it can: a failed write (a full disk) is one logged line, not an exception, and
         the summary says what was saved. failed_save: the save that ended the run (it was
-        logged; trying again would only write another doomed temporary file). Returns
-        whether everything was written."""
+        logged; trying again would only write another doomed temporary file), or what made
+        a final checkpoint impossible (ReplayLost: the replay server died with the replay).
+        Returns whether everything was written."""
         self.end_rounds()   # several learners: the group's last round, so the totals below agree
         self.show_progress(force=True)
         self.progress.finish()
@@ -330,7 +341,7 @@ class TrainingSession:
             self.attempt(failures, "train.csv", self.write_train_metrics)  # the last row, whatever the log interval
         try:
             path = self.save() if failed_save is None else None
-        except SaveFailed as err:
+        except (SaveFailed, ReplayLost) as err:      # ReplayLost: the replay server died with the replay
             failures.append(str(err))
             log.error("%s", err)
         if path is None and self.options.primary:

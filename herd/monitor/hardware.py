@@ -5,8 +5,9 @@ processes changes when one is restarted):
 
     wall_time, source, pid, cpu_percent, rss_mib, shared_mib, value
 
-    source = learner | actor-<i> | inference     one of the run's processes; cpu_percent is of
-                                                 one core (200 = two cores busy)
+    source = learner | actor-<i> | inference     one of the run's processes (on the learner's
+             | replay-server                     node); cpu_percent is of one core (200 = two
+                                                 cores busy)
              system                              cpu_percent of the whole machine (all cores =
                                                  100), rss_mib = memory in use
              replay                              value = MiB held by the replays' storage

@@ -32,6 +32,13 @@ def test_actor_cpus_fractions_below_one_and_whole_numbers_above(cpus):
     ({"ray_address": "10.0.0.5:70000"}, "--ray_address must be"),
     ({"multiprocessing_backend": "ray", "learner_count": "2"}, "not built yet"),
     ({"multiprocessing_backend": "ray", "actor_inference": "server"}, "--actor_inference=local"),
+    # The replay server (Ape-X on Ray): never silently the replay in the learner instead.
+    ({"algorithm": "apex", "replay_server": "True"}, "needs --multiprocessing_backend=ray"),
+    ({"multiprocessing_backend": "ray", "replay_server": "True"}, "built for --algorithm=apex only"),
+    ({"algorithm": "apex", "multiprocessing_backend": "ray", "replay_server": "True",
+      "replay_server_node": "10.0.0.5"}, "must be learner or a Ray node id"),
+    ({"algorithm": "apex", "multiprocessing_backend": "ray", "replay_server_node": "ab" * 28},
+     "--replay_server is off"),
 ])
 def test_bad_ray_options_are_one_line(options, words):
     with pytest.raises(ConfigError) as err:
@@ -42,7 +49,11 @@ def test_bad_ray_options_are_one_line(options, words):
 def test_addresses_that_name_a_cluster_pass_the_syntax_check():
     for address in ("local", "auto", "10.0.0.5:6379", "head.example.org:6379"):
         assert checked(ray_address=address).parallel.ray_address == address
-    assert backend_options("ray", checked().parallel) == {"ray_address": "local", "actor_cpus": 1.0}
+    assert backend_options("ray", checked().parallel) == {"ray_address": "local", "actor_cpus": 1.0,
+                                                          "replay_server": False, "replay_server_node": "learner"}
+    node = "ab" * 28
+    served = checked(algorithm="apex", multiprocessing_backend="ray", replay_server="True", replay_server_node=node)
+    assert backend_options("ray", served.parallel)["replay_server_node"] == node
     assert backend_options("python_native", checked().parallel) == {}
 
 

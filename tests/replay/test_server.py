@@ -1,0 +1,100 @@
+"""The replay server's inside (herd/replay/server.py), as plain Python: a rollout goes in as
+its environment columns, sample() waits for the pacing (and wakes when a write from
+another thread allows a batch), stale priorities are dropped, and a saved state loaded
+into a fresh server continues exactly: the same next batches as the original."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from herd.algos import trajectory_layout
+from herd.algos.apex import APEX
+from herd.replay.mixer import ReplayMixer
+from herd.replay.registry import build_replay
+from herd.replay.server import ReplayService
+from herd.replay.spec import parse_replay_parameters
+
+T, E = 4, 3
+LAYOUT = trajectory_layout(APEX, T, (2,), "float32", 2, 8)
+SPEC = parse_replay_parameters('[{"type": "prioritized", "capacity": 6, "sample_ratio": 1}]')[0]
+
+
+def mixer(seed: int = 0) -> ReplayMixer:
+    replay = build_replay(SPEC, LAYOUT, 8, E, n_step=2, anneal_rounds_base=50, seed=seed)
+    return ReplayMixer([replay], [8], fill_in_factor=0.5, seed=seed, replay_ratio=2.0)
+
+
+def rollout(tag: int) -> dict:
+    """field -> [time, E, ...]: column e of rollout `tag` has observations 100 (E tag + e) + t."""
+    views = {name: np.zeros((shape[0], E, *shape[1:]), dtype) for name, (shape, dtype) in LAYOUT.fields().items()}
+    ids = E * tag + np.arange(E)
+    views["obs"][:] = (100 * ids[None, :] + np.arange(T + 1)[:, None])[..., None]
+    views["reward"][:] = ids[None, :] + 0.5 * np.arange(T)[:, None]
+    views["priority"][:] = 1.0 + np.arange(T)[:, None] + ids[None, :]
+    for array in views.values():
+        array.flags.writeable = False            # as Ray hands them to the server
+    return views
+
+
+def test_a_rollout_is_stored_as_its_columns_and_counted():
+    service, reference = ReplayService(mixer()), mixer()
+    for tag in range(2):
+        assert service.add_rollout(rollout(tag), version=tag) == T * E
+        for e in range(E):
+            reference.add({name: array[:, e] for name, array in rollout(tag).items()}, tag)
+    sequence, batch = service.sample(timeout=0.0)
+    expected = reference.sample()
+    assert sequence == 0
+    for name, array in expected.data.items():
+        np.testing.assert_array_equal(batch.data[name], array, err_msg=name)
+    stats = service.stats()
+    assert stats["rollouts"] == 2 and stats["transitions"] == 2 * T * E and stats["batches"] == 1
+    assert stats["rollout_bytes"] == 2 * sum(a.nbytes for a in rollout(0).values()) and stats["batch_bytes"] > 0
+
+
+def test_sample_waits_for_the_pacing_and_wakes_on_a_write_from_another_thread():
+    service = ReplayService(mixer())
+    started = time.monotonic()
+    assert service.sample(timeout=0.05) == (-1, None)              # empty: nothing to draw
+    assert time.monotonic() - started >= 0.05
+    answers = []
+    waiter = threading.Thread(target=lambda: answers.append(service.sample(timeout=60.0)))
+    waiter.start()
+    service.add_rollout(rollout(0), 0)                              # 12 transitions: the fill-in of 12
+    waiter.join(30.0)
+    assert not waiter.is_alive() and answers[0][0] == 0 and answers[0][1] is not None
+    # 12 transitions added at 2 samples each pay for 3 batches of 8; the first is taken.
+    assert [service.sample(timeout=0.0)[0] for _ in range(3)] == [1, 2, -1]
+
+
+def test_priorities_of_overwritten_trajectories_are_dropped():
+    service = ReplayService(mixer())
+    service.add_rollout(rollout(0), 0)
+    service.add_rollout(rollout(1), 1)
+    _, batch = service.sample(timeout=0.0)
+    service.add_rollout(rollout(2), 2)                              # capacity 6: the oldest 3 go
+    applied = service.update(batch.keys, np.full(8, 9.0))
+    assert applied + service.stats()["stale_priority_updates"] == 8
+
+
+def test_a_saved_state_continues_exactly_in_a_fresh_server():
+    original = ReplayService(mixer(seed=1))
+    for tag in range(3):
+        original.add_rollout(rollout(tag), tag)
+        _, batch = original.sample(timeout=0.0)
+        original.update(batch.keys, np.linspace(0.1, 5.0, 8) * (tag + 1))
+    state, drawn = original.state_dict()
+    assert drawn == 3
+    copy = ReplayService(mixer(seed=99))                            # another seed: the state must bring its own
+    copy.load_state_dict(state)
+    assert copy.stats()["loaded_trajectories"] == 6
+    for service in (original, copy):
+        service.add_rollout(rollout(7), 7)
+    for _ in range(3):                                              # 12 new transitions pay for 3 batches
+        (_, a), (_, b) = original.sample(timeout=0.0), copy.sample(timeout=0.0)
+        assert a is not None and b is not None
+        for name in a.data:
+            np.testing.assert_array_equal(a.data[name], b.data[name], err_msg=name)
+        np.testing.assert_array_equal(a.probabilities, b.probabilities)
