@@ -175,7 +175,9 @@ def test_continuous_tasks_get_their_own_profile():
     cfg = resolve({"env": "Pendulum-v1"}, env_kind=profile_kind)
     assert (cfg.continuous.normalize_observations, cfg.continuous.reward_scale, cfg.train.lr) == (True, 0.1, 0.001)
     cartpole = resolve({"env": "CartPole-v1"}, env_kind=profile_kind)
-    assert (cartpole.continuous.normalize_observations, cartpole.continuous.reward_scale) == (False, 1.0)
+    assert (cartpole.continuous.normalize_observations, cartpole.continuous.reward_scale) == (False, 0.1)
+    apex = resolve({"env": "CartPole-v1", "algorithm": "apex"}, env_kind=profile_kind)
+    assert apex.continuous.reward_scale == 1.0           # Ape-X's defaults were measured with raw rewards
 
 
 def test_the_seed_shapes_parse_in_its_own_spelling():
