@@ -27,6 +27,13 @@ def time_to_target(episodes: list[dict], launch: float, window: int = 100) -> tu
     return None, None
 
 
+def lowest_after_target(episodes: list[dict], window: int = 100) -> float | None:
+    """The lowest moving average after it first reached TARGET (None: it never did)."""
+    averages = [average for _, average, games in moving_averages(episodes, window) if games == window]
+    first = next((i for i, average in enumerate(averages) if average >= TARGET), None)
+    return None if first is None else min(averages[first:])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -48,11 +55,14 @@ def main() -> None:
             best = max((sum(e["score"] for e in episodes[i - 100:i]) / 100 for i in range(100, len(episodes) + 1)),
                        default=float("nan"))
             last = sum(e["score"] for e in episodes[-100:]) / max(1, len(episodes[-100:]))
+            lowest = lowest_after_target(episodes)
             times.append(seconds if seconds is not None else float("inf"))
             # Numbers as numbers (None where not reached); the table formats them.
             runs.append({"seed": seed, "exit": code, "seconds": round(seconds, 2) if seconds else None,
                          "env_steps": int(steps) if steps else None, "best_avg100": round(best, 2),
-                         "final_avg100": round(last, 2), "episodes": len(episodes)})
+                         "final_avg100": round(last, 2), "episodes": len(episodes),
+                         # a collapse that recovers by the end shows here, not in final_avg100
+                         "lowest_avg100_after_475": round(lowest, 2) if lowest is not None else None})
     median = statistics.median(times)
     print_table(["seed", "exit", "seconds to 475 (from launch)", "env steps", "best avg100", "final avg100",
                  "episodes"],
@@ -62,12 +72,14 @@ def main() -> None:
     reached = sum(r["seconds"] is not None for r in runs)
     # The acceptance (issue 16): every seed reaches 475 and still averages 475 or more at the end.
     held = sum(r["seconds"] is not None and r["final_avg100"] >= TARGET for r in runs)
-    print(f"median_seconds_to_475={median:.1f} reached={reached}/{len(runs)} ended_at_475_or_more={held}/{len(runs)}")
+    never_fell = sum(r["lowest_avg100_after_475"] is not None and r["lowest_avg100_after_475"] >= TARGET for r in runs)
+    print(f"median_seconds_to_475={median:.1f} reached={reached}/{len(runs)} ended_at_475_or_more={held}/{len(runs)} "
+          f"never_below_475_after_reaching={never_fell}/{len(runs)}")
     peer = run_peers(args.seeds, args.peer_limit) if args.peer else None
     record(args.label, {"command": "python benchmarks/cartpole.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                         "herd_command": "herd train --env CartPole-v1 " + args.extra, "target": TARGET, "runs": runs,
                         "median_seconds": median if median != float("inf") else None,
-                        "reached": reached, "ended_at_or_above_target": held,
+                        "reached": reached, "ended_at_or_above_target": held, "never_below_after_reaching": never_fell,
                         **({"peer": peer} if peer else {})})
 
 
