@@ -5,9 +5,10 @@ grouped in sections for readability (`cfg.train.lr`, `cfg.env.skipped_frames`), 
 field name is unique across sections, so the command line, saved configs and
 `multi_train.py` overrides all use one flat namespace (`{"lr": 1e-3}`).
 
-A field whose default is `None` and which appears in a profile of `PROFILES` takes its
-default from the kind of environment (Atari frames or a vector observation task): the
-seed's Atari-minded defaults do not fit CartPole. The command line still overrides them.
+A field whose default is `None` and which appears in herd/profiles.py takes its default
+from the algorithm, the machine and the kind of environment (Atari frames, a vector
+observation task...): the seed's Atari-minded defaults do not fit CartPole. The command
+line still overrides them.
 """
 from __future__ import annotations
 
@@ -25,11 +26,12 @@ from herd.envs.wrappers import REWARD_CLIPPING_METHODS
 from herd.learner.distributed import torchrun_world_size
 from herd.errors import ConfigError
 from herd.models import NETWORKS
+from herd.profiles import ALGORITHM_PROFILES, COMPILE_FROM_STEPS, MACHINE_PROFILES, PROFILES, machine_profile
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters
 from herd.replay.writer import DISCARDING_STRATEGIES
 from herd.validation import parse_eval_interval, transition_items, validate
 
-__all__ = ["Config", "ConfigError", "PROFILES", "ReplaySpec", "apply_profile", "batch_shares",
+__all__ = ["ALGORITHM_PROFILES", "Config", "ConfigError", "MACHINE_PROFILES", "PROFILES", "ReplaySpec", "apply_profile", "batch_shares",
            "parse_eval_interval", "parse_replay_parameters", "resolve", "validate"]
 
 
@@ -122,11 +124,6 @@ class ParallelConfig:
     replay_server_node: str = opt("learner", "Ray backend, --replay_server: the node it runs on. learner: the learner's node (it reserves no Ray CPU there, as the learner does not); or a node id (hex, as `ray list nodes` and summary.json show): it then reserves 1 CPU there, which no actor gets")
 
 
-QUEUE_ONLY = '[{"type": "queue", "capacity": 1, "sample_ratio": 1}]'           # on-policy: fresh data only
-CONTINUOUS_REPLAY = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.25}, '
-                     '{"type": "standard", "capacity": 2000, "sample_ratio": 0.75}]')     # continuous control (issue 13)
-
-
 @dataclass
 class ReplayConfig:
     replay_parameters: Optional[str] = opt(None, "the replays as a JSON list of {type, capacity, sample_ratio, ...}")
@@ -206,92 +203,6 @@ SECTIONS = {
     "test": TestConfig, "network": NetworkConfig, "loss": LossConfig,
     "continuous": ContinuousConfig,
 }
-
-# Defaults that depend on the kind of environment. Atari keeps the seed's values except
-# where the README's table of differing defaults says why not.
-PROFILES: dict[str, dict[str, Any]] = {
-    # The batch, unroll, learning rate, actors' envs and replays depend on the machine:
-    # MACHINE_PROFILES below.
-    "atari": dict(
-        optimizer="rmsprop", rmsprop_eps=1e-5, environment_max_steps=15_000_000, clip_rewards=True,
-        feature_out_layer_size=512, learner_precision="auto", shared_queue_size=16, caching=True,
-        use_replay_compression=True, normalize_observations=False, reward_scale=1.0,
-    ),
-    "vector": dict(
-        lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01,
-        environment_max_steps=500_000, clip_rewards=False, envs_per_worker=16,
-        replay_parameters=QUEUE_ONLY,
-        feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
-        # Rewards x 0.1 for learning (scores stay raw): CartPole's returns of ~100 made the
-        # policy collapse after solving in some seeds (README, CartPole: the late collapse).
-        use_replay_compression=False, normalize_observations=False, reward_scale=0.1,
-    ),
-    # -- continuous control (issue 13): vector observations, Box actions (Pendulum, MuJoCo,
-    # Box2D). README, "Continuous control", says how these were chosen.
-    # A quarter of each batch fresh, three quarters replayed (CLEAR): each step is trained on
-    # about four times; on-policy batches alone did not learn Pendulum in 200k steps.
-    "continuous": dict(
-        lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01,
-        environment_max_steps=1_000_000, clip_rewards=False, envs_per_worker=8,
-        replay_parameters=CONTINUOUS_REPLAY,
-        feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
-        use_replay_compression=False, normalize_observations=True, reward_scale=0.1,
-    ),
-    # --- MinAtar (issue 16) -------------------------------------------------------------
-    # 10x10 frames, 0/1 rewards, cheap steps: on-policy IMPALA as on vector tasks (Adam,
-    # the queue only, a 1-thread fp32 learner, no prefetching: the extra policy lag costs
-    # more than sampling does), with longer unrolls and bigger batches for the longer
-    # games. `--network=auto` picks minatar_cnn for these frames (herd/models/__init__.py).
-    "minatar": dict(
-        lr=0.001, batch_size=16, r_f_steps=20, optimizer="adam", rmsprop_eps=0.01,
-        environment_max_steps=5_000_000, clip_rewards=False, envs_per_worker=16,
-        replay_parameters=QUEUE_ONLY,
-        feature_out_layer_size=128, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4,
-        caching=False, use_replay_compression=False,
-    ),
-    # --- end MinAtar ----------------------------------------------------------------------
-}
-
-
-# Defaults that depend on the machine a run finds, per environment kind and learner device
-# ("cpu" or "cuda"), applied after the algorithm's profile and before the kind's (issue 16).
-# Atari: on-policy IMPALA (the queue only: every frame trained on once, as in the IMPALA
-# paper's Pong runs) with unrolls of 20 and RMSprop at 0.0006. A CPU learner is what limits
-# learning (README, Pong learning: with 32 trajectories per batch 12 minutes on 2 cores were
-# not enough to start), so a CPU gets batches of 8, which learned Pong to 19 in 40 minutes on
-# 2 cores; a GPU learner takes 32. The learning rate decays over the whole run (15M steps:
-# about 94,000 updates of 8 x 20 steps). Precision, threads and compiling are picked in
-# apply_profile from the same hardware.
-ATARI_ON_POLICY = dict(r_f_steps=20, lr=0.0006, envs_per_worker=8, replay_parameters=QUEUE_ONLY)
-MACHINE_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
-    "atari": {"cpu": dict(ATARI_ON_POLICY, batch_size=8), "cuda": dict(ATARI_ON_POLICY, batch_size=32)},
-}
-# A run this long (environment steps) compiles its Atari learner by default: compiling costs
-# 20-40 s at the start and makes every update about 1.6x faster (README, learner step).
-COMPILE_FROM_STEPS = 1_000_000
-
-
-# Ape-X's defaults per environment kind, applied before (so over) the kind's own profile
-# where --algorithm=apex. Transitions, not trajectories, are its batch items (README, Ape-X).
-ALGORITHM_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
-    "apex": {
-        # Horgan et al.: Adam-like small steps (the paper: RMSprop 0.00025/4), n=3, target sync
-        # every 2500 updates, a replay ratio near 1; batch 128 instead of 512 on a CPU.
-        "atari": dict(
-            lr=0.0001, optimizer="adam", batch_size=128, r_f_steps=20, target_update_period=2500, replay_ratio=1.0,
-            replay_parameters='[{"type": "prioritized", "capacity": 5000, "sample_ratio": 1, "alpha": 0.6, '
-                              '"beta": 0.4}]',
-        ),
-        # CartPole-sized tasks: many cheap updates per environment step and a fast target.
-        "vector": dict(
-            lr=0.001, optimizer="adam", batch_size=128, r_f_steps=16, envs_per_worker=8, target_update_period=250,
-            replay_ratio=8.0, environment_max_steps=170_000, reward_scale=1.0,     # measured with raw rewards
-            replay_parameters='[{"type": "prioritized", "capacity": 3000, "sample_ratio": 1, "alpha": 0.6, '
-                              '"beta": 0.4}]',
-        ),
-    },
-}
-
 
 @dataclass
 class Config:
@@ -443,12 +354,6 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     if cfg.loss.use_value_cloning_loss is None:
         cfg.loss.use_value_cloning_loss = off_policy
     return cfg
-
-
-def machine_profile(kind: str, device: str) -> dict[str, Any]:
-    """MACHINE_PROFILES' defaults for this kind of environment on the learner device that
-    --device gives here."""
-    return MACHINE_PROFILES.get(kind, {}).get(learner_device(device).type, {})
 
 
 def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:

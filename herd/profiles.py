@@ -1,0 +1,108 @@
+"""herd's defaults: per kind of environment (PROFILES), per algorithm (ALGORITHM_PROFILES)
+and per machine (MACHINE_PROFILES). Data only, and the one lookup that needs the hardware;
+herd/config.py's apply_profile fills a config's unset options from them (the algorithm's
+first, then the machine's, then the environment kind's), and `--help` shows them.
+
+A field whose default is None in herd/config.py and which appears here takes its default
+from these tables; the command line, multi_train.py and a resumed checkpoint still win."""
+from __future__ import annotations
+
+from typing import Any
+
+from herd.devices import learner_device
+
+QUEUE_ONLY = '[{"type": "queue", "capacity": 1, "sample_ratio": 1}]'           # on-policy: fresh data only
+CONTINUOUS_REPLAY = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.25}, '
+                     '{"type": "standard", "capacity": 2000, "sample_ratio": 0.75}]')     # continuous control (issue 13)
+
+
+# Defaults that depend on the kind of environment. The README's table of differing
+# defaults says where and why they differ from the seed's.
+PROFILES: dict[str, dict[str, Any]] = {
+    # The batch, unroll, learning rate, actors' envs and replays depend on the machine:
+    # MACHINE_PROFILES below.
+    "atari": dict(
+        optimizer="rmsprop", rmsprop_eps=1e-5, environment_max_steps=15_000_000, clip_rewards=True,
+        feature_out_layer_size=512, learner_precision="auto", shared_queue_size=16, caching=True,
+        use_replay_compression=True, normalize_observations=False, reward_scale=1.0,
+    ),
+    "vector": dict(
+        lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01,
+        environment_max_steps=500_000, clip_rewards=False, envs_per_worker=16,
+        replay_parameters=QUEUE_ONLY,
+        feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
+        # Rewards x 0.1 for learning (scores stay raw): CartPole's returns of ~100 made the
+        # policy collapse after solving in some seeds (README, CartPole: the late collapse).
+        use_replay_compression=False, normalize_observations=False, reward_scale=0.1,
+    ),
+    # -- continuous control (issue 13): vector observations, Box actions (Pendulum, MuJoCo,
+    # Box2D). README, "Continuous control", says how these were chosen.
+    # A quarter of each batch fresh, three quarters replayed (CLEAR): each step is trained on
+    # about four times; on-policy batches alone did not learn Pendulum in 200k steps.
+    "continuous": dict(
+        lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01,
+        environment_max_steps=1_000_000, clip_rewards=False, envs_per_worker=8,
+        replay_parameters=CONTINUOUS_REPLAY,
+        feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
+        use_replay_compression=False, normalize_observations=True, reward_scale=0.1,
+    ),
+    # --- MinAtar (issue 16) -------------------------------------------------------------
+    # 10x10 frames, 0/1 rewards, cheap steps: on-policy IMPALA as on vector tasks (Adam,
+    # the queue only, a 1-thread fp32 learner, no prefetching: the extra policy lag costs
+    # more than sampling does), with longer unrolls and bigger batches for the longer
+    # games. `--network=auto` picks minatar_cnn for these frames (herd/models/__init__.py).
+    "minatar": dict(
+        lr=0.001, batch_size=16, r_f_steps=20, optimizer="adam", rmsprop_eps=0.01,
+        environment_max_steps=5_000_000, clip_rewards=False, envs_per_worker=16,
+        replay_parameters=QUEUE_ONLY,
+        feature_out_layer_size=128, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4,
+        caching=False, use_replay_compression=False,
+    ),
+    # --- end MinAtar ----------------------------------------------------------------------
+}
+
+
+# Defaults that depend on the machine a run finds, per environment kind and learner device
+# ("cpu" or "cuda"), applied after the algorithm's profile and before the kind's (issue 16).
+# Atari: on-policy IMPALA (the queue only: every frame trained on once, as in the IMPALA
+# paper's Pong runs) with unrolls of 20 and RMSprop at 0.0006. A CPU learner is what limits
+# learning (README, Pong learning: with 32 trajectories per batch 12 minutes on 2 cores were
+# not enough to start), so a CPU gets batches of 8, which learned Pong to 19 in 40 minutes on
+# 2 cores; a GPU learner takes 32. The learning rate decays over the whole run (15M steps:
+# about 94,000 updates of 8 x 20 steps). Precision, threads and compiling are picked in
+# apply_profile from the same hardware.
+ATARI_ON_POLICY = dict(r_f_steps=20, lr=0.0006, envs_per_worker=8, replay_parameters=QUEUE_ONLY)
+MACHINE_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    "atari": {"cpu": dict(ATARI_ON_POLICY, batch_size=8), "cuda": dict(ATARI_ON_POLICY, batch_size=32)},
+}
+# A run this long (environment steps) compiles its Atari learner by default: compiling costs
+# 20-40 s at the start and makes every update about 1.6x faster (README, learner step).
+COMPILE_FROM_STEPS = 1_000_000
+
+
+# Ape-X's defaults per environment kind, applied before (so over) the kind's own profile
+# where --algorithm=apex. Transitions, not trajectories, are its batch items (README, Ape-X).
+ALGORITHM_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    "apex": {
+        # Horgan et al.: Adam-like small steps (the paper: RMSprop 0.00025/4), n=3, target sync
+        # every 2500 updates, a replay ratio near 1; batch 128 instead of 512 on a CPU.
+        "atari": dict(
+            lr=0.0001, optimizer="adam", batch_size=128, r_f_steps=20, target_update_period=2500, replay_ratio=1.0,
+            replay_parameters='[{"type": "prioritized", "capacity": 5000, "sample_ratio": 1, "alpha": 0.6, '
+                              '"beta": 0.4}]',
+        ),
+        # CartPole-sized tasks: many cheap updates per environment step and a fast target.
+        "vector": dict(
+            lr=0.001, optimizer="adam", batch_size=128, r_f_steps=16, envs_per_worker=8, target_update_period=250,
+            replay_ratio=8.0, environment_max_steps=170_000, reward_scale=1.0,     # measured with raw rewards
+            replay_parameters='[{"type": "prioritized", "capacity": 3000, "sample_ratio": 1, "alpha": 0.6, '
+                              '"beta": 0.4}]',
+        ),
+    },
+}
+
+
+def machine_profile(kind: str, device: str) -> dict[str, Any]:
+    """MACHINE_PROFILES' defaults for this kind of environment on the learner device that
+    --device gives here."""
+    return MACHINE_PROFILES.get(kind, {}).get(learner_device(device).type, {})
