@@ -38,7 +38,7 @@ VIDEO_GAMES, VIDEO_FRAMES = 1, 2000
 POLL_S = 0.2
 CRASHED = 3          # the worker's exit code when an evaluation raised
 MAX_RESTARTS = 5     # then evaluation stops for the rest of the run (training goes on)
-NICENESS = 10        # the worker yields the cores to actors and learner
+NICENESS = 19        # where SCHED_IDLE is not offered: the lowest priority there is
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,27 @@ def tensorboard_video(writer, path: Path, update: int) -> None:
     writer.add_video("eval/video", torch.from_numpy(frames).permute(0, 1, 4, 2, 3), update, fps=15)
 
 
-def run_evaluations(spec: EvalSpec, weights: SharedWeights, env_steps, run_dir: Path, stop) -> None:
-    """The worker process's body."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the learner's process decides when to stop
+def yield_to_training() -> None:
+    """The worker takes only CPU time that training leaves. Linux's SCHED_IDLE runs it only
+    on a core that would otherwise idle, and an actor or the learner that wakes up takes
+    the core back at once; a merely niced process (nice 10, as before) keeps the core for
+    the rest of its time slice: with it, Pong training ran 44% slower on 2 cores
+    (benchmarks/eval_overhead.py, README). Elsewhere: the lowest nice value."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return
+    except (AttributeError, OSError):
+        pass
     try:
         os.nice(NICENESS)
     except OSError:
         pass
+
+
+def run_evaluations(spec: EvalSpec, weights: SharedWeights, env_steps, run_dir: Path, stop) -> None:
+    """The worker process's body."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the learner's process decides when to stop
+    yield_to_training()
     quiet_sdl(display=False)
     choose_mujoco_gl(display=False)                # MuJoCo: EGL or OSMesa (herd/envs/render_gl.py)
     torch.set_num_threads(1)

@@ -1,5 +1,6 @@
 """The evaluation worker in a real run: whole games at the interval, eval.csv, a video."""
 import csv
+import os
 
 import pytest
 
@@ -81,3 +82,22 @@ def test_the_worker_follows_new_weights_survives_a_crash_and_stops_with_the_run(
     finally:
         evaluator.close()
     assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+
+
+def report_scheduler(queue):
+    from herd.eval_worker import yield_to_training
+    yield_to_training()
+    queue.put((os.sched_getscheduler(0), os.nice(0)))
+
+
+def test_the_worker_runs_only_on_time_training_leaves():
+    # SCHED_IDLE where Linux offers it (an actor or learner that wakes takes the core back
+    # at once), else the lowest nice value; never the plain priority training has.
+    import multiprocessing
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=report_scheduler, args=(queue,))
+    process.start()
+    policy, niceness = queue.get(timeout=60)
+    process.join(10)
+    assert policy == os.SCHED_IDLE or niceness == 19
