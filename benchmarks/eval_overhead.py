@@ -20,6 +20,33 @@ from common import print_table, read_csv, record, run_herd
 from throughput import ON_POLICY, steady_state_rate
 
 
+def sampling_cost(samples: int = 200) -> float:
+    """CPU milliseconds of one round of hardware figures (herd/monitor/hardware.py: psutil
+    for the learner and 3 busy stand-in processes, hardware.csv and TensorBoard), the same
+    work the monitor's thread does in the learner's process every --hardware_interval."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    from herd.monitor.hardware import HardwareMonitor
+    busy = [subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.001)"]) for _ in range(3)]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            processes = {"learner": os.getpid(), **{f"actor-{i}": p.pid for i, p in enumerate(busy)}}
+            monitor = HardwareMonitor(Path(tmp), lambda: processes, lambda: 2**20, writer=SummaryWriter(tmp))
+            monitor.write(monitor.sample())                       # the first reading sets baselines
+            start = time.process_time()
+            for _ in range(samples):
+                monitor.write(monitor.sample())
+            return (time.process_time() - start) / samples * 1000
+    finally:
+        for process in busy:
+            process.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--env", default="PongNoFrameskip-v4")
@@ -31,7 +58,15 @@ def main() -> None:
     parser.add_argument("--eval_interval", default="30s")
     parser.add_argument("--eval_episodes", type=int, default=2)
     parser.add_argument("--label", default="eval_overhead", help="names the results file")
+    parser.add_argument("--sampling_only", action="store_true",
+                        help="only time one round of hardware figures directly (CPU ms), without training runs")
     args = parser.parse_args()
+    sample_ms = sampling_cost()
+    share = sample_ms / (5000 * 1.0)          # of one core, at the default interval of 5 s
+    print(f"hardware_sample_cpu_ms={sample_ms:.2f} share_of_one_core_at_5s={100 * share:.3f}%")
+    if args.sampling_only:
+        record(args.label, {"hardware_sample_cpu_ms": sample_ms, "share_of_one_core_at_5s": share})
+        return
     base = ["train", f"--env={args.env}", f"--worker_count={args.workers}", f"--envs_per_worker={args.envs}",
             "--basic_verbose=False", "--verbose_learner_out_int=5", *ON_POLICY]   # a train.csv row every 5 updates
     with_eval = [f"--eval_interval={args.eval_interval}", f"--eval_episodes={args.eval_episodes}",
@@ -60,7 +95,8 @@ def main() -> None:
           f"evaluations_finished={evaluations}")
     record(args.label, {"command": " ".join(base), "configurations": configs, "seconds": args.seconds,
                         "warmup": args.warmup, "frames_per_second": rates, "mean": means,
-                        "slowdown_fraction": slowdowns, "evaluations_finished": evaluations})
+                        "slowdown_fraction": slowdowns, "evaluations_finished": evaluations,
+                        "hardware_sample_cpu_ms": sample_ms})
 
 
 if __name__ == "__main__":
