@@ -177,7 +177,8 @@ def _restore_process_state(saved: dict) -> None:
             handler.close()
     herd_log.handlers[:], herd_log.level, herd_log.propagate, herd_log.disabled = \
         list(saved["herd_log"][0]), *saved["herd_log"][1:]
-    torch.use_deterministic_algorithms(saved["deterministic"])
+    from herd.devices import use_deterministic_algorithms
+    use_deterministic_algorithms(saved["deterministic"])
     torch.set_num_threads(saved["threads"])
 
 
