@@ -34,6 +34,13 @@ def start_cli(args: list[str], results: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+def copy_of_run(run: Path, folder: Path) -> Path:
+    """A copy of the run folder `run` inside `folder` (made), under the run's own name."""
+    import shutil
+    folder.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copytree(run, folder / run.name))
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.2) -> bool:
     import time
     deadline = time.monotonic() + timeout

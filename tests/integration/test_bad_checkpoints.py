@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from herd_testing import cli, corrupt_first_weight, only_run, run_cli  # noqa: F401 (cli: a fixture)
+from herd_testing import cli, copy_of_run, corrupt_first_weight, run_cli  # noqa: F401 (cli: a fixture)
 from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints
 
 
@@ -26,13 +26,10 @@ class Payload:
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    """A small CartPole run and, beside it, every kind of bad checkpoint."""
+def sources(small_cartpole_run, tmp_path_factory):
+    """A small CartPole run (a copy of the shared one) and, beside it, every kind of bad checkpoint."""
     base = tmp_path_factory.mktemp("bad_checkpoints")
-    result = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=3000", "--worker_count=1",
-                      "--tensorboard=False"], base / "results")
-    assert result.returncode == 0, result.stderr[-2000:]
-    run = only_run(base / "results")
+    run = copy_of_run(small_cartpole_run, base / "results")
     assert list_checkpoints(run / CHECKPOINT_DIR)
 
     truncated = base / "truncated_run"                      # a copy: the trained run stays whole
