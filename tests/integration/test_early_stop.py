@@ -10,7 +10,7 @@ import time
 
 import torch.multiprocessing as mp
 
-from herd_testing import ROOT, killed_at_exit, only_run, run_cli, start_cli, wait_for
+from herd_testing import ROOT, cli, killed_at_exit, only_run, run_cli, start_cli, wait_for  # noqa: F401
 
 from herd.checkpoint import load_checkpoint
 from herd.stopping import sigint_blocked
@@ -72,11 +72,11 @@ def test_a_stop_after_the_folder_exists_leaves_a_run_that_resumes(tmp_path, monk
     assert summary["ended"] == "finished" and summary["environment_steps"] >= 1000
 
 
-def test_resume_of_a_folder_killed_before_its_first_checkpoint_is_one_line(tmp_path):
+def test_resume_of_a_folder_killed_before_its_first_checkpoint_is_one_line(cli, tmp_path):
     run = tmp_path / "CartPole-v1_1"
     run.mkdir()
     (run / "config.json").write_text("{}")
-    result = run_cli(["resume", str(run)], tmp_path / "results")
+    result = cli(["resume", str(run)], tmp_path / "results")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert "has no checkpoint" in lines[0] and "herd train" in lines[0]
