@@ -87,8 +87,11 @@ def test_cartpole_run_resume_and_greedy_test(cli, tmp_path):
         "apex {'epsilon': 0.5}"
 
 
+# One learner thread: on two cores the run's actor holds one, and a two-thread learner
+# (fp32's default, one per core) spends its OpenMP barriers waiting for it.
 PONG = ["--env=PongNoFrameskip-v4", "--algorithm=apex", "--worker_count=1", "--envs_per_worker=2", "--r_f_steps=10",
         "--batch_size=8", "--training_fill_in_factor=0.25", "--seed=1", "--learner_precision=fp32",
+        "--learner_thread_count=1",
         "--verbose_learner_out_int=1", "--target_update_period=5",
         '--replay_parameters=[{"type": "prioritized", "capacity": 20, "sample_ratio": 1}]']
 

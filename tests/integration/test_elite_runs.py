@@ -88,7 +88,9 @@ def test_every_strategy_and_sampling_kind_trains_pong(tmp_path, name):
     result = run_cli(["--op_mode=train", "--env=PongNoFrameskip-v4", "--environment_max_steps=1500",
                       "--worker_count=1", "--envs_per_worker=4", "--batch_size=8", "--r_f_steps=5",
                       "--training_fill_in_factor=0.5", "--lr_scheduler_steps=24", "--seed=1",
-                      f"--replay_parameters={replays}"], tmp_path, entry="main")
+                      # One learner thread: on two cores the actor holds one, and a two-thread
+                      # learner (fp32's default: one per core) waits for it at every barrier.
+                      "--learner_thread_count=1", f"--replay_parameters={replays}"], tmp_path, entry="main")
     assert result.returncode == 0, result.stderr[-2000:]
     state, _ = load_checkpoint(only_run(tmp_path))
     updates = state["counters"]["updates"]

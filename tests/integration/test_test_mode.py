@@ -89,8 +89,8 @@ def pong_run(tmp_path_factory):
     """A barely trained Pong agent: enough for a checkpoint to render."""
     results = tmp_path_factory.mktemp("pong")
     result = run_cli(["train", "--env=PongNoFrameskip-v4", "--environment_max_steps=600", "--batch_size=4",
-                      "--r_f_steps=5", "--worker_count=1", "--envs_per_worker=2", QUEUE_ONLY, "--tensorboard=False"],
-                     results)
+                      "--r_f_steps=5", "--worker_count=1", "--envs_per_worker=2", QUEUE_ONLY, "--tensorboard=False",
+                      "--learner_thread_count=1"], results)
     assert result.returncode == 0, result.stderr[-2000:]
     return only_run(results)
 
