@@ -34,6 +34,41 @@ def start_cli(args: list[str], results: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+# A small CartPole run with a uniform replay beside the queue (the lifecycle run, tests of
+# resuming): 2 actors x 4 envs x 8 steps, batch 8.
+SMALL_REPLAY = '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, ' \
+               '{"type": "standard", "capacity": 64, "sample_ratio": 0.5}]'
+SMALL_RUN = ["--env=CartPole-v1", "--worker_count=2", "--envs_per_worker=4", "--batch_size=8", "--r_f_steps=8",
+             "--training_fill_in_factor=0.1", "--seed=5", SMALL_REPLAY]
+
+
+def newest_update(results: Path) -> int:
+    """The update count of the newest checkpoint of the one run folder under `results` (0: none yet)."""
+    from herd.checkpoint import list_checkpoints
+    runs = [p for p in results.iterdir() if p.is_dir()] if results.exists() else []
+    found = list_checkpoints(runs[0] / "checkpoints") if runs else []
+    return int(found[0].stem.split("_")[1]) if found else 0
+
+
+def log_text(results: Path) -> str:
+    """log.txt of the one run folder under `results` so far ("" before there is one)."""
+    logs = list(results.glob("*/log.txt"))
+    return logs[0].read_text() if logs else ""
+
+
+def actor_pids(process) -> set[int]:
+    """The herd process's children other than multiprocessing's resource tracker."""
+    import psutil
+    return {c.pid for c in psutil.Process(process.pid).children() if "resource_tracker" not in " ".join(c.cmdline())}
+
+
+def sigint_blocked_in(pid: int) -> bool:
+    """Whether SIGINT is in the process's blocked mask (SigBlk in /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        blocked = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+    return bool(blocked & (1 << (signal.SIGINT - 1)))
+
+
 def copy_of_run(run: Path, folder: Path) -> Path:
     """A copy of the run folder `run` inside `folder` (made), under the run's own name."""
     import shutil

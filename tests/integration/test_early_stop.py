@@ -105,16 +105,9 @@ def test_children_start_with_sigint_blocked_and_survive_a_ctrl_c_while_starting(
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
-def test_actors_of_a_run_have_sigint_blocked(tmp_path):
-    import psutil
-    process = start_cli(["train", *CARTPOLE, "--environment_max_steps=10000000", "--basic_verbose=False"], tmp_path)
-    with killed_at_exit(process):
-        def actors():
-            return [c for c in psutil.Process(process.pid).children() if "resource_tracker" not in " ".join(c.cmdline())]
-        assert wait_for(lambda: len(actors()) == 1, timeout=60)
-        status = open(f"/proc/{actors()[0].pid}/status").read()
-        blocked = int(next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
-        assert blocked & (1 << (signal.SIGINT - 1))
-        os.killpg(process.pid, signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
+def test_actors_of_a_run_have_sigint_blocked(stopped_run):
+    """The shared lifecycle run (conftest.py): its first actors and the one started to
+    replace a killed actor had SIGINT blocked, and its Ctrl+C to the whole group ended it
+    with exit 0 and no traceback."""
+    assert stopped_run["sigint_blocked"] == {"first actors": True, "replacement": True}
+    assert stopped_run["returncode"] == 0 and "Traceback" not in stopped_run["stderr"], stopped_run["stderr"][-3000:]

@@ -140,20 +140,15 @@ def test_torchrun_variables_that_disagree_are_one_line_in_a_real_process(tmp_pat
     assert_one_line(result, words, tmp_path)
 
 
-REPLAY = '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, ' \
-         '{"type": "standard", "capacity": 64, "sample_ratio": 0.5}]'
-
-
-def test_resume_a_one_learner_run_with_two_the_primary_keeps_the_replay(tmp_path):
-    one = ["--env=CartPole-v1", "--worker_count=2", f"--envs_per_worker={E}", f"--batch_size={BATCH}",
-           f"--r_f_steps={T}", "--seed=4", "--tensorboard=False", "--training_fill_in_factor=0.1", REPLAY]
-    first = run_cli(["train", *one, "--environment_max_steps=3000"], tmp_path / "one", timeout=120)
-    assert first.returncode == 0, first.stderr[-2000:]
-    saved, _ = load_checkpoint(only_run(tmp_path / "one"))
+def test_resume_a_one_learner_run_with_two_the_primary_keeps_the_replay(stopped_run, tmp_path):
+    """The one-learner run: the shared lifecycle run (conftest.py; a uniform replay of 64
+    beside the queue, stopped with Ctrl+C)."""
+    saved, _ = load_checkpoint(stopped_run["run"])
+    assert saved["config"]["learner_count"] == 1
     filled = saved["replay"]["replays"][1]["sampler"]["ring"]["filled"]
     steps = saved["counters"]["env_steps"]
-    two = run_cli(["resume", str(only_run(tmp_path / "one")), "--learner_count=2",
-                   f"--environment_max_steps={steps + 3000}"], tmp_path / "two", timeout=120)
+    two = run_cli(["resume", str(stopped_run["run"]), "--learner_count=2", f"--environment_max_steps={steps + 3000}"],
+                  tmp_path / "two", timeout=120)
     assert two.returncode == 0, two.stderr[-2000:]
     state, _ = load_checkpoint(only_run(tmp_path / "two"))
     assert state["counters"]["env_steps"] >= steps + 3000 and state["counters"]["updates"] > saved["counters"]["updates"]

@@ -10,60 +10,8 @@ import numpy as np
 import psutil
 import pytest
 
-from herd_testing import any_alive, killed_at_exit, only_run, run_cli, start_cli, wait_for
-from herd.checkpoint import list_checkpoints, load_checkpoint
-
-REPLAY = '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, ' \
-         '{"type": "standard", "capacity": 64, "sample_ratio": 0.5}]'
-SMALL = ["--env=CartPole-v1", "--worker_count=2", "--envs_per_worker=4", "--batch_size=8", "--r_f_steps=8",
-         "--training_fill_in_factor=0.1", "--seed=5", REPLAY]
-
-
-def newest_update(results) -> int:
-    """The update count of the newest checkpoint of the one run folder under `results` (0: none yet)."""
-    runs = [p for p in results.iterdir() if p.is_dir()] if results.exists() else []
-    found = list_checkpoints(runs[0] / "checkpoints") if runs else []
-    return int(found[0].stem.split("_")[1]) if found else 0
-
-
-def log_text(results) -> str:
-    logs = list(results.glob("*/log.txt"))
-    return logs[0].read_text() if logs else ""
-
-
-def actor_pids(process) -> set[int]:
-    return {c.pid for c in psutil.Process(process.pid).children() if "resource_tracker" not in " ".join(c.cmdline())}
-
-
-@pytest.fixture(scope="module")
-def stopped_run(tmp_path_factory):
-    """One run that meets what a long run meets, each step waited for in the run's own
-    files: it trains (a first checkpoint), one actor is killed (kill -9) and replaced, the
-    other hangs (SIGSTOP: alive, delivering nothing) and is replaced after --actor_timeout
-    (2 s, the least allowed), training goes on with both replacements (a newer
-    checkpoint), then Ctrl+C. The three tests below each check their part of it."""
-    results = tmp_path_factory.mktemp("lifecycle") / "first"
-    process = start_cli(["train", *SMALL, "--environment_max_steps=100000000", "--verbose_learner_out_int=1",
-                         "--save_model_period=50", "--actor_timeout=2"], results)
-    with killed_at_exit(process):
-        assert wait_for(lambda: len(actor_pids(process)) >= 2, 60)
-        killed, hung = sorted(actor_pids(process))
-        assert wait_for(lambda: newest_update(results) > 0, 60), "no checkpoint: the run does not train"
-        psutil.Process(killed).kill()
-        assert wait_for(lambda: "died" in log_text(results), 30)
-        assert wait_for(lambda: actor_pids(process) - {killed, hung}, 30), "the killed actor was not replaced"
-        replacement = (actor_pids(process) - {killed, hung}).pop()
-        psutil.Process(hung).suspend()
-        assert wait_for(lambda: "delivered nothing" in log_text(results), 30)
-        assert wait_for(lambda: hung not in actor_pids(process), 30), "the hung actor was kept"
-        updates_after_both = newest_update(results)
-        assert wait_for(lambda: newest_update(results) > updates_after_both, 60), "no training after the replacements"
-        children = psutil.Process(process.pid).children(recursive=True)
-        os.killpg(process.pid, signal.SIGINT)          # Ctrl+C in a terminal signals the whole group
-        _, err = process.communicate(timeout=30)
-    return {"run": only_run(results), "returncode": process.returncode, "stderr": err, "children": children,
-            "killed": killed, "hung": hung, "replacement": replacement, "updates_after_both": updates_after_both}
-
+from herd_testing import SMALL_RUN as SMALL, any_alive, newest_update, only_run, run_cli, start_cli, wait_for
+from herd.checkpoint import load_checkpoint
 
 def test_a_killed_actor_is_replaced(stopped_run):
     assert "died" in (stopped_run["run"] / "log.txt").read_text()
