@@ -55,7 +55,8 @@ def train_ray(session: TrainingSession, spec: ActorSpec, worker_count: int, slot
         session.summary_extra["actor_restarts"] = lambda: pool.restarts
         session.summary_extra["actor_nodes"] = lambda: dict(pool.nodes)   # node id -> actors started there
         session.summary_extra["learner_node"] = lambda: cluster.driver_node
-        pool.start()
+        if not session.done:         # a resumed run whose budget is spent: no actor to start and stop
+            pool.start()
         last_health_check = time.monotonic()
         while not session.done and not stop_requested.is_set():
             if not session.batches.has_room():
