@@ -14,8 +14,8 @@ from herd_testing import SMALL_RUN as SMALL, any_alive, newest_update, only_run,
 from herd.checkpoint import load_checkpoint
 
 def test_a_killed_actor_is_replaced(stopped_run):
-    assert "died" in (stopped_run["run"] / "log.txt").read_text()
-    assert stopped_run["replacement"] not in (stopped_run["killed"], stopped_run["hung"])
+    # The fixture saw a new actor process start after the kill; the log says why.
+    assert "died (exit code -9): restarting it" in (stopped_run["run"] / "log.txt").read_text()
     summary = json.loads((stopped_run["run"] / "summary.json").read_text())
     assert summary["actor_restarts"] >= 2, summary        # the killed actor and the hung one
 
