@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 import psutil
-import pytest
 
 from herd_testing import SMALL_RUN as SMALL, any_alive, newest_update, only_run, run_cli, start_cli, wait_for
 from herd.checkpoint import load_checkpoint
