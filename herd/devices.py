@@ -3,6 +3,8 @@ that depend on the machine rather than on the run's options."""
 from __future__ import annotations
 
 import functools
+import os
+import sys
 
 import torch
 
@@ -33,3 +35,18 @@ def fast_bf16(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     return "amx_bf16" in cpu_flags()
+
+
+def use_deterministic_algorithms(mode: bool) -> None:
+    """torch.use_deterministic_algorithms(mode), skipped where it would change nothing:
+    torch 2.13's version imports torch._inductor to set inductor's own flag as well, which
+    took 1.8 s of every run's start-up on a 2-core CPU. Skipped only when both flags already
+    say `mode`: torch's (without warn_only), and inductor's, or, inductor not imported yet,
+    the default it will read (TORCHINDUCTOR_DETERMINISTIC) when it is."""
+    inductor = sys.modules.get("torch._inductor.config")
+    inductor_mode = (inductor.deterministic if inductor is not None
+                     else os.environ.get("TORCHINDUCTOR_DETERMINISTIC") == "1")
+    if (torch.are_deterministic_algorithms_enabled() == mode and inductor_mode == mode
+            and not torch.is_deterministic_algorithms_warn_only_enabled()):
+        return
+    torch.use_deterministic_algorithms(mode)

@@ -20,7 +20,7 @@ from herd.errors import UserError
 from herd.evaluate import test_policy
 from herd.files import write_json
 from herd.plan import prepare
-from herd.devices import learner_device
+from herd.devices import learner_device, use_deterministic_algorithms
 from herd.learner.distributed import from_primary, leave_group, torchrun_group, torchrun_world_size
 from herd.train import learner_logging, train
 
@@ -88,7 +88,7 @@ def seed_everything(cfg: Config) -> None:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     # Set either way: in `herd multi` one experiment's choice must not leak into the next.
-    torch.use_deterministic_algorithms(cfg.general.reproducible)
+    use_deterministic_algorithms(cfg.general.reproducible)
 
 
 def run_experiment(options: dict, overrides: dict | None = None) -> int:

@@ -24,7 +24,7 @@ from herd.actors.actor import ActorSpec
 from herd.backends import backend_options, get_backend
 from herd.backends.signals import install_stop_signals
 from herd.config import parse_eval_interval
-from herd.devices import learner_device
+from herd.devices import learner_device, use_deterministic_algorithms
 from herd.errors import ActorFailure, LearnerFailure, ReplayLost, SaveFailed, TrainingDiverged
 from herd.eval_worker import EvalSpec, Evaluator
 from herd.learner.batches import DirectBatches, PrefetchedBatches, ReplayElsewhere
@@ -310,7 +310,7 @@ def learner_process(rank: int, count: int, port: int, plan: Plan, run_dir: Path)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(plan.cfg.general.reproducible)
+    use_deterministic_algorithms(plan.cfg.general.reproducible)
     try:
         group = join_group(rank, count, learner_device(plan.cfg.general.device).type,
                            plan.cfg.parallel.learner_timeout, port)

@@ -1,4 +1,5 @@
-"""Run herd as a user would: in a subprocess, from the repository root."""
+"""Run herd as a user would: in a subprocess, from the repository root; and, for refusals
+that write nothing, the same CLI in this process (the `cli` fixture)."""
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +32,48 @@ def start_cli(args: list[str], results: Path) -> subprocess.Popen:
     """herd in its own process group, as a terminal would start it (Ctrl+C reaches the group)."""
     return subprocess.Popen([sys.executable, "-m", "herd.cli", *args, f"--results_dir={results}"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+# A small CartPole run with a uniform replay beside the queue (the lifecycle run, tests of
+# resuming): 2 actors x 4 envs x 8 steps, batch 8.
+SMALL_REPLAY = '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, ' \
+               '{"type": "standard", "capacity": 64, "sample_ratio": 0.5}]'
+SMALL_RUN = ["--env=CartPole-v1", "--worker_count=2", "--envs_per_worker=4", "--batch_size=8", "--r_f_steps=8",
+             "--training_fill_in_factor=0.1", "--seed=5", SMALL_REPLAY]
+
+
+def newest_update(results: Path) -> int:
+    """The update count of the newest checkpoint of the one run folder under `results` (0: none yet)."""
+    from herd.checkpoint import list_checkpoints
+    runs = [p for p in results.iterdir() if p.is_dir()] if results.exists() else []
+    found = list_checkpoints(runs[0] / "checkpoints") if runs else []
+    return int(found[0].stem.split("_")[1]) if found else 0
+
+
+def log_text(results: Path) -> str:
+    """log.txt of the one run folder under `results` so far ("" before there is one)."""
+    logs = list(results.glob("*/log.txt"))
+    return logs[0].read_text() if logs else ""
+
+
+def actor_pids(process) -> set[int]:
+    """The herd process's children other than multiprocessing's resource tracker."""
+    import psutil
+    return {c.pid for c in psutil.Process(process.pid).children() if "resource_tracker" not in " ".join(c.cmdline())}
+
+
+def sigint_blocked_in(pid: int) -> bool:
+    """Whether SIGINT is in the process's blocked mask (SigBlk in /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        blocked = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+    return bool(blocked & (1 << (signal.SIGINT - 1)))
+
+
+def copy_of_run(run: Path, folder: Path) -> Path:
+    """A copy of the run folder `run` inside `folder` (made), under the run's own name."""
+    import shutil
+    folder.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copytree(run, folder / run.name))
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2) -> bool:
@@ -111,3 +155,123 @@ def fixed_policy_state(model_state: dict, w) -> dict:
 
 def fixed_action(w, obs) -> int:
     return int(float(np.dot(np.asarray(w, np.float32), np.asarray(obs, np.float32))) > 0)
+
+
+# ---------------------------------------------------------------------------------------
+# The CLI in-process: for refusals (bad input, bad checkpoints), which check only "one line
+# on stderr, exit code 2, nothing written". Starting a subprocess costs ~1.4 s of torch
+# import per case; a handful of cases per kind still run as real processes.
+
+class CliResult:
+    """What run_cli's CompletedProcess gives the refusal tests: returncode, stdout, stderr."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+class _Records:
+    """A logging handler that keeps records at WARNING and above: with no handler of its
+    own, a fresh process prints those on stderr (logging's last resort); under pytest the
+    root logger has pytest's capture handler instead, which prints nothing."""
+
+    def __init__(self):
+        import logging
+
+        class Handler(logging.Handler):
+            def emit(inner, record):  # noqa: N805
+                self.lines.append(record.getMessage())
+        self.lines: list[str] = []
+        self.handler = Handler(level=logging.WARNING)
+
+
+def _python_default_warning_filters() -> None:
+    """The filters of a fresh `python` (no -W): DeprecationWarning & co. ignored, the rest
+    shown. pytest shows them all, and would only record, not print, what a user sees."""
+    import warnings
+    warnings.resetwarnings()
+    warnings.simplefilter("default")
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.filterwarnings("ignore", category=category)
+
+
+def _process_state() -> dict:
+    import logging
+    from herd import stopping
+    herd_log = logging.getLogger("herd")
+    return {"signals": {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)},
+            "stop": stopping.STOP.is_set(), "cwd": os.getcwd(), "environ": dict(os.environ),
+            "herd_log": (list(herd_log.handlers), herd_log.level, herd_log.propagate, herd_log.disabled),
+            "deterministic": torch.are_deterministic_algorithms_enabled(), "threads": torch.get_num_threads()}
+
+
+def _restore_process_state(saved: dict) -> None:
+    import logging
+    from herd import stopping
+    for sig, handler in saved["signals"].items():
+        signal.signal(sig, handler)
+    stopping.STOP.set() if saved["stop"] else stopping.STOP.clear()
+    os.chdir(saved["cwd"])
+    os.environ.clear()
+    os.environ.update(saved["environ"])
+    herd_log = logging.getLogger("herd")
+    for handler in herd_log.handlers:
+        if handler not in saved["herd_log"][0]:
+            handler.close()
+    herd_log.handlers[:], herd_log.level, herd_log.propagate, herd_log.disabled = \
+        list(saved["herd_log"][0]), *saved["herd_log"][1:]
+    from herd.devices import use_deterministic_algorithms
+    use_deterministic_algorithms(saved["deterministic"])
+    torch.set_num_threads(saved["threads"])
+
+
+def cli_in_process_runner(capfd):
+    """run(args, results, entry="herd"|"main") -> CliResult, running herd.cli.main (`herd
+    ...`) or herd.cli.seed_main (`python main.py ...`, which only calls it) in this process,
+    from the repository root as run_cli does. stderr is everything written to file
+    descriptor 2 (C libraries included), plus the warnings and WARNING log records a fresh
+    process would have printed there. Returns (run, restore); restore() puts back what a
+    run may have changed in this process (see _process_state)."""
+    import logging
+    import warnings
+
+    saved = _process_state()
+
+    def run(args: list[str], results: Path, entry: str = "herd") -> CliResult:
+        from herd.cli import main, seed_main
+        capfd.readouterr()                                   # earlier output is not this run's
+        herd_log = logging.getLogger("herd")
+        herd_log.handlers[:], herd_log.propagate = [], True  # as in a fresh process
+        records = _Records()
+        logging.getLogger().addHandler(records.handler)
+        os.chdir(ROOT)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                _python_default_warning_filters()
+                try:
+                    code = (seed_main if entry == "main" else main)([*args, f"--results_dir={results}"])
+                except SystemExit as exit:                   # argparse's --help and the like
+                    code = exit.code if isinstance(exit.code, int) else 1
+        finally:
+            logging.getLogger().removeHandler(records.handler)
+            os.chdir(saved["cwd"])
+        out, err = capfd.readouterr()
+        extra = [f"{w.category.__name__}: {w.message}" for w in caught] + records.lines
+        return CliResult(code, out, err + "".join(line + "\n" for line in extra))
+
+    return run, lambda: _restore_process_state(saved)
+
+
+@pytest.fixture
+def cli(capfd):
+    """The CLI in this process (cli_in_process_runner); afterwards the CLI must have given
+    back the signal handlers and cleared its stop event (herd/cli.py promises that to
+    in-process callers), and everything else a run may touch is put back as it was."""
+    run, restore = cli_in_process_runner(capfd)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield run
+    from herd import stopping
+    leaked = {sig: signal.getsignal(sig) for sig in before if signal.getsignal(sig) is not before[sig]}
+    stopped = stopping.STOP.is_set()
+    restore()
+    assert not leaked, f"the CLI left its signal handlers installed: {leaked}"
+    assert not stopped, "the CLI left its stop event set"

@@ -19,8 +19,9 @@ def uniform_model(value: float) -> torch.nn.Module:
     return model
 
 
-def read_many(weights: SharedWeights, count: int, torn) -> None:
+def read_many(weights: SharedWeights, count: int, torn, started) -> None:
     """Pulls `count` snapshots; counts those that are not one publish's constant."""
+    started.release()
     for _ in range(count):
         vector, version = weights.snapshot()
         if not bool((vector == vector[0]).all()) or (version > 0 and float(vector[0]) != float(version)):
@@ -38,9 +39,13 @@ def test_pulls_are_never_torn_while_publishing():
     models = [uniform_model(float(v)) for v in (1, 2)]
     weights = SharedWeights(models[0], context)
     torn = context.Value("i", 0)
-    readers = [context.Process(target=read_many, args=(weights, 60, torn)) for _ in range(2)]
+    started = context.Semaphore(0)
+    readers = [context.Process(target=read_many, args=(weights, 60, torn, started)) for _ in range(2)]
     for reader in readers:
         reader.start()
+    # Publishing starts once both readers run: a busy publisher would only slow their start-up.
+    for _ in readers:
+        assert started.acquire(timeout=60), "a reader never started"
     version = 0
     while any(reader.is_alive() for reader in readers):
         version += 1

@@ -184,13 +184,16 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     weights.publish(session.learner.model, version=session.counters.updates)
     channels = server = None
     stop_actors = context.Event()
-    if inference_device is not None:
+    # A resumed run whose budget is already spent trains nothing: starting actors would
+    # only wait for their start-up (seconds of importing torch) to stop them again.
+    if inference_device is not None and not session.done:
         channels, server = start_inference_server(spec, worker_count, weights, inference_device, stop_actors, context)
         log.info("inference server started on %s (pid %d) for %d actors", inference_device, server.pid, worker_count)
         session.processes["inference"] = server.pid
     pool = ActorPool(spec, worker_count, slots, slots_per_actor, weights, context, actor_timeout, max_restarts,
                      inference=channels, stop_event=stop_actors, registry=session.processes)
-    pool.start()
+    if not session.done:
+        pool.start()
     session.summary_extra["actor_restarts"] = lambda: pool.restarts   # summary.json: dead or hung actors replaced
     publish = lambda version: weights.publish(session.learner.model, version)  # noqa: E731
     last_health_check = time.monotonic()

@@ -73,7 +73,8 @@ def train_ray(session: TrainingSession, spec: ActorSpec, worker_count: int, slot
         session.summary_extra["learner_node"] = lambda: cluster.driver_node
         session.summary_extra["replay"] = lambda: {"location": "learner", "node": cluster.driver_node,
                                                    "rollout_bytes": read[0]}
-        pool.start()                   # the actors start (their first calls queued) while the server starts
+        if not session.done:         # a resumed run whose budget is spent: no actor to start and stop
+            pool.start()             # the actors start (their first calls queued) while the server starts
         if replay_server:
             remote = serve_replay(session, replay_server_node, cluster.driver_node)
         wake = remote.waitables if remote is not None else list

@@ -91,6 +91,7 @@ class TrainingSession:
         self.recent_lag: list[float] = []
         self.last_metrics: dict[str, float] = {}
         self.bad_in_a_row = 0
+        self.trained = False        # the first update of this session is logged: warm-up is over
         # The run's processes by role (learner, actor-<i>, inference), kept by the backend
         # as it starts and restarts them: what the hardware monitor measures.
         self.processes: dict[str, int] = {"learner": os.getpid()}
@@ -181,6 +182,12 @@ class TrainingSession:
                 continue
             self.bad_in_a_row = 0
             self.counters.updates += 1
+            if not self.trained:
+                # When the replays' warm-up ended; a run that waits for it (tests, a user
+                # tailing log.txt) sees it at once, not at the next metrics flush.
+                self.trained = True
+                log.info("first update (update %d) after %d environment steps", self.counters.updates,
+                         self.counters.env_steps)
             self.recent_lag.append(float(np.mean(self.counters.updates - 1 - mixed.versions)))
             self.last_metrics = metrics
             on_update(self.counters.updates)

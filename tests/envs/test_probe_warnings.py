@@ -5,7 +5,7 @@ import warnings
 import gymnasium as gym
 
 from herd.envs import EnvError, env_kind
-from herd_testing import run_cli
+from herd_testing import cli  # noqa: F401 (cli: a fixture)
 
 
 def missing_dependency(**kwargs):
@@ -42,11 +42,11 @@ def test_a_working_out_of_date_env_is_probed_silently():
     assert probe("HerdProbeFine-v0") == ("vector", [])
 
 
-def test_the_cli_says_one_line_for_an_out_of_date_env(tmp_path):
+def test_the_cli_says_one_line_for_an_out_of_date_env(cli, tmp_path):
     """HalfCheetah-v4: gymnasium's DeprecationWarning (two lines) and MuJoCo's own warnings
     came before herd's error or the run. herd runs the MuJoCo v5 tasks and refuses older
     ones before making them (herd/envs/extras.py): one line, naming v5."""
-    result = run_cli(["train", "--env=HalfCheetah-v4"], tmp_path / "results", timeout=60)
+    result = cli(["train", "--env=HalfCheetah-v4"], tmp_path / "results")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("herd: error:"), result.stderr

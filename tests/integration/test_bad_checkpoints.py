@@ -1,5 +1,9 @@
 """Checkpoints that must be refused: one line on stderr, exit code 2, no new run folder,
-and the run being loaded is unchanged byte for byte."""
+and the run being loaded is unchanged byte for byte.
+
+Every case runs in this process (the `cli` fixture: herd's CLI function, file descriptor 2
+captured); two of them, and `herd resume`, also as real processes through both entry
+points, where the exit code and the single line are the process's own."""
 import hashlib
 import os
 import shutil
@@ -7,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from herd_testing import corrupt_first_weight, only_run, run_cli
+from herd_testing import cli, copy_of_run, corrupt_first_weight, run_cli  # noqa: F401 (cli: a fixture)
 from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints
 
 
@@ -22,13 +26,10 @@ class Payload:
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    """A small CartPole run and, beside it, every kind of bad checkpoint."""
+def sources(small_cartpole_run, tmp_path_factory):
+    """A small CartPole run (a copy of the shared one) and, beside it, every kind of bad checkpoint."""
     base = tmp_path_factory.mktemp("bad_checkpoints")
-    result = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=3000", "--worker_count=1",
-                      "--tensorboard=False"], base / "results")
-    assert result.returncode == 0, result.stderr[-2000:]
-    run = only_run(base / "results")
+    run = copy_of_run(small_cartpole_run, base / "results")
     assert list_checkpoints(run / CHECKPOINT_DIR)
 
     truncated = base / "truncated_run"                      # a copy: the trained run stays whole
@@ -73,19 +74,33 @@ def tree_hashes(folder):
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("command", ["main.py --op_mode=train_w_load", "herd test"])
-@pytest.mark.parametrize("case", list(CASES))
-def test_bad_checkpoint_is_refused_and_changes_nothing(sources, tmp_path, case, command):
+def refuse(run, sources, case, command, results):
+    """`run` is run_cli or the `cli` fixture: both take (args, results, entry=...)."""
     url_of, extra, words = CASES[case]
     url = url_of(sources)
     before = tree_hashes(sources["base"])
-    results = tmp_path / "results"
     if command == "herd test":
-        result = run_cli(["test", str(url), "--render=False", *extra], results, timeout=120)
+        result = run(["test", str(url), "--render=False", *extra], results)
     else:
-        result = run_cli(["--op_mode=train_w_load", f"--load_model_url={url}", *extra], results, entry="main",
-                         timeout=120)
+        result = run(["--op_mode=train_w_load", f"--load_model_url={url}", *extra], results, entry="main")
     assert_refused(result, words, results, sources, before)
+
+
+COMMANDS = ["main.py --op_mode=train_w_load", "herd test"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_checkpoint_is_refused_and_changes_nothing(cli, sources, tmp_path, case, command):
+    refuse(cli, sources, case, command, tmp_path / "results")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", ["truncated checkpoint", "malicious pickle"])
+def test_bad_checkpoint_in_a_real_process_is_refused_and_changes_nothing(sources, tmp_path, case, command):
+    def run(args, results, entry="herd"):
+        return run_cli(args, results, entry=entry, timeout=120)
+    refuse(run, sources, case, command, tmp_path / "results")
 
 
 def assert_refused(result, words, results, sources, before):

@@ -1,7 +1,13 @@
-"""Bad input: one clear line on stderr, exit code 2, nothing started and nothing written."""
+"""Bad input: one clear line on stderr, exit code 2, nothing started and nothing written.
+
+Every case runs through both entry points in this process (the `cli` fixture: herd's CLI
+function with the argument list, file descriptor 2 captured); a few, chosen to cover each
+layer that refuses (the parser, the replay spec, the environment probe with ALE's C
+library, the memory check), also run as real `herd` and `python main.py` processes, where
+the exit code, the single line and the absence of a traceback are the process's own."""
 import pytest
 
-from herd_testing import run_cli
+from herd_testing import cli, run_cli  # noqa: F401 (cli: a fixture)
 
 CASES = [
     (["--env=CartPole-v1", "--replay_parameters=[{\"type\": \"queue\""], "not valid JSON"),
@@ -53,12 +59,32 @@ CASES = [
 ]
 
 
+# Indices into CASES that also run as real processes: JSON, the environment probe (ALE's
+# C library prints a banner unless silenced), the replay memory check, argparse.
+IN_A_REAL_PROCESS = [0, 3, 7, 9]
+
+
+def command(entry, args):
+    return ["--op_mode=train", *args] if entry == "main" else ["train", *args]
+
+
 @pytest.mark.parametrize("entry", ["main", "herd"])
 @pytest.mark.parametrize("args, words", CASES)
-def test_bad_input_is_one_line_and_nonzero(tmp_path, entry, args, words):
-    args = ["--op_mode=train", *args] if entry == "main" else ["train", *args]
-    result = run_cli(args, tmp_path / "results", entry=entry, timeout=60)
-    assert result.returncode == 2
+def test_bad_input_is_one_line_and_nonzero(cli, tmp_path, entry, args, words):
+    result = cli(command(entry, args), tmp_path / "results", entry=entry)
+    assert_refused(result, words, tmp_path)
+
+
+@pytest.mark.parametrize("entry", ["main", "herd"])
+@pytest.mark.parametrize("args, words", [CASES[i] for i in IN_A_REAL_PROCESS],
+                         ids=[f"args{i}" for i in IN_A_REAL_PROCESS])
+def test_bad_input_in_a_real_process_is_one_line_and_nonzero(tmp_path, entry, args, words):
+    result = run_cli(command(entry, args), tmp_path / "results", entry=entry, timeout=60)
+    assert_refused(result, words, tmp_path)
+
+
+def assert_refused(result, words, tmp_path):
+    assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert words.lower() in lines[0].lower()

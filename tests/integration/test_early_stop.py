@@ -10,7 +10,7 @@ import time
 
 import torch.multiprocessing as mp
 
-from herd_testing import ROOT, killed_at_exit, only_run, run_cli, start_cli, wait_for
+from herd_testing import ROOT, cli, killed_at_exit, only_run, run_cli, start_cli, wait_for  # noqa: F401
 
 from herd.checkpoint import load_checkpoint
 from herd.stopping import sigint_blocked
@@ -72,11 +72,11 @@ def test_a_stop_after_the_folder_exists_leaves_a_run_that_resumes(tmp_path, monk
     assert summary["ended"] == "finished" and summary["environment_steps"] >= 1000
 
 
-def test_resume_of_a_folder_killed_before_its_first_checkpoint_is_one_line(tmp_path):
+def test_resume_of_a_folder_killed_before_its_first_checkpoint_is_one_line(cli, tmp_path):
     run = tmp_path / "CartPole-v1_1"
     run.mkdir()
     (run / "config.json").write_text("{}")
-    result = run_cli(["resume", str(run)], tmp_path / "results")
+    result = cli(["resume", str(run)], tmp_path / "results")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert "has no checkpoint" in lines[0] and "herd train" in lines[0]
@@ -105,16 +105,9 @@ def test_children_start_with_sigint_blocked_and_survive_a_ctrl_c_while_starting(
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
-def test_actors_of_a_run_have_sigint_blocked(tmp_path):
-    import psutil
-    process = start_cli(["train", *CARTPOLE, "--environment_max_steps=10000000", "--basic_verbose=False"], tmp_path)
-    with killed_at_exit(process):
-        def actors():
-            return [c for c in psutil.Process(process.pid).children() if "resource_tracker" not in " ".join(c.cmdline())]
-        assert wait_for(lambda: len(actors()) == 1, timeout=60)
-        status = open(f"/proc/{actors()[0].pid}/status").read()
-        blocked = int(next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
-        assert blocked & (1 << (signal.SIGINT - 1))
-        os.killpg(process.pid, signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
+def test_actors_of_a_run_have_sigint_blocked(stopped_run):
+    """The shared lifecycle run (conftest.py): its first actors and the one started to
+    replace a killed actor had SIGINT blocked, and its Ctrl+C to the whole group ended it
+    with exit 0 and no traceback."""
+    assert stopped_run["sigint_blocked"] == {"first actors": True, "replacement": True}
+    assert stopped_run["returncode"] == 0 and "Traceback" not in stopped_run["stderr"], stopped_run["stderr"][-3000:]

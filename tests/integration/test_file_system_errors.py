@@ -6,22 +6,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from herd_testing import ROOT
+from herd_testing import ROOT, cli  # noqa: F401 (cli: a fixture)
 
 from herd.checkpoint import list_checkpoints, load_checkpoint
 
 CARTPOLE = ["--env=CartPole-v1", "--worker_count=1", "--envs_per_worker=4", "--tensorboard=False"]
 
 
-def herd(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "herd.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def test_results_dir_that_is_a_file_is_one_line(tmp_path):
+def test_results_dir_that_is_a_file_is_one_line(cli, tmp_path):
     file = tmp_path / "results"
     file.write_text("not a folder")
-    result = herd(["train", *CARTPOLE, f"--results_dir={file}"])
+    result = cli(["train", *CARTPOLE], file)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "is a file" in lines[0], result.stderr

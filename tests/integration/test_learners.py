@@ -10,7 +10,7 @@ import sys
 import psutil
 import pytest
 
-from herd_testing import ROOT, any_alive, killed_at_exit, only_run, run_cli, start_cli, wait_for
+from herd_testing import ROOT, any_alive, cli, killed_at_exit, only_run, run_cli, start_cli, wait_for  # noqa: F401
 from herd.checkpoint import list_checkpoints, load_checkpoint
 from herd.monitor.metrics import EPISODE_COLUMNS
 
@@ -19,10 +19,10 @@ TWO = ["--env=CartPole-v1", "--learner_count=2", "--worker_count=2", f"--envs_pe
        f"--r_f_steps={T}", "--seed=3", "--tensorboard=False"]
 
 
-def train_rows(results) -> int:
-    runs = [p for p in results.iterdir() if p.is_dir()] if results.exists() else []
-    csv = runs[0] / "train.csv" if runs else None
-    return len(csv.read_text().splitlines()) - 1 if csv is not None and csv.exists() else 0
+def training(results) -> bool:
+    """The primary logged its first update (the group's first round): the run trains."""
+    logs = list(results.glob("*/log.txt")) if results.exists() else []
+    return bool(logs) and "first update" in logs[0].read_text()
 
 
 def test_two_learners_write_one_run_with_the_totals_of_both(tmp_path):
@@ -61,7 +61,7 @@ def test_two_learners_write_one_run_with_the_totals_of_both(tmp_path):
 def test_ctrl_c_stops_both_learners_with_a_checkpoint(tmp_path):
     with killed_at_exit(start_cli(["train", *TWO, "--environment_max_steps=100000000", "--verbose_learner_out_int=2"],
                                   tmp_path)) as process:
-        assert wait_for(lambda: train_rows(tmp_path) >= 3, 90)
+        assert wait_for(lambda: training(tmp_path), 90)
         children = psutil.Process(process.pid).children(recursive=True)
         os.killpg(process.pid, signal.SIGINT)
         _, err = process.communicate(timeout=60)
@@ -77,7 +77,7 @@ def test_ctrl_c_stops_both_learners_with_a_checkpoint(tmp_path):
 def test_a_killed_learner_ends_the_run_with_a_checkpoint_and_one_line(tmp_path, victim):
     with killed_at_exit(start_cli(["train", *TWO, "--environment_max_steps=100000000", "--verbose_learner_out_int=2",
                                    "--save_model_period=1000000"], tmp_path)) as process:
-        assert wait_for(lambda: train_rows(tmp_path) >= 3, 90)
+        assert wait_for(lambda: training(tmp_path), 90)
         # log.txt: "2 learners (pids <primary>, <learner 1>); ..."
         line = next(l for l in (only_run(tmp_path) / "log.txt").read_text().splitlines() if "2 learners (pids" in l)
         primary, learner1 = (int(pid) for pid in line.split("(pids ")[1].split(")")[0].split(", "))
@@ -106,7 +106,7 @@ def test_a_killed_learner_ends_the_run_with_a_checkpoint_and_one_line(tmp_path, 
 TOO_FEW = ["--env=CartPole-v1", "--learner_count=3", "--worker_count=2"]
 
 
-@pytest.mark.parametrize("args, env, words", [
+BAD_LEARNER_OPTIONS = [
     (TOO_FEW, {}, "--worker_count=2 is less than --learner_count=3"),
     (["--env=CartPole-v1", "--learner_count=2", "--batch_size=7"], {}, "does not split evenly"),
     (["--env=CartPole-v1", "--learner_count=2", "--worker_count=2", "--batch_size=2",
@@ -115,30 +115,40 @@ TOO_FEW = ["--env=CartPole-v1", "--learner_count=3", "--worker_count=2"]
     (["--env=CartPole-v1", "--learner_count=0"], {}, "--learner_count must be >= 1"),
     (["--env=CartPole-v1", "--learner_count=2", "--learner_timeout=0"], {}, "--learner_timeout must be"),
     (["--env=CartPole-v1", "--learner_count=2"], {"RANK": "0", "WORLD_SIZE": "3"}, "torchrun started 3"),
-])
-def test_bad_learner_options_are_one_line(tmp_path, args, env, words):
-    result = subprocess.run([sys.executable, "-m", "herd.cli", "train", *args, f"--results_dir={tmp_path}"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+]
+
+
+def assert_one_line(result, words, tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], result.stderr
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
-REPLAY = '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, ' \
-         '{"type": "standard", "capacity": 64, "sample_ratio": 0.5}]'
+@pytest.mark.parametrize("args, env, words", BAD_LEARNER_OPTIONS)
+def test_bad_learner_options_are_one_line(cli, monkeypatch, tmp_path, args, env, words):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert_one_line(cli(["train", *args], tmp_path), words, tmp_path)
 
 
-def test_resume_a_one_learner_run_with_two_the_primary_keeps_the_replay(tmp_path):
-    one = ["--env=CartPole-v1", "--worker_count=2", f"--envs_per_worker={E}", f"--batch_size={BATCH}",
-           f"--r_f_steps={T}", "--seed=4", "--tensorboard=False", "--training_fill_in_factor=0.1", REPLAY]
-    first = run_cli(["train", *one, "--environment_max_steps=3000"], tmp_path / "one", timeout=120)
-    assert first.returncode == 0, first.stderr[-2000:]
-    saved, _ = load_checkpoint(only_run(tmp_path / "one"))
+def test_torchrun_variables_that_disagree_are_one_line_in_a_real_process(tmp_path):
+    """The case above whose input is the process's environment, as torchrun sets it."""
+    args, env, words = BAD_LEARNER_OPTIONS[-1]
+    result = subprocess.run([sys.executable, "-m", "herd.cli", "train", *args, f"--results_dir={tmp_path}"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    assert_one_line(result, words, tmp_path)
+
+
+def test_resume_a_one_learner_run_with_two_the_primary_keeps_the_replay(stopped_run, tmp_path):
+    """The one-learner run: the shared lifecycle run (conftest.py; a uniform replay of 64
+    beside the queue, stopped with Ctrl+C)."""
+    saved, _ = load_checkpoint(stopped_run["run"])
+    assert saved["config"]["learner_count"] == 1
     filled = saved["replay"]["replays"][1]["sampler"]["ring"]["filled"]
     steps = saved["counters"]["env_steps"]
-    two = run_cli(["resume", str(only_run(tmp_path / "one")), "--learner_count=2",
-                   f"--environment_max_steps={steps + 3000}"], tmp_path / "two", timeout=120)
+    two = run_cli(["resume", str(stopped_run["run"]), "--learner_count=2", f"--environment_max_steps={steps + 3000}"],
+                  tmp_path / "two", timeout=120)
     assert two.returncode == 0, two.stderr[-2000:]
     state, _ = load_checkpoint(only_run(tmp_path / "two"))
     assert state["counters"]["env_steps"] >= steps + 3000 and state["counters"]["updates"] > saved["counters"]["updates"]

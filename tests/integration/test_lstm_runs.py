@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from herd_testing import only_run, run_cli
+from herd_testing import cli, only_run, run_cli  # noqa: F401 (cli: a fixture)
 from herd.checkpoint import load_checkpoint
 
 ELITE = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "custom", "capacity": 40, '
@@ -71,8 +71,8 @@ def test_test_mode_plays_a_recurrent_policy(lstm_run, tmp_path):
     (["--env=CartPole-v1", "--use_lstm=True", "--lstm_size=0"], "--lstm_size must be >= 1"),
     (["--env=PongNoFrameskip-v4", "--hide_velocity=True"], "--hide_velocity removes velocity entries"),
 ])
-def test_bad_recurrent_options_are_refused_in_one_line(tmp_path, flags, message):
-    result = run_cli(["train", *flags], tmp_path, timeout=60)
+def test_bad_recurrent_options_are_refused_in_one_line(cli, tmp_path, flags, message):
+    result = cli(["train", *flags], tmp_path)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from herd_testing import ANGLE_ONLY, BALANCER, ROOT, fixed_action, fixed_policy_state, only_run, run_cli
+from herd_testing import (ANGLE_ONLY, BALANCER, ROOT, copy_of_run, fixed_action, fixed_policy_state, only_run,
+                          run_cli)
 from herd.checkpoint import load_checkpoint, save_checkpoint
 from herd.evaluate import MAX_TEST_ENVS, VIDEO_EPISODES, ProgressBar, split_episodes
 
@@ -32,12 +33,9 @@ def no_display_env():
     return {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
 
 
-def fixed_policy_run(results, w):
-    """A real run folder whose checkpoint holds the fixed policy `w` instead of learned weights."""
-    result = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=1000", "--seed=1",
-                      "--tensorboard=False"], results)
-    assert result.returncode == 0, result.stderr[-2000:]
-    run = only_run(results)
+def fixed_policy_run(small_cartpole_run, folder, w):
+    """A copy of a real run folder whose checkpoint holds the fixed policy `w` instead of learned weights."""
+    run = copy_of_run(small_cartpole_run, folder)
     state, path = load_checkpoint(run)
     state["model"] = fixed_policy_state(state["model"], w)
     save_checkpoint({k: v for k, v in state.items() if k not in ("format_version", "checksum")}, run,
@@ -46,13 +44,13 @@ def fixed_policy_run(results, w):
 
 
 @pytest.fixture(scope="module")
-def cartpole_run(tmp_path_factory):
-    return fixed_policy_run(tmp_path_factory.mktemp("balancer"), BALANCER)
+def cartpole_run(small_cartpole_run, tmp_path_factory):
+    return fixed_policy_run(small_cartpole_run, tmp_path_factory.mktemp("balancer"), BALANCER)
 
 
 @pytest.fixture(scope="module")
-def angle_only_run(tmp_path_factory):
-    return fixed_policy_run(tmp_path_factory.mktemp("angle_only"), ANGLE_ONLY)
+def angle_only_run(small_cartpole_run, tmp_path_factory):
+    return fixed_policy_run(small_cartpole_run, tmp_path_factory.mktemp("angle_only"), ANGLE_ONLY)
 
 
 def independent_scores(w, episodes: int, seed: int) -> list[float]:
@@ -87,22 +85,12 @@ def test_herd_test_reports_what_an_independent_run_of_the_same_games_gives(angle
 
 
 @pytest.fixture(scope="module")
-def short_cartpole_run(tmp_path_factory):
-    """A few seconds of CartPole: a checkpoint to render, not a good player."""
-    results = tmp_path_factory.mktemp("short_cartpole")
-    result = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=2000", "--worker_count=1",
-                      "--tensorboard=False"], results)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return only_run(results)
-
-
-@pytest.fixture(scope="module")
 def pong_run(tmp_path_factory):
     """A barely trained Pong agent: enough for a checkpoint to render."""
     results = tmp_path_factory.mktemp("pong")
     result = run_cli(["train", "--env=PongNoFrameskip-v4", "--environment_max_steps=600", "--batch_size=4",
-                      "--r_f_steps=5", "--worker_count=1", "--envs_per_worker=2", QUEUE_ONLY, "--tensorboard=False"],
-                     results)
+                      "--r_f_steps=5", "--worker_count=1", "--envs_per_worker=2", QUEUE_ONLY, "--tensorboard=False",
+                      "--learner_thread_count=1"], results)
     assert result.returncode == 0, result.stderr[-2000:]
     return only_run(results)
 
@@ -140,10 +128,16 @@ def test_seed_command_line_test_mode(cartpole_run, tmp_path):
     assert scores["mean"] >= SOLVED
 
 
-def test_render_without_pygame_warns_once_and_still_scores(cartpole_run, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "herd.cli", "test", str(cartpole_run), "--test_episode_count=5",
-                             "--render=True", f"--results_dir={tmp_path}"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120, env=no_display_env())
+def test_render_without_a_display_records_a_video_and_prints_nothing_from_sdl(small_cartpole_run, tmp_path):
+    """No display, as on a bare server: CartPole's frames are drawn and recorded (or, without
+    pygame, one warning and the games are still scored); and nothing from pygame's SDL on
+    stderr (it printed "error: XDG_RUNTIME_DIR is invalid or not set", its Wayland probe):
+    stderr holds only herd's lines."""
+    env = {k: v for k, v in no_display_env().items()
+           if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "SDL_AUDIODRIVER")}
+    result = subprocess.run([sys.executable, "-m", "herd.cli", "test", str(small_cartpole_run),
+                             "--test_episode_count=5", "--render=True", f"--results_dir={tmp_path}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     run, scores = read_results(tmp_path)
     assert scores["episode_count"] == 5
@@ -152,20 +146,8 @@ def test_render_without_pygame_warns_once_and_still_scores(cartpole_run, tmp_pat
         assert len(warnings) == 1 and "pygame" in warnings[0], result.stderr
         assert scores["video"] is None and not (run / "test_video.mp4").exists()
     else:
+        assert scores["video"] == str(run / "test_video.mp4")   # the frames were drawn and recorded
         assert len(imageio.mimread(run / "test_video.mp4", memtest=False)) > 1
-
-
-def test_recording_a_video_prints_nothing_from_sdl(short_cartpole_run, tmp_path):
-    """pygame's SDL printed "error: XDG_RUNTIME_DIR is invalid or not set" (its Wayland probe)
-    when the render process drew CartPole frames with no display; stderr holds only herd's lines."""
-    env = {k: v for k, v in no_display_env().items()
-           if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "SDL_AUDIODRIVER")}   # as on a bare server
-    result = subprocess.run([sys.executable, "-m", "herd.cli", "test", str(short_cartpole_run),
-                             "--test_episode_count=2", "--render=True", f"--results_dir={tmp_path}"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 0, result.stderr[-2000:]
-    run, scores = read_results(tmp_path)
-    assert scores["video"] == str(run / "test_video.mp4")   # the frames were still drawn and recorded
     lines = result.stderr.strip().splitlines()
     assert lines and all(line.startswith(("[herd]", "test [")) for line in lines), result.stderr
 

@@ -4,6 +4,7 @@ import json
 import os
 
 import psutil
+import pytest
 import torch
 
 from herd_testing import any_alive, only_run, run_cli, start_cli, wait_for
@@ -40,23 +41,36 @@ def leaked_shm(before: set) -> set:
     return leaked
 
 
-def test_cartpole_run_fills_its_folder_and_cleans_up(tmp_path):
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    """One real CartPole run that two tests read: 2 actors x 4 envs, with the policy-lag
+    bound at 0 (rollouts from an older policy are dropped). Hardware figures every 0.25 s:
+    the monitor starts before the actors, which take longer than that to start (importing
+    torch), so its first sample sees them however fast the machine (at the default 5 s a
+    fast machine finished the run before the first sample)."""
+    results = tmp_path_factory.mktemp("cartpole")
     before = shm_files()
-    process = start_cli(["train", "--env=CartPole-v1", "--environment_max_steps=30000", "--worker_count=2",
+    process = start_cli(["train", "--env=CartPole-v1", "--environment_max_steps=20000", "--worker_count=2",
                          "--envs_per_worker=4", "--batch_size=4", "--r_f_steps=16", "--save_model_period=20",
-                         "--seed=3"], tmp_path)
+                         "--max_policy_lag=0", "--seed=3", "--hardware_interval=0.25"], results)
     children = []
     wait_for(lambda: len(children.extend(psutil.Process(process.pid).children()) or children) >= 2, 30, 0.05)
     _, err = process.communicate(timeout=120)
-    assert process.returncode == 0, err[-2000:]
+    return {"returncode": process.returncode, "stderr": err, "children": children, "shm_before": before,
+            "results": results}
+
+
+def test_cartpole_run_fills_its_folder_and_cleans_up(cartpole_run):
+    assert cartpole_run["returncode"] == 0, cartpole_run["stderr"][-2000:]
+    children = cartpole_run["children"]
     assert len(children) >= 2
-    run = only_run(tmp_path)
+    run = only_run(cartpole_run["results"])
     assert run.name.startswith("CartPole-v1_")
     for name in ("config.json", "log.txt", "episodes.csv", "train.csv", "summary.json"):
         assert (run / name).is_file(), name
     assert any((run / "tensorboard").iterdir())
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["environment_steps"] >= 30000 and summary["training_steps"] > 0
+    assert summary["environment_steps"] >= 20000 and summary["training_steps"] > 0
     assert summary["episodes"] > 0 and summary["ended"] == "finished"
     config = json.loads((run / "config.json").read_text())
     assert config["seed"] == 3 and config["optimizer"] == "adam"
@@ -67,10 +81,10 @@ def test_cartpole_run_fills_its_folder_and_cleans_up(tmp_path):
     assert lines[0].startswith("episode,score,length,env_step")
     train_rows = (run / "train.csv").read_text().splitlines()
     assert len(train_rows) > 1 and "policy_lag" in train_rows[0]
-    hardware = (run / "hardware.csv").read_text()       # every 5 s: the run lasts longer
+    hardware = (run / "hardware.csv").read_text()
     assert hardware.startswith("wall_time,source,pid") and ",actor-1," in hardware and ",learner," in hardware
     # No leaked shared memory and no orphaned actor processes.
-    assert not leaked_shm(before)
+    assert not leaked_shm(cartpole_run["shm_before"])
     assert wait_for(lambda: not any_alive(children), 5)
 
 
@@ -89,12 +103,8 @@ def test_seed_pong_command_runs_verbatim(tmp_path):
     assert "replay" in state
 
 
-def test_policy_lag_bound_drops_stale_rollouts_and_still_trains(tmp_path):
-    result = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=20000", "--worker_count=2",
-                      "--envs_per_worker=4", "--batch_size=4", "--r_f_steps=16", "--max_policy_lag=0", "--seed=4",
-                      "--basic_verbose=False"], tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
+def test_policy_lag_bound_drops_stale_rollouts_and_still_trains(cartpole_run):
+    summary = json.loads((only_run(cartpole_run["results"]) / "summary.json").read_text())
     # Two actors with four slots each run ahead of the learner: some rollouts come from an
     # older policy and are dropped, the others train.
     assert summary["stale_rollouts_dropped"] > 0 and summary["training_steps"] > 0

@@ -56,66 +56,91 @@ def params(model) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-HANG_TIMEOUT = 15.0      # the group's timeout in the "hangs" scenario
+HANG_TIMEOUT = 3.0       # the group's timeout in the "hangs" scenario
+# One pair of processes runs these one after the other: all but the last leave the group
+# whole, and in the last learner 1 dies (the "hangs" scenario needs its own short timeout).
+SHARED = ("identical", "one_update", "counters", "nan_on_one", "stop_vote", "dies")
+
+
+def meet(rank: int, out: str) -> None:
+    """Both processes have started (imports done) before either joins the group: the
+    group's timeout, as short as 3 s in the "hangs" scenario, then covers the rendezvous
+    alone, not the other process's start-up on a busy machine."""
+    open(os.path.join(out, f"ready{rank}"), "w").close()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(out, f"ready{1 - rank}")):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other learner process never started")
+        time.sleep(0.02)
 
 
 def worker(rank: int, port: int, out: str, scenario: str) -> None:
+    meet(rank, out)
     group = join_group(rank, 2, "cpu", timeout_s=HANG_TIMEOUT if scenario == "hangs" else 120, port=port)
     try:
-        model = new_model(seed=rank + 1)        # different on purpose: broadcast_state makes them equal
-        broadcast_state(model)
-        result = {"initial": params(model)}
-        sync = GroupSync(group, model.parameters(), max_episodes=4)
-        if scenario == "identical":
-            learner = new_learner(model, "adam", sync.exchange)
-            result["metrics"] = [learner.step(make_batch(100 * k + rank)) for k in range(K)]
-        elif scenario == "one_update":
-            learner = new_learner(model, "sgd", sync.exchange)
-            result["metrics"] = [learner.step(make_batch(rank))]
-        elif scenario == "counters":
-            # 6 episodes on learner 0 with room for 4 per row: two rounds; counters exact.
-            sync.pending.add(1000 + rank, stale=bool(rank), episodes=[(float(i), 10 + i) for i in range(6 - 5 * rank)])
-            rounds = [sync.exchange(with_gradients=False)]
-            result["first_more"] = sync.more
-            tallies = sync.take_received()
-            while sync.more:
-                sync.exchange(with_gradients=False, stop=True)
-                tallies += sync.take_received()
-            result["tallies"] = [(t.env_steps, t.rollouts, t.stale, t.episodes) for t in tallies]
-            result["rounds"], result["stopped"] = rounds, sync.stopped
-        elif scenario == "nan_on_one":
-            learner = new_learner(model, "adam", sync.exchange)
-            result["metrics"] = [learner.step(make_batch(rank, nan_reward=rank == 1))]
-        elif scenario == "stop_vote":
-            if rank == 0:
-                learner = new_learner(model, "adam", sync.exchange)
-                result["metrics"] = [learner.step(make_batch(0))]
-            else:
-                result["applied"] = sync.exchange(with_gradients=False, stop=True)
-        elif scenario in ("dies", "hangs"):
-            released = os.path.join(out, "released")
-            if rank == 1 and scenario == "dies":
-                os._exit(3)                     # gone without a word, like kill -9
-            if rank == 1:                       # alive but never joins the round, until rank 0 has given up
-                while not os.path.exists(released):
-                    time.sleep(0.1)
-                os._exit(0)
-            learner = new_learner(model, "adam", sync.exchange)
-            started = time.monotonic()
-            try:
-                learner.step(make_batch(0))
-                result["error"] = None
-            except LearnerFailure as err:
-                result["error"] = str(err)
-            result["seconds"] = time.monotonic() - started
-            open(released, "w").close()
-        result["final"] = params(model)
-        torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+        for name in SHARED if scenario == "shared" else (scenario,):
+            result = run_scenario(rank, group, name, out)
+            if result is not None:
+                torch.save(result, os.path.join(out, f"rank{rank}_{name}.pt"))
     finally:
         leave_group()
 
 
-def run_pair(tmp_path, scenario: str, timeout: float = 90) -> list:
+def run_scenario(rank: int, group, scenario: str, out: str) -> dict | None:
+    model = new_model(seed=rank + 1)        # different on purpose: broadcast_state makes them equal
+    broadcast_state(model)
+    result = {"initial": params(model)}
+    sync = GroupSync(group, model.parameters(), max_episodes=4)
+    if scenario == "identical":
+        learner = new_learner(model, "adam", sync.exchange)
+        result["metrics"] = [learner.step(make_batch(100 * k + rank)) for k in range(K)]
+    elif scenario == "one_update":
+        learner = new_learner(model, "sgd", sync.exchange)
+        result["metrics"] = [learner.step(make_batch(rank))]
+    elif scenario == "counters":
+        # 6 episodes on learner 0 with room for 4 per row: two rounds; counters exact.
+        sync.pending.add(1000 + rank, stale=bool(rank), episodes=[(float(i), 10 + i) for i in range(6 - 5 * rank)])
+        rounds = [sync.exchange(with_gradients=False)]
+        result["first_more"] = sync.more
+        tallies = sync.take_received()
+        while sync.more:
+            sync.exchange(with_gradients=False, stop=True)
+            tallies += sync.take_received()
+        result["tallies"] = [(t.env_steps, t.rollouts, t.stale, t.episodes) for t in tallies]
+        result["rounds"], result["stopped"] = rounds, sync.stopped
+    elif scenario == "nan_on_one":
+        learner = new_learner(model, "adam", sync.exchange)
+        result["metrics"] = [learner.step(make_batch(rank, nan_reward=rank == 1))]
+    elif scenario == "stop_vote":
+        if rank == 0:
+            learner = new_learner(model, "adam", sync.exchange)
+            result["metrics"] = [learner.step(make_batch(0))]
+        else:
+            result["applied"] = sync.exchange(with_gradients=False, stop=True)
+    elif scenario in ("dies", "hangs"):
+        released = os.path.join(out, "released")
+        if rank == 1 and scenario == "dies":
+            os._exit(3)                     # gone without a word, like kill -9
+        if rank == 1:                       # alive but never joins the round, until rank 0 has given up
+            while not os.path.exists(released):
+                time.sleep(0.1)
+            os._exit(0)
+        learner = new_learner(model, "adam", sync.exchange)
+        started = time.monotonic()
+        try:
+            learner.step(make_batch(0))
+            result["error"] = None
+        except LearnerFailure as err:
+            result["error"] = str(err)
+        result["seconds"] = time.monotonic() - started
+        open(released, "w").close()
+    result["final"] = params(model)
+    return result
+
+
+def run_pair(tmp_path, scenario: str, timeout: float = 90):
+    """[rank 0's results] of `scenario` (in which learner 1 leaves), or for "shared" a
+    dict: scenario -> [rank 0, rank 1] ([rank 0] for "dies")."""
     context = mp.get_context("spawn")
     port = free_port()
     processes = [context.Process(target=worker, args=(rank, port, str(tmp_path), scenario)) for rank in range(2)]
@@ -127,14 +152,21 @@ def run_pair(tmp_path, scenario: str, timeout: float = 90) -> list:
         if p.is_alive():
             p.kill()
             pytest.fail(f"{scenario}: a learner process hung")
-    ranks = [0] if scenario in ("dies", "hangs") else [0, 1]
-    for rank in ranks:
-        assert processes[rank].exitcode == 0, (scenario, rank, processes[rank].exitcode)
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in ranks]
+    assert processes[0].exitcode == 0, (scenario, processes[0].exitcode)
+    if scenario == "shared":
+        assert processes[1].exitcode == 3, processes[1].exitcode           # it died in the last scenario
+        return {name: [torch.load(tmp_path / f"rank{r}_{name}.pt", weights_only=False)
+                       for r in ([0] if name == "dies" else [0, 1])] for name in SHARED}
+    return [torch.load(tmp_path / f"rank0_{scenario}.pt", weights_only=False)]
 
 
-def test_weights_are_bit_identical_on_both_learners_after_k_updates(tmp_path):
-    first, second = run_pair(tmp_path, "identical")
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    return run_pair(tmp_path_factory.mktemp("learner_pair"), "shared")
+
+
+def test_weights_are_bit_identical_on_both_learners_after_k_updates(shared):
+    first, second = shared["identical"]
     for name in first["initial"]:
         assert torch.equal(first["initial"][name], second["initial"][name]), name     # broadcast at start
         assert torch.equal(first["final"][name], second["final"][name]), name         # same bits after K updates
@@ -146,11 +178,11 @@ def test_weights_are_bit_identical_on_both_learners_after_k_updates(tmp_path):
     assert first["metrics"][0]["loss"] != second["metrics"][0]["loss"]
 
 
-def test_one_update_of_two_learners_equals_one_learner_on_both_batches(tmp_path):
+def test_one_update_of_two_learners_equals_one_learner_on_both_batches(shared):
     """herd's losses are means over the batch's T x B steps, so the average of the two
     learners' gradients (batches A and B) equals the gradient on A+B only because A and B
     have the same size (B columns each, no LASER mask, no replayed columns)."""
-    first, second = run_pair(tmp_path, "one_update")
+    first, second = shared["one_update"]
     single = new_model(seed=0)
     single.load_state_dict(first["initial"])
     new_learner(single, "sgd").step(concat(make_batch(0), make_batch(1)))     # SGD lr 1: params move by -grad
@@ -162,8 +194,8 @@ def test_one_update_of_two_learners_equals_one_learner_on_both_batches(tmp_path)
     assert moved > 1e-3                                                        # the update did something
 
 
-def test_counters_and_episodes_reach_every_learner_in_rank_order(tmp_path):
-    first, second = run_pair(tmp_path, "counters")
+def test_counters_and_episodes_reach_every_learner_in_rank_order(shared):
+    first, second = shared["counters"]
     assert first["tallies"] == second["tallies"]
     assert first["first_more"] and first["rounds"] == [False]        # no gradients: nothing to apply
     (steps0, rollouts0, stale0, episodes0), (steps1, rollouts1, stale1, episodes1) = first["tallies"][:2]
@@ -173,23 +205,23 @@ def test_counters_and_episodes_reach_every_learner_in_rank_order(tmp_path):
     assert first["stopped"] and second["stopped"]
 
 
-def test_a_non_finite_loss_on_one_learner_skips_the_update_on_both(tmp_path):
-    first, second = run_pair(tmp_path, "nan_on_one")
+def test_a_non_finite_loss_on_one_learner_skips_the_update_on_both(shared):
+    first, second = shared["nan_on_one"]
     assert first["metrics"][0]["skipped"] == 1.0 and second["metrics"][0]["skipped"] == 1.0
     for name in first["initial"]:
         assert torch.equal(first["initial"][name], first["final"][name])
         assert torch.equal(first["final"][name], second["final"][name])
 
 
-def test_a_stop_vote_means_nobody_applies_the_round(tmp_path):
-    first, second = run_pair(tmp_path, "stop_vote")
+def test_a_stop_vote_means_nobody_applies_the_round(shared):
+    first, second = shared["stop_vote"]
     assert first["metrics"][0]["stopped"] == 1.0 and second["applied"] is False
     for name in first["initial"]:
         assert torch.equal(first["initial"][name], first["final"][name])
 
 
-def test_a_learner_that_dies_is_noticed_at_once_not_after_the_timeout(tmp_path):
-    (first,) = run_pair(tmp_path, "dies")
+def test_a_learner_that_dies_is_noticed_at_once_not_after_the_timeout(shared):
+    (first,) = shared["dies"]
     assert first["error"] is not None and "lost the other learners" in first["error"], first["error"]
     assert first["seconds"] < 30           # the group's timeout is 120 s
 

@@ -1,0 +1,55 @@
+"""Fixtures several integration modules share."""
+import os
+import signal
+
+import psutil
+import pytest
+
+from herd_testing import (SMALL_RUN, actor_pids, killed_at_exit, log_text, newest_update, only_run, run_cli,
+                          sigint_blocked_in, start_cli, wait_for)
+
+
+@pytest.fixture(scope="session")
+def small_cartpole_run(tmp_path_factory):
+    """A few seconds of CartPole training (one actor, 2,048 steps, seed 1): a real run
+    folder with a checkpoint, config and metric files, not a good player. Read-only: a
+    test that changes it works on a copy (herd_testing.copy_of_run)."""
+    results = tmp_path_factory.mktemp("small_cartpole")
+    result = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=2000", "--worker_count=1", "--seed=1",
+                      "--tensorboard=False"], results)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return only_run(results)
+
+
+@pytest.fixture(scope="session")
+def stopped_run(tmp_path_factory):
+    """One run that meets what a long run meets, each step waited for in the run's own
+    files: it trains (a first checkpoint), one actor is killed (kill -9) and replaced, the
+    other hangs (SIGSTOP: alive, delivering nothing) and is replaced after --actor_timeout
+    (2 s, the least allowed), training goes on with both replacements (a newer
+    checkpoint), then Ctrl+C. Tests of the lifecycle, of start-up signals and of resuming
+    with several learners each check their part of it."""
+    results = tmp_path_factory.mktemp("lifecycle") / "first"
+    process = start_cli(["train", *SMALL_RUN, "--environment_max_steps=100000000", "--verbose_learner_out_int=1",
+                         "--save_model_period=50", "--actor_timeout=2"], results)
+    with killed_at_exit(process):
+        assert wait_for(lambda: len(actor_pids(process)) >= 2, 60)
+        killed, hung = sorted(actor_pids(process))
+        blocked = {"first actors": all(sigint_blocked_in(pid) for pid in (killed, hung))}
+        assert wait_for(lambda: newest_update(results) > 0, 60), "no checkpoint: the run does not train"
+        psutil.Process(killed).kill()
+        assert wait_for(lambda: "died" in log_text(results), 30)
+        assert wait_for(lambda: actor_pids(process) - {killed, hung}, 30), "the killed actor was not replaced"
+        replacement = (actor_pids(process) - {killed, hung}).pop()
+        blocked["replacement"] = sigint_blocked_in(replacement)
+        psutil.Process(hung).suspend()
+        assert wait_for(lambda: "delivered nothing" in log_text(results), 30)
+        assert wait_for(lambda: hung not in actor_pids(process), 30), "the hung actor was kept"
+        updates_after_both = newest_update(results)
+        assert wait_for(lambda: newest_update(results) > updates_after_both, 60), "no training after the replacements"
+        children = psutil.Process(process.pid).children(recursive=True)
+        os.killpg(process.pid, signal.SIGINT)          # Ctrl+C in a terminal signals the whole group
+        _, err = process.communicate(timeout=30)
+    return {"run": only_run(results), "returncode": process.returncode, "stderr": err, "children": children,
+            "killed": killed, "hung": hung, "replacement": replacement, "updates_after_both": updates_after_both,
+            "sigint_blocked": blocked}
