@@ -19,4 +19,7 @@ def test_cartpole_quick_start_learns(tmp_path):
     # budget. In the recorded runs of benchmarks/cartpole.py (seeds 1-5: results/cartpole.json
     # on a quiet machine, and before/after the seams on a machine shared with other training
     # runs) every one of 15 runs reached a best 100-episode average of 284 or more at 500,000.
+    # Those runs learned from raw rewards; with the vector profile's reward scale 0.1 (the
+    # default since), 30 of 30 seeds reached 475 within 253,000 steps (results/
+    # cartpole_20_defaults.json, cartpole_issue16_reward_scale_0.1.json), and this test passed.
     assert summary["max_average_score"] is not None and summary["max_average_score"] >= 200, summary
