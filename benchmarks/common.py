@@ -29,7 +29,7 @@ def cpu_model() -> str:
 
 
 def machine() -> dict:
-    """What a number depends on: the CPU (model, cores, whether it has bf16 units), memory,
+    """What a number depends on: the CPU (model, cores, whether it has bf16 units), the GPU if any, memory,
     the load while it ran (other programs share the cores), versions."""
     import torch
 
@@ -38,7 +38,8 @@ def machine() -> dict:
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
             "load_average_1min": round(os.getloadavg()[0], 2),
             "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
-            "torch": torch.__version__}
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def herd_command(args: list[str]) -> list[str]:

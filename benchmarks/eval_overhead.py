@@ -36,12 +36,15 @@ def sampling_cost(samples: int = 200) -> float:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             processes = {"learner": os.getpid(), **{f"actor-{i}": p.pid for i, p in enumerate(busy)}}
-            monitor = HardwareMonitor(Path(tmp), lambda: processes, lambda: 2**20, writer=SummaryWriter(tmp))
+            writer = SummaryWriter(tmp)
+            monitor = HardwareMonitor(Path(tmp), lambda: processes, lambda: 2**20, writer=writer)
             monitor.write(monitor.sample())                       # the first reading sets baselines
             start = time.process_time()
             for _ in range(samples):
                 monitor.write(monitor.sample())
-            return (time.process_time() - start) / samples * 1000
+            cost = (time.process_time() - start) / samples * 1000
+            writer.close()                                        # before its folder is removed
+            return cost
     finally:
         for process in busy:
             process.kill()

@@ -1,12 +1,15 @@
 """Hardware figures: per-process CPU and memory of the run's processes, the machine, the
-replay memory; no GPU rows (and no warning) where there is no NVML."""
+replay memory; GPU rows where NVML sees a GPU, none (and no warning) where it does not."""
 import csv
 import os
 import subprocess
 import sys
 import time
 
-from herd.monitor.hardware import COLUMNS, HardwareMonitor
+import pytest
+import torch
+
+from herd.monitor.hardware import COLUMNS, HardwareMonitor, nvml_gpus
 
 
 def test_a_busy_process_shows_its_cpu_and_an_ended_one_disappears(tmp_path):
@@ -22,7 +25,8 @@ def test_a_busy_process_shows_its_cpu_and_an_ended_one_disappears(tmp_path):
         assert rows["learner"]["rss_mib"] > 10 and rows["actor-0"]["pid"] == busy.pid
         assert 0 <= rows["system"]["cpu_percent"] <= 100 and rows["system"]["rss_mib"] > 0
         assert rows["replay"]["value"] == 3.0
-        assert not any(source.startswith("gpu") for source in rows)      # no NVML here
+        # GPU rows exactly where NVML answers (none on a CPU machine, and no warning).
+        assert any(source.startswith("gpu") for source in rows) == bool(nvml_gpus())
         idle.kill()
         idle.wait()
         assert "actor-1" not in {row["source"] for row in monitor.sample()}
@@ -33,3 +37,21 @@ def test_a_busy_process_shows_its_cpu_and_an_ended_one_disappears(tmp_path):
     finally:
         busy.kill()
         idle.kill()
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and nvml_gpus()), reason="needs an NVIDIA GPU and nvidia-ml-py")
+def test_a_busy_gpu_shows_its_utilisation_memory_and_power(tmp_path):
+    monitor = HardwareMonitor(tmp_path, lambda: {"learner": os.getpid()}, lambda: 0, interval=60)
+    block = torch.empty(2**28, dtype=torch.uint8, device="cuda")          # 256 MiB held by this process
+    a = torch.randn(8192, 8192, device="cuda")
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end:                                      # keep the GPU busy while NVML looks
+        a = torch.tanh(a @ a)
+        torch.cuda.synchronize()
+    gpu = {row["source"]: row for row in monitor.sample()}["gpu0"]
+    assert gpu["cpu_percent"] > 10                                     # utilisation (%) over the last period
+    assert gpu["rss_mib"] >= 256 and gpu["value"] > 10                 # MiB in use, watts drawn
+    monitor.write(monitor.sample())
+    with open(tmp_path / "hardware.csv") as f:
+        assert "gpu0" in {row["source"] for row in csv.DictReader(f)}
+    del block
