@@ -76,7 +76,7 @@ class TrainingConfig:
     max_policy_lag: Optional[int] = opt(None, "drop fresh rollouts made by a policy more than N updates older than the learner's (default: no bound; train.csv logs the lag)")
     learner_compile: Optional[bool] = opt(None, "compile the learner's forward and backward with torch.compile (about 1.5-2x faster on a CPU; the first update then takes 20-40 s longer; unset: on for Atari IMPALA runs of 1M steps or more, off otherwise)")
     learner_precision: Optional[str] = opt(None, "learner arithmetic: fp32, bf16 (autocast: about 2x faster on CPUs with AMX and on GPUs with bf16), or auto (bf16 where the hardware has it, else fp32)", ("auto", "fp32", "bf16"))
-    replay_ratio: Optional[float] = opt(None, "without a queue replay: items the learner samples per item added (trajectories, or transitions for Ape-X); unset: 1")
+    replay_ratio: Optional[float] = opt(None, "without a queue replay: items the learner samples per item added (trajectories, or transitions for Ape-X), held both ways (actors wait while the learner lags); unset: 1")
     n_step: int = opt(3, "Ape-X: steps of the n-step return (the last steps of a trajectory bootstrap from its final observation with fewer)")
     target_update_period: Optional[int] = opt(None, "Ape-X: learner updates between syncs of the target network")
     apex_epsilon: float = opt(0.4, "Ape-X: actor i of N explores with epsilon^(1 + apex_alpha * i / (N - 1))")

@@ -6,7 +6,7 @@ that actors on many nodes feed one replay and the learner process only trains.
         +-- arrays: field -> [T(+1), E, ...] -----> ReplayServer (Ray actor; the learner's node
                     (Ray resolves the ref on the      by default): a ReplayMixer built by the same
                      server's node)                   code as the learner's (herd/train.py)
-    learner <-- sample(): (sequence, MixedBatch), --cache_output_buffer_size calls in flight
+    learner <-- sample(): (sequence, MixedBatch, lagging), --cache_output_buffer_size calls in flight
     learner --> updates([(keys, |TD errors|), ...]): new priorities, a few batches' at once,
                 fire and forget
 
@@ -105,14 +105,17 @@ class RemoteBatches:
         self.priorities: list = []        # (keys, values) of trained batches not yet sent
         self.drop_before = 0              # batches drawn before the last saved state: not trained on (server.py)
         self.dropped = self.lost_rollouts = 0
+        self.lagging = False              # the last answer said the learner lags the replay ratio
         self.stats: dict = {}
         self.stats_call, self.stats_time = None, 0.0
 
     # ------------------------------------------------------------------ the protocol
     def has_room(self) -> bool:
-        """False while --replay_writer_queue_size rollouts wait to be written in the server."""
+        """False while --replay_writer_queue_size rollouts wait to be written in the server,
+        or while the server's last answer said the learner lags the replay ratio (each
+        batch it then answers with brings a newer word)."""
         self.adds = self.reap(self.adds, lost_ok=True)
-        return len(self.adds) < self.max_writes
+        return len(self.adds) < self.max_writes and not self.lagging
 
     def put_rollout(self, arrays_ref, version: int) -> None:
         """arrays_ref: the object ref of a rollout's arrays (field -> [T(+1), E, ...]);
@@ -129,7 +132,7 @@ class RemoteBatches:
             ready, _ = ray.wait(self.requests[:1], timeout=0)
             if not ready:
                 return None
-            sequence, mixed = self.fetch(self.requests.pop(0))
+            sequence, mixed, self.lagging = self.fetch(self.requests.pop(0))
             if mixed is None:
                 continue                                   # the pacing allowed none within SAMPLE_WAIT
             if sequence < self.drop_before:

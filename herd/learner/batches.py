@@ -35,7 +35,8 @@ class DirectBatches:
         self.discarded = 0
 
     def has_room(self) -> bool:
-        return True
+        """False while the learner lags its replay ratio (herd/replay/mixer.py): train first."""
+        return not self.mixer.lagging()
 
     def put_rollout(self, views: dict, version: int) -> None:
         self.put(env_columns(views), version)
@@ -94,8 +95,10 @@ class PrefetchedBatches:
         return self.writer.discarded
 
     def has_room(self) -> bool:
-        """False while the writer queue is full: the learner should take no more rollouts."""
-        return self.writer.has_room()
+        """False while the writer queue is full or the learner lags its replay ratio: the
+        learner should take no more rollouts. (The mixer's figures are read without the
+        lock: a count one write old is close enough.)"""
+        return self.writer.has_room() and not self.mixer.lagging()
 
     def put_rollout(self, views: dict, version: int) -> None:
         self.put(env_columns(views), version)

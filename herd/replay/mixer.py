@@ -3,8 +3,12 @@
 Pacing: with a queue, a batch is ready when the queue holds its share of fresh
 trajectories (each is used once), so training keeps pace with the actors. Without one,
 one batch is allowed per `batch_size / replay_ratio` fresh items (replay_ratio: items
-sampled per item added, 1 by default). Items are trajectories, or transitions where a
-replay samples those (Ape-X: each trajectory adds T)."""
+sampled per item added, 1 by default), and the ratio holds the other way too: while the
+learner is more than LAG_BATCHES batches behind it, `lagging()` says so and the learner
+takes no rollout until it has trained (its actors wait). So a slow learner (a slow CPU, a
+busy machine) trains as many times per environment step as a fast one, and a run learns
+the same per step on any machine. Items are trajectories, or transitions where a replay
+samples those (Ape-X: each trajectory adds T)."""
 from __future__ import annotations
 
 import math
@@ -13,6 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from herd.replay.replay import Replay, ReplayKeys
+
+# How far (in batches) a learner without a queue may fall behind its replay ratio before
+# its actors wait: enough that the actors rarely stop, few enough that the ratio holds.
+LAG_BATCHES = 4
 
 
 @dataclass
@@ -54,6 +62,12 @@ class ReplayMixer:
         """Adding n trajectories now loses no unused fresh one. During warm-up the queue may
         overwrite its oldest: training has not started, and the replays keep filling."""
         return not self.warmed_up() or all(r.room() >= n for r in self.replays if r.on_policy)
+
+    def lagging(self) -> bool:
+        """No queue, the replays are warmed up, and the learner is LAG_BATCHES batches or
+        more behind the ratio: take no rollout until it has trained. (The warm-up's items
+        count too: right after it the actors wait while the learner trains on them.)"""
+        return not self.has_queue and self.credit >= LAG_BATCHES * self.batch_cost and self.warmed_up()
 
     def ready(self) -> bool:
         if not all(r.available() >= target for r, target in zip(self.replays, self.fill_targets)):

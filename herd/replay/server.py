@@ -5,7 +5,9 @@ actor; this module knows nothing of Ray, so it is tested as plain Python).
 Three kinds of calls, each kind from its own thread of the server:
 
     writes    add_rollout(views, version), update(keys, values), state_dict, load_state_dict
-    samples   sample(timeout): waits (up to timeout) until the mixer's pacing allows a batch
+    samples   sample(timeout): waits (up to timeout) until the mixer's pacing allows a batch;
+              says too whether the learner lags the replay ratio (it then sends no rollout
+              until a later answer says it caught up)
     control   stats()
 
 One lock keeps the mixer consistent; a condition wakes a waiting sample() when a write
@@ -54,21 +56,23 @@ class ReplayService:
             self.changed.notify_all()
         return steps
 
-    def sample(self, timeout: float) -> tuple[int, MixedBatch | None]:
-        """(sequence number, batch) as soon as the pacing allows one, or (-1, None) after
-        `timeout` seconds without (the caller asks again)."""
+    def sample(self, timeout: float) -> tuple[int, MixedBatch | None, bool]:
+        """(sequence number, batch, lagging) as soon as the pacing allows a batch, or
+        (-1, None, lagging) after `timeout` seconds without (the caller asks again).
+        lagging: the learner is behind the replay ratio after this draw (mixer.lagging())."""
         deadline = time.monotonic() + timeout
         with self.changed:
             while not self.mixer.ready():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return -1, None
+                    return -1, None, self.mixer.lagging()
                 self.changed.wait(left)
             mixed = self.mixer.sample()
             sequence = self.drawn
             self.drawn += 1
+            lagging = self.mixer.lagging()
         self.batch_bytes += sum(array.nbytes for array in mixed.data.values())
-        return sequence, mixed
+        return sequence, mixed, lagging
 
     def update(self, keys: list, values: np.ndarray) -> int:
         """The learner's new priorities [B] for a batch's keys; stale keys are dropped (see
