@@ -16,6 +16,16 @@ CONTINUOUS_REPLAY = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.25}, '
                      '{"type": "standard", "capacity": 2000, "sample_ratio": 0.75}]')     # continuous control (issue 13)
 
 
+# What the tasks with small vector observations share (vector and continuous, below): Adam
+# on small batches, a one-thread fp32 learner, no prefetching or compression (nothing to
+# gain at this size), rewards x 0.1 for learning (scores stay raw): CartPole's returns of
+# ~100 made the policy collapse after solving in some seeds (README, CartPole: the late
+# collapse).
+SMALL_INPUTS: dict[str, Any] = dict(
+    lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01, clip_rewards=False,
+    feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
+    use_replay_compression=False, reward_scale=0.1,
+)
 # Defaults that depend on the kind of environment. The README's table of differing
 # defaults says where and why they differ from the seed's.
 PROFILES: dict[str, dict[str, Any]] = {
@@ -27,24 +37,16 @@ PROFILES: dict[str, dict[str, Any]] = {
         use_replay_compression=True, normalize_observations=False, reward_scale=1.0,
     ),
     "vector": dict(
-        lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01,
-        environment_max_steps=500_000, clip_rewards=False, envs_per_worker=16,
-        replay_parameters=QUEUE_ONLY,
-        feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
-        # Rewards x 0.1 for learning (scores stay raw): CartPole's returns of ~100 made the
-        # policy collapse after solving in some seeds (README, CartPole: the late collapse).
-        use_replay_compression=False, normalize_observations=False, reward_scale=0.1,
+        SMALL_INPUTS, environment_max_steps=500_000, envs_per_worker=16, replay_parameters=QUEUE_ONLY,
+        normalize_observations=False,
     ),
     # -- continuous control (issue 13): vector observations, Box actions (Pendulum, MuJoCo,
     # Box2D). README, "Continuous control", says how these were chosen.
     # A quarter of each batch fresh, three quarters replayed (CLEAR): each step is trained on
     # about four times; on-policy batches alone did not learn Pendulum in 200k steps.
     "continuous": dict(
-        lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01,
-        environment_max_steps=1_000_000, clip_rewards=False, envs_per_worker=8,
-        replay_parameters=CONTINUOUS_REPLAY,
-        feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
-        use_replay_compression=False, normalize_observations=True, reward_scale=0.1,
+        SMALL_INPUTS, environment_max_steps=1_000_000, envs_per_worker=8, replay_parameters=CONTINUOUS_REPLAY,
+        normalize_observations=True,
     ),
     # --- MinAtar (issue 16) -------------------------------------------------------------
     # 10x10 frames, 0/1 rewards, cheap steps: on-policy IMPALA as on vector tasks (Adam,

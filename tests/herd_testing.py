@@ -34,6 +34,35 @@ def start_cli(args: list[str], results: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+# A Ray node of the test clusters: loopback only, a small object store.
+RAY_NODE = dict(node_ip_address="127.0.0.1", object_store_memory=200 * 2**20)
+
+
+@contextmanager
+def loopback_ray_cluster(worker_cpus: int, **head_options):
+    """A real multi-node Ray cluster on this machine: a head with 0 CPUs (no actor fits
+    there) and two worker nodes of `worker_cpus`, all on 127.0.0.1, with a fresh token that
+    the herd processes inherit. Yields ray.cluster_utils.Cluster. (Ray is imported here,
+    not at the top: most tests never need it.)"""
+    import secrets
+
+    from ray.cluster_utils import Cluster
+
+    from herd.backends.ray_cluster import restore_auth, use_token_auth
+    saved = {name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    use_token_auth(secrets.token_hex(32))
+    made = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0, include_dashboard=False, **RAY_NODE,
+                                                             **head_options))
+    try:
+        for _ in range(2):
+            made.add_node(num_cpus=worker_cpus, **RAY_NODE)
+        made.wait_for_nodes()
+        yield made
+    finally:
+        made.shutdown()
+        restore_auth(saved)
+
+
 # A small CartPole run with a uniform replay beside the queue (the lifecycle run, tests of
 # resuming): 2 actors x 4 envs x 8 steps, batch 8.
 SMALL_REPLAY = '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, ' \

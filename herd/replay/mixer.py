@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from herd.replay.replay import Replay, ReplayKeys
+from herd.replay.replay import Replay
 
 # How far (in batches) a learner without a queue may fall behind its replay ratio before
 # its actors wait: enough that the actors rarely stop, few enough that the ratio holds.

@@ -7,20 +7,16 @@ import csv
 import json
 import os
 import re
-import secrets
 import signal
 
 import numpy as np
 import psutil
 import pytest
 import torch
-from ray.cluster_utils import Cluster
 
-from herd_testing import killed_at_exit, only_run, run_cli, start_cli, wait_for
-from herd.backends.ray_cluster import restore_auth, use_token_auth
+from herd_testing import killed_at_exit, loopback_ray_cluster, only_run, run_cli, start_cli, wait_for
 from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints, load_checkpoint
 
-LOOPBACK = "127.0.0.1"
 WORKER_CPUS = 2
 CAPACITY, T = 3000, 16            # Ape-X's CartPole defaults: 3,000 trajectories of 16 steps
 APEX = ["--env=CartPole-v1", "--algorithm=apex", "--multiprocessing_backend=ray", "--tensorboard=False"]
@@ -38,18 +34,8 @@ BUDGET, BAR = 40_000, 150.0
 def cluster():
     """Head (0 CPUs: no actor fits there) + two worker nodes of WORKER_CPUS each, all on
     127.0.0.1, with a token the herd processes inherit."""
-    saved = {name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
-    use_token_auth(secrets.token_hex(32))
-    node = dict(node_ip_address=LOOPBACK, object_store_memory=200 * 2**20)
-    made = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0, include_dashboard=False, **node))
-    try:
-        for _ in range(2):
-            made.add_node(num_cpus=WORKER_CPUS, **node)
-        made.wait_for_nodes()
+    with loopback_ray_cluster(WORKER_CPUS) as made:
         yield made
-    finally:
-        made.shutdown()
-        restore_auth(saved)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ the herd process, a driver attached to the head. One cluster serves every test h
 (starting one takes seconds); the run that loses a node puts one back."""
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -15,11 +14,9 @@ import psutil
 import pytest
 from ray.cluster_utils import Cluster
 
-from herd_testing import ROOT, killed_at_exit, only_run, run_cli, start_cli, wait_for
-from herd.backends.ray_cluster import restore_auth, use_token_auth
+from herd_testing import RAY_NODE, ROOT, killed_at_exit, loopback_ray_cluster, only_run, run_cli, start_cli, wait_for
 from herd.checkpoint import list_checkpoints, load_checkpoint
 
-LOOPBACK = "127.0.0.1"
 WORKER_CPUS = 2
 # Small CartPole runs: 2 actors x 8 envs x 8 steps, batch 8.
 SMALL = ["--env=CartPole-v1", "--multiprocessing_backend=ray", "--worker_count=2", "--envs_per_worker=8",
@@ -31,21 +28,9 @@ def cluster():
     """Head (0 CPUs: no actor fits there) + two worker nodes of WORKER_CPUS each, all on
     127.0.0.1, with a token the herd processes inherit. Fast node-death detection (0.5 s
     health checks), so a removed node is noticed within seconds, not Ray's default ~30 s."""
-    saved = {name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
-    use_token_auth(secrets.token_hex(32))                # inherited by the herd processes
-    node = dict(node_ip_address=LOOPBACK, object_store_memory=200 * 2**20)
-    made = Cluster(initialize_head=True, head_node_args=dict(
-        num_cpus=0, include_dashboard=False, **node,
-        _system_config={"health_check_period_ms": 500, "health_check_timeout_ms": 500,
-                        "health_check_failure_threshold": 3}))
-    try:
-        for _ in range(2):
-            made.add_node(num_cpus=WORKER_CPUS, **node)
-        made.wait_for_nodes()
+    with loopback_ray_cluster(WORKER_CPUS, _system_config={
+            "health_check_period_ms": 500, "health_check_timeout_ms": 500, "health_check_failure_threshold": 3}) as made:
         yield made
-    finally:
-        made.shutdown()
-        restore_auth(saved)
 
 
 def worker_ids(made: Cluster) -> set[str]:
@@ -141,7 +126,7 @@ def stopped_ray_run(cluster, tmp_path_factory):
             _, err = process.communicate(timeout=60)
             gone = wait_for(lambda: not rollout_workers(cluster), 20)
         finally:
-            cluster.add_node(num_cpus=WORKER_CPUS, node_ip_address=LOOPBACK, object_store_memory=200 * 2**20)
+            cluster.add_node(num_cpus=WORKER_CPUS, **RAY_NODE)
     return {"run": only_run(results), "returncode": process.returncode, "stderr": err, "working": working,
             "actors_gone": gone, "lost": lost, "updates_after_loss": updates}
 
