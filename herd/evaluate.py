@@ -25,7 +25,7 @@ from herd.envs.wrappers import env_action
 from herd.files import write_json
 from herd.models import EnvCoreStates, action_distribution_of, build_model
 from herd.ops.distributions import Categorical, get_distribution
-from herd.plan import Plan, env_kwargs, test_policy_of
+from herd.plan import Plan, env_kwargs, plays_greedily, test_policy_of
 from herd.stopping import sigint_blocked
 
 log = logging.getLogger("herd")
@@ -325,7 +325,8 @@ def test_policy(plan: Plan, run_dir: Path) -> int:
         except KeyboardInterrupt:  # the scores are complete: keep them, drop the unfinished video
             renderer.abort()
             log.warning("rendering interrupted: results saved without a video")
-    result = {**summarize(scores), "greedy": cfg.test.test_greedy, "checkpoint": str(plan.checkpoint_path),
+    result = {**summarize(scores), "greedy": plays_greedily(plan, cfg.test.test_greedy),
+              "checkpoint": str(plan.checkpoint_path),
               "video": str(video) if video else None,
               **({"policy": f"{policy[0]} {policy[1]}"} if policy else {})}
     write_json(run_dir / "test_results.json", result)

@@ -205,3 +205,13 @@ def test_policy_of(plan: Plan) -> tuple | None:
     evaluation games (Ape-X: epsilon-greedy on Q values), else None: sample the policy."""
     kwargs = plan.algorithm.test_act_kwargs(plan.cfg)
     return None if kwargs is None else (plan.algorithm.name, kwargs)
+
+
+def plays_greedily(plan: Plan, argmax: bool) -> bool:
+    """Whether test or evaluation games are played without exploration: the argmax of the
+    policy (--test_greedy, --eval_greedy), or an algorithm that acts its own way with no
+    exploration left (Ape-X at --apex_test_epsilon=0). What eval.csv's `greedy` column says."""
+    policy = test_policy_of(plan)
+    if policy is None:
+        return argmax
+    return policy[1].get("epsilon") == 0

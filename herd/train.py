@@ -37,7 +37,7 @@ from herd.monitor.hardware import HardwareMonitor
 from herd.monitor.metrics import RunMetrics
 from herd.monitor.progress import ProgressLine
 from herd.monitor.stats import EpisodeStats
-from herd.plan import Plan, env_kwargs, env_spec_dict, test_policy_of
+from herd.plan import Plan, env_kwargs, env_spec_dict, plays_greedily, test_policy_of
 from herd.replay.mixer import ReplayMixer
 from herd.replay.registry import build_replay
 from herd.replay.spec import batch_shares
@@ -183,7 +183,8 @@ def start_evaluator(plan: Plan, session: TrainingSession, run_dir: Path) -> Eval
         return None
     every_updates, every_seconds = parse_eval_interval(cfg.test.eval_interval)
     test_env = {**env_kwargs(cfg), "episodic_life": False, "clip_rewards": False}
-    spec = EvalSpec(cfg.env.env, test_env, plan.model_kwargs, cfg.test.eval_episodes, cfg.test.eval_greedy,
+    greedy = plays_greedily(plan, cfg.test.eval_greedy)       # eval.csv says how the games were played
+    spec = EvalSpec(cfg.env.env, test_env, plan.model_kwargs, cfg.test.eval_episodes, greedy,
                     cfg.test.eval_video_every, cfg.general.seed + 7_000_000, tensorboard=cfg.stats.tensorboard,
                     policy=test_policy_of(plan))
     model = session.learner.model

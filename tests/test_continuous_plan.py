@@ -3,7 +3,7 @@ one line (exit 2 from the CLI), and a valid plan has the Gaussian policy's shape
 import pytest
 
 from herd.config import ConfigError
-from herd.plan import prepare
+from herd.plan import plays_greedily, prepare
 
 
 def refusal(tmp_path, **options) -> str:
@@ -48,3 +48,15 @@ def test_what_continuous_runs_refuse_is_one_line(tmp_path, options, words):
     message = refusal(tmp_path, **options)
     for word in words:
         assert word in message, message
+
+
+def test_what_counts_as_greedy_play_in_test_and_evaluation_games(tmp_path):
+    """IMPALA: the argmax flag decides. Ape-X acts its own way: greedy at epsilon 0 (its
+    default), not with exploration left, whatever the argmax flag says."""
+    impala = prepare({"env": "CartPole-v1", "results_dir": str(tmp_path)})
+    assert plays_greedily(impala, True) and not plays_greedily(impala, False)
+    apex = prepare({"env": "CartPole-v1", "algorithm": "apex", "results_dir": str(tmp_path)})
+    assert plays_greedily(apex, False)
+    exploring = prepare({"env": "CartPole-v1", "algorithm": "apex", "apex_test_epsilon": 0.05,
+                         "results_dir": str(tmp_path)})
+    assert not plays_greedily(exploring, True)

@@ -79,12 +79,12 @@ def test_cartpole_run_resume_and_greedy_test(cli, tmp_path):
     result = run_cli(["test", str(run), "--test_episode_count=4", "--render=False"], tested, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     outcome = json.loads((only_run(tested) / "test_results.json").read_text())
-    assert outcome["episode_count"] == 4 and outcome["policy"] == "apex {'epsilon': 0.0}"
+    assert outcome["episode_count"] == 4 and outcome["policy"] == "apex {'epsilon': 0.0}" and outcome["greedy"]
     result = run_cli(["test", str(run), "--test_episode_count=2", "--render=False", "--apex_test_epsilon=0.5"],
                      tmp_path / "test_eps", timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads((only_run(tmp_path / "test_eps") / "test_results.json").read_text())["policy"] == \
-        "apex {'epsilon': 0.5}"
+    exploring = json.loads((only_run(tmp_path / "test_eps") / "test_results.json").read_text())
+    assert exploring["policy"] == "apex {'epsilon': 0.5}" and not exploring["greedy"]
 
 
 # One learner thread: on two cores the run's actor holds one, and a two-thread learner
