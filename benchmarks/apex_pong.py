@@ -24,13 +24,14 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from common import print_table, read_csv, record, run_herd
+from common import ROOT, print_table, read_csv, record, run_herd
 from throughput import ceiling, steady_state_rate
 
 from herd.devices import fast_bf16
@@ -74,7 +75,7 @@ def evaluations(run_dir: Path) -> list[dict]:
     path = run_dir / "eval.csv"
     rows = read_csv(path) if path.exists() else []
     return [{"minutes": round(r["wall_time"] / 60, 2), "env_step": int(r["env_step"]), "update": int(r["update"]),
-             "greedy_mean": r["mean"], "games": int(r["episodes"])} for r in rows]
+             "greedy_mean": r["mean"], "games": int(r["episodes"]), "greedy": r["greedy"] == "True"} for r in rows]
 
 
 def main() -> None:
@@ -100,6 +101,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir, launch, code = run_herd(herd_args, Path(tmp), stop_after=args.minutes * 60,
                                          timeout=args.minutes * 60 + 600)
+        kept = ROOT / "benchmarks" / "results" / f"apex_pong{args.tag}_run"     # the run's own files, kept first
+        kept.mkdir(parents=True, exist_ok=True)
+        for name in ("eval.csv", "train.csv", "episodes.csv", "log.txt", "config.json", "summary.json"):
+            if (run_dir / name).exists():
+                shutil.copy(run_dir / name, kept / name)
         train = read_csv(run_dir / "train.csv")
         games = read_csv(run_dir / "episodes.csv")
         greedy = evaluations(run_dir)

@@ -75,9 +75,20 @@ def run_herd(args: list[str], results_dir: Path, stop_after: float | None = None
     return newest_run(results_dir, before), launch, process.returncode
 
 
+def number_or_text(value: str | None):
+    """A CSV cell as a float ("" -> nan), or as the text it is (eval.csv's `greedy` column:
+    a long benchmark must not die on a text column after its run)."""
+    if value in ("", None):
+        return float("nan")
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
 def read_csv(path: Path) -> list[dict]:
     with open(path) as f:
-        return [{k: float(v) if v not in ("", None) else float("nan") for k, v in row.items()} for row in csv.DictReader(f)]
+        return [{k: number_or_text(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def moving_averages(episodes: list[dict], window: int = 100) -> list[tuple[dict, float, int]]:
