@@ -4,7 +4,7 @@ Pacing: with a queue, a batch is ready when the queue holds its share of fresh
 trajectories (each is used once), so training keeps pace with the actors. Without one,
 one batch is allowed per `batch_size / replay_ratio` fresh items (replay_ratio: items
 sampled per item added, 1 by default), and the ratio holds the other way too: while the
-learner is more than LAG_BATCHES batches behind it, `lagging()` says so and the learner
+learner is LAG_BATCHES batches or more behind it, `lagging()` says so and the learner
 takes no rollout until it has trained (its actors wait). So a slow learner (a slow CPU, a
 busy machine) trains as many times per environment step as a fast one, and a run learns
 the same per step on any machine. Items are trajectories, or transitions where a replay
