@@ -68,15 +68,31 @@ def spread(values: list[float]) -> dict:
     return {"mean": statistics.mean(values), "std": statistics.pstdev(values), "min": min(values), "max": max(values)}
 
 
-def compare(env: str, args, marks: list[int], results: Path) -> dict:
-    """Runs every ratio x replay x seed on `env`; -> {"<f>:<r> <replay>": curves and final scores}."""
+def summarise(replay: str, runs: list[list[float]], minutes: list[float], marks: list[int]) -> dict:
+    """Curves and final scores of one configuration's runs so far (mean and spread over seeds)."""
+    return {
+        "replay_parameters": replay,
+        "mean": [statistics.mean(run[i] for run in runs) for i in range(len(marks))],
+        "std": [statistics.pstdev(run[i] for run in runs) for i in range(len(marks))],
+        "final": spread([run[-1] for run in runs]),
+        "mean_over_curve": statistics.mean(statistics.mean(run) for run in runs),
+        "runs": runs,
+        "minutes": minutes,
+    }
+
+
+def compare(env: str, args, marks: list[int], results: Path, save) -> dict:
+    """Runs every seed x ratio x replay on `env`; -> {"<f>:<r> <replay>": curves and final scores}.
+    Seed by seed, each seed through every configuration, and save(configurations) after every
+    run: a benchmark of hours stopped midway keeps whole seeds of every configuration."""
+    runs: dict[str, list[list[float]]] = {}
+    minutes: dict[str, list[float]] = {}
     configurations = {}
-    for ratio in args.ratios:
-        for kind in ("uniform", "elite"):
-            name = f"{ratio[0]}:{ratio[1]} {kind}"
-            replay = replay_parameters(kind, ratio, args.capacity)
-            runs = []
-            for seed in args.seeds:
+    for seed in args.seeds:
+        for ratio in args.ratios:
+            for kind in ("uniform", "elite"):
+                name = f"{ratio[0]}:{ratio[1]} {kind}"
+                replay = replay_parameters(kind, ratio, args.capacity)
                 batch = [f"--batch_size={args.batch_size}"] if args.batch_size else []
                 run_dir, _, code = run_herd(["train", f"--env={env}", f"--seed={seed}", *batch,
                                              f"--environment_max_steps={args.steps}", f"--replay_parameters={replay}",
@@ -84,16 +100,13 @@ def compare(env: str, args, marks: list[int], results: Path) -> dict:
                                             results, timeout=args.timeout)
                 if code != 0:
                     raise SystemExit(f"{env} {name} seed {seed} failed with exit code {code}")
-                runs.append(curve(read_csv(run_dir / "episodes.csv"), marks))
-                print(f"{env} {name} seed {seed}: final avg100 {runs[-1][-1]:.2f}", flush=True)
-            configurations[name] = {
-                "replay_parameters": replay,
-                "mean": [statistics.mean(run[i] for run in runs) for i in range(len(marks))],
-                "std": [statistics.pstdev(run[i] for run in runs) for i in range(len(marks))],
-                "final": spread([run[-1] for run in runs]),
-                "mean_over_curve": statistics.mean(statistics.mean(run) for run in runs),
-                "runs": runs,
-            }
+                runs.setdefault(name, []).append(curve(read_csv(run_dir / "episodes.csv"), marks))
+                seconds = json.loads((run_dir / "summary.json").read_text())["total_time_s"]
+                minutes.setdefault(name, []).append(round(seconds / 60, 2))
+                print(f"{env} {name} seed {seed}: final avg100 {runs[name][-1][-1]:.2f} "
+                      f"({seconds / 60:.1f} min)", flush=True)
+                configurations[name] = summarise(replay, runs[name], minutes[name], marks)
+                save(configurations)
     return configurations
 
 
@@ -116,18 +129,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for env in args.env:
             slug = env.replace("/", "-")
-            configurations = compare(env, args, marks, Path(args.keep or tmp) / slug)
+            ratios = "" if args.ratios == [(5, 5)] else "_" + "_".join(f"{f}-{r}" for f, r in args.ratios)
+
+            def save(configurations: dict) -> None:
+                record(f"elite_vs_uniform_{slug}{ratios}{args.tag}", {
+                    "env": env, "seeds": args.seeds, "steps": args.steps, "batch_size": args.batch_size,
+                    "capacity": args.capacity, "extra": args.extra, "marks": marks,
+                    "seeds_done": min(len(c["runs"]) for c in configurations.values()),
+                    "configurations": configurations,
+                    "command": "python benchmarks/elite_vs_uniform.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])})
+
+            configurations = compare(env, args, marks, Path(args.keep or tmp) / slug, save)
             shown = [len(marks) * (i + 1) // 4 - 1 for i in range(4)]          # four marks fit a table
             print_table(["configuration"] + [f"{marks[i] // 1000}k" for i in shown] + ["final mean±std [min, max]"],
                         [[name] + [f"{c['mean'][i]:.2f}±{c['std'][i]:.2f}" for i in shown]
                          + [f"{c['final']['mean']:.2f}±{c['final']['std']:.2f} "
                             f"[{c['final']['min']:.2f}, {c['final']['max']:.2f}]"]
                          for name, c in configurations.items()])
-            ratios = "" if args.ratios == [(5, 5)] else "_" + "_".join(f"{f}-{r}" for f, r in args.ratios)
-            record(f"elite_vs_uniform_{slug}{ratios}{args.tag}", {
-                "env": env, "seeds": args.seeds, "steps": args.steps, "batch_size": args.batch_size,
-                "capacity": args.capacity, "extra": args.extra, "marks": marks, "configurations": configurations,
-                "command": "python benchmarks/elite_vs_uniform.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])})
 
 
 if __name__ == "__main__":
