@@ -84,7 +84,7 @@ def summarise(replay: str, runs: list[list[float]], minutes: list[float], marks:
 def compare(env: str, args, marks: list[int], results: Path, save) -> dict:
     """Runs every seed x ratio x replay on `env`; -> {"<f>:<r> <replay>": curves and final scores}.
     Seed by seed, each seed through every configuration, and save(configurations) after every
-    run: a benchmark of hours stopped midway keeps whole seeds of every configuration."""
+    run: a long benchmark stopped midway keeps whole seeds of every configuration."""
     runs: dict[str, list[list[float]]] = {}
     minutes: dict[str, list[float]] = {}
     configurations = {}

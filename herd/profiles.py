@@ -78,7 +78,8 @@ MACHINE_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "atari": {"cpu": dict(ATARI_ON_POLICY, batch_size=8), "cuda": dict(ATARI_ON_POLICY, batch_size=32)},
 }
 # A run this long (environment steps) compiles its Atari learner by default: compiling costs
-# 20-40 s at the start and makes every update about 1.6x faster (README, learner step).
+# 20-40 s at the start; over the channels-last learner it gains nothing at batch 8 and up
+# to 10% at batch 32 in bf16 on a 2-core Xeon (README, learner step).
 COMPILE_FROM_STEPS = 1_000_000
 
 

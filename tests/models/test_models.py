@@ -192,3 +192,25 @@ def test_model_signature():
     assert mlp != model_signature(build_model("mlp", (4,), "float32", 2, 64, hidden_sizes=(32, 32)))
     assert all(isinstance(v, list) and all(type(d) is int for d in v) for v in nature.values())
     assert nature["heads.policy.weight"] == [6, 512]
+
+
+def test_the_nature_cnn_trains_channels_last_on_cpu_and_acts_in_nchw():
+    """Channels-last activations only where gradients flow (the learner's update), the same
+    numbers either way, and the weights stay contiguous for weight sync."""
+    torch.manual_seed(0)
+    model = NatureCNN(4, 6)
+    obs = torch.randint(0, 256, (3, 2, 4, 84, 84), dtype=torch.uint8)
+    seen = []
+    model.convs[0].register_forward_hook(lambda module, inputs, output: seen.append(
+        inputs[0].is_contiguous(memory_format=torch.channels_last) and not inputs[0].is_contiguous()))
+    with torch.no_grad():
+        acting = model(obs)
+    training = model(obs)
+    model.channels_last_when_training = False
+    plain = model(obs)
+    assert seen == [False, True, False]
+    assert torch.allclose(training.logits, acting.logits, atol=1e-5)
+    assert torch.allclose(training.logits, plain.logits, atol=1e-5)
+    assert torch.allclose(training.value, plain.value, atol=1e-5)
+    training.value.sum().backward()
+    assert all(p.is_contiguous() for p in model.parameters())
