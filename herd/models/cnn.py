@@ -32,9 +32,9 @@ class NatureCNN(nn.Module):
         self.fc = nn.Sequential(orthogonal(nn.Linear(flat_size, self.torso_size), RELU_GAIN), nn.ReLU())
         self.core = LSTMCore(self.torso_size, core_size) if core_size else None      # herd/models/core.py
         self.heads = Heads(core_size or self.torso_size, num_actions, feature_size, use_feature_layer, head)
-        # On CPU, channels-last activations make a learner update (forward and backward) a
-        # quarter to a third faster: fp32 75 -> 57 ms at batch 8 x 20 and 287 -> 196 ms at
-        # 32 x 20, bf16 131 -> 89 ms at 32 x 20 (2-core Xeon, benchmarks/learner_step.py).
+        # On CPU, channels-last activations make a learner update (forward and backward)
+        # 1.5-1.6x faster in fp32 (79 -> 49 ms at batch 8 x 20, 332 -> 219 ms at 32 x 20) and
+        # 1.1-1.3x in bf16 (2-core Xeon, benchmarks/learner_step.py; README, learner step).
         # Without gradients (actors, elite scoring) they gain nothing and cost up to 5% at
         # actor sizes, so only where gradients flow. Only the input is converted: the
         # weights stay contiguous (weight sync flattens them with view(-1)), and Flatten
