@@ -85,9 +85,7 @@ def compare(env: str, args, marks: list[int], results: Path, save) -> dict:
     """Runs every seed x ratio x replay on `env`; -> {"<f>:<r> <replay>": curves and final scores}.
     Seed by seed, each seed through every configuration, and save(configurations) after every
     run: a long benchmark stopped midway keeps whole seeds of every configuration."""
-    runs: dict[str, list[list[float]]] = {}
-    minutes: dict[str, list[float]] = {}
-    configurations = {}
+    done: dict[str, dict] = {}          # name -> replay, runs (curves) and minutes so far
     for seed in args.seeds:
         for ratio in args.ratios:
             for kind in ("uniform", "elite"):
@@ -100,12 +98,13 @@ def compare(env: str, args, marks: list[int], results: Path, save) -> dict:
                                             results, timeout=args.timeout)
                 if code != 0:
                     raise SystemExit(f"{env} {name} seed {seed} failed with exit code {code}")
-                runs.setdefault(name, []).append(curve(read_csv(run_dir / "episodes.csv"), marks))
+                runs = done.setdefault(name, {"replay": replay, "runs": [], "minutes": []})
+                runs["runs"].append(curve(read_csv(run_dir / "episodes.csv"), marks))
                 seconds = json.loads((run_dir / "summary.json").read_text())["total_time_s"]
-                minutes.setdefault(name, []).append(round(seconds / 60, 2))
-                print(f"{env} {name} seed {seed}: final avg100 {runs[name][-1][-1]:.2f} "
+                runs["minutes"].append(round(seconds / 60, 2))
+                print(f"{env} {name} seed {seed}: final avg100 {runs['runs'][-1][-1]:.2f} "
                       f"({seconds / 60:.1f} min)", flush=True)
-                configurations[name] = summarise(replay, runs[name], minutes[name], marks)
+                configurations = {n: summarise(d["replay"], d["runs"], d["minutes"], marks) for n, d in done.items()}
                 save(configurations)
     return configurations
 
