@@ -31,6 +31,8 @@ sequence number its predecessor used, so it never takes an answer meant for it.
 from herd.inference.channels import InferenceChannels
 from herd.inference.client import InferenceClient, InferenceServerGone
 from herd.inference.doorbells import MECHANISMS
+from herd.inference.forward import ServerOptions
 from herd.inference.server import run_inference_server
 
-__all__ = ["InferenceChannels", "InferenceClient", "InferenceServerGone", "MECHANISMS", "run_inference_server"]
+__all__ = ["InferenceChannels", "InferenceClient", "InferenceServerGone", "MECHANISMS", "ServerOptions",
+           "run_inference_server"]

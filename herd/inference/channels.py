@@ -9,7 +9,7 @@ TrajectorySlots). C clients, each with a fixed index and room for R rows:
     actions    [C, R]      int64                                        server writes
     logits     [C, R, A]   float32                                      server writes
     value      [C, R]      float32                                      server writes
-    features   [C, R, F]   float32                                      server writes
+    features   [C, R, F]   float32, only where a replay reads them (with_features)  server writes
     core_state [C, R, 2, L, H] float32, only for a model with an LSTM core (--use_lstm):
                the client writes each row's state before the step, the server overwrites
                it with the state after. The clients keep the states (one per env), so the
@@ -51,11 +51,13 @@ class InferenceChannels:
     """Request and response areas for `num_clients` clients of up to `max_rows` rows each,
     plus the doorbell of the chosen `mechanism` (see doorbells.py).
 
-    One set of channels serves one server's lifetime: once that server has exited, its
-    clients raise InferenceServerGone. Clients may come and go (same index, one at a time)."""
+    The channels outlive a server: a restarted server (herd/backends/inference_servers.py)
+    serves the requests its predecessor left pending, since everything it needs is in the
+    header. Clients may come and go (same index, one at a time)."""
 
     def __init__(self, num_clients: int, max_rows: int, obs_shape: tuple, obs_dtype: str, num_actions: int,
-                 feature_size: int, mechanism: str = "semaphore", context=None, core_state_shape: tuple | None = None):
+                 feature_size: int, mechanism: str = "semaphore", context=None, core_state_shape: tuple | None = None,
+                 with_features: bool = True):
         if num_clients < 1 or max_rows < 1:
             raise ValueError(f"inference channels need at least one client and one row, got "
                              f"num_clients={num_clients}, max_rows={max_rows}")
@@ -74,7 +76,9 @@ class InferenceChannels:
         self.actions = shared((C, R), torch.int64, -1)
         self.logits = shared((C, R, self.num_actions), torch.float32, float("nan"))
         self.value = shared((C, R), torch.float32, float("nan"))
-        self.features = shared((C, R, self.feature_size), torch.float32, float("nan"))
+        # No feature vectors unless a replay reads them (elite): 512 floats a row on Atari,
+        # more than the frame's logits and value together, copied for nothing otherwise.
+        self.features = shared((C, R, self.feature_size), torch.float32, float("nan")) if with_features else None
         self.core_state = None if core_state_shape is None else shared((C, R, *core_state_shape), torch.float32, 0.0)
         self.header = shared((C, HEADER_FIELDS), torch.int64, 0)
         self.server = shared((3,), torch.int64, 0)
@@ -82,7 +86,7 @@ class InferenceChannels:
 
     @classmethod
     def for_model(cls, model_kwargs: dict, num_clients: int, max_rows: int, mechanism: str = "semaphore",
-                  context=None) -> "InferenceChannels":
+                  context=None, with_features: bool = True) -> "InferenceChannels":
         """Channels sized for the network `build_model(**model_kwargs)` builds (its feature
         size is probed, since feature_size=None means the torso's own)."""
         from herd.models import build_model, recurrent_core
@@ -92,4 +96,5 @@ class InferenceChannels:
         with torch.no_grad():
             out = model(torch.zeros((1, 1, *obs_shape), dtype=torch.from_numpy(np.zeros(0, obs_dtype)).dtype))
         return cls(num_clients, max_rows, obs_shape, obs_dtype, out.logits.shape[-1], out.features.shape[-1],
-                   mechanism, context, core_state_shape=core.state_shape if core is not None else None)
+                   mechanism, context, core_state_shape=core.state_shape if core is not None else None,
+                   with_features=with_features)

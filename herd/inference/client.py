@@ -10,6 +10,7 @@ the server keeping any per-client state. The server itself draws no random numbe
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import numpy as np
 import psutil
@@ -24,60 +25,103 @@ class InferenceServerGone(RuntimeError):
     """The inference server will not answer: it died, exited, never started, or a stop was requested."""
 
 
+class Pending(NamedTuple):
+    """A request sent by submit() whose answer collect() takes."""
+    n: int                                  # rows
+    seq: int                                # its sequence number
+    ids: np.ndarray | None                  # [n] env ids (LSTM only)
+    start: object                           # [2, L, n, H] the rows' LSTM states before the step, or None
+
+
+# The channels' outputs and the trajectory fields they fill (IMPALA's step fields).
+FIELD_OF_OUTPUT = {"logits": "behaviour_logits", "value": "behaviour_value", "features": "features"}
+
+
 class InferenceClient:
-    """One per actor process, for client slot `index` of `channels`.
+    """One per actor process (two with --actor_double_buffer), for client slot `index` of `channels`.
 
     `stop`: the run's stop Event (optional); once set, a waiting act() raises.
-    `seed`: seeds the uniforms the server samples actions with (see the module docstring).
+    `seed`: seeds the uniforms the server samples actions with (see the module docstring);
+    `rng` (a numpy Generator) replaces it: the two lanes of a double-buffered actor share
+    one, so they draw in the order a single-buffered actor would.
+    `states`: the EnvCoreStates to keep LSTM states in (shared by an actor's lanes).
+    `record`: the trajectory fields act() returns (None: every output of the channels).
     `poll_interval`: how often (s) a waiting client checks that the server is still there,
     so a dead server is noticed within about that long.
     `start_timeout`: how long (s) to wait for a server that has not started yet.
+    `restart_timeout`: how long (s) to wait for a dead server's replacement (the local
+    backend restarts dead servers); 0: raise InferenceServerGone at once.
 
     At most one live client per index: a new client with the index of a dead one takes
     over its slot and ignores whatever was meant for its predecessor."""
 
     def __init__(self, channels: InferenceChannels, index: int, stop=None, seed: int = 0,
-                 poll_interval: float = 0.1, start_timeout: float = 120.0):
+                 poll_interval: float = 0.1, start_timeout: float = 120.0, restart_timeout: float = 0.0,
+                 rng: np.random.Generator | None = None, states: EnvCoreStates | None = None,
+                 record: tuple | None = None):
         if not 0 <= index < channels.num_clients:
             raise ValueError(f"client index {index} out of range: the channels have {channels.num_clients} clients")
         self.channels, self.index, self.stop = channels, index, stop
-        self.poll_interval, self.start_timeout = poll_interval, start_timeout
-        self.rng = np.random.default_rng(seed)
+        self.poll_interval, self.start_timeout, self.restart_timeout = poll_interval, start_timeout, restart_timeout
+        self.rng = rng if rng is not None else np.random.default_rng(seed)
         # numpy views of this client's areas: numpy item access costs far less than torch's.
         self.header = channels.header.numpy()[index]
         self.server = channels.server.numpy()
         self.obs = channels.obs[index].numpy()                # [R, *obs_shape]
         self.uniforms = channels.uniforms[index].numpy()      # [R]
         self.actions = channels.actions[index].numpy()        # [R]
-        self.logits = channels.logits[index].numpy()          # [R, A]
         self.value_out = channels.value[index].numpy()        # [R]
-        self.features = channels.features[index].numpy()      # [R, F]
+        outputs = {"logits": channels.logits, "value": channels.value, "features": channels.features}
+        self.outputs = {FIELD_OF_OUTPUT[name]: area[index].numpy()   # field -> [R, ...]
+                        for name, area in outputs.items() if area is not None}
+        if record is not None:
+            missing = set(record) - set(self.outputs)
+            if missing:
+                raise ValueError(f"the inference channels do not carry {', '.join(sorted(missing))}")
+            self.outputs = {name: self.outputs[name] for name in record}
         # --use_lstm: this client keeps its environments' LSTM states and sends each row's
         # with the request (channels.py says why the server keeps none).
         self.core_state = None if channels.core_state is None else channels.core_state[index]   # [R, 2, L, H]
-        self.states = None if self.core_state is None else EnvCoreStates(tuple(self.core_state.shape[1:]))
+        if self.core_state is None:
+            self.states = None
+        else:
+            self.states = states if states is not None else EnvCoreStates(tuple(self.core_state.shape[1:]))
         self.doorbell = channels.doorbell
         # Continue after every number a predecessor used, so none of its answers can match.
         self.seq = int(max(self.header[REQUEST_SEQ], self.header[ANSWER_SEQ]))
         self.doorbell.forget_client(index)
         self.server_process: psutil.Process | None = None
+        self.gone_since: float | None = None      # when this client first found the server gone
         self.closed = False
 
     def act(self, obs: np.ndarray, env_ids: np.ndarray | None = None, reset: np.ndarray | None = None) -> PolicyStep:
         """obs [n, *obs_shape] -> actions [n] int64 and IMPALA's step fields: behaviour_logits [n, A],
-        behaviour_value [n], features [n, F] (the server samples as herd.algos.impala does);
-        with an LSTM core also CORE_STATE [n, 2, L, H], the states the rows acted from."""
+        behaviour_value [n], features [n, F] (those in `record`; the server samples as
+        herd.algos.impala does); with an LSTM core also CORE_STATE [n, 2, L, H], the states
+        the rows acted from."""
+        return self.collect(self.submit(obs, env_ids, reset))
+
+    def submit(self, obs: np.ndarray, env_ids: np.ndarray | None = None, reset: np.ndarray | None = None) -> Pending:
+        """Sends an act request and returns at once; collect() waits for its answer. At most
+        one request in flight per client: a double-buffered actor has two clients (lanes)."""
         n = self._write(obs)
         if n == 0:
-            return self._empty_step()
+            return Pending(0, -1, None, None)
         self.rng.random(n, dtype=np.float32, out=self.uniforms[:n])
         start = self._write_states(n, env_ids, reset)
-        version = self._ask(n, ACT)
+        return Pending(n, self._publish(n, ACT), self._ids(n, env_ids) if start is not None else None, start)
+
+    def collect(self, pending: Pending) -> PolicyStep:
+        """The answer to a submit(): see act()."""
+        n = pending.n
+        if n == 0:
+            return self._empty_step()
+        version = self._wait(pending.seq)
         # Copies: the areas are overwritten by the next request.
         fields = self._fields(slice(0, n))
-        if start is not None:
-            self.states.end(self._ids(n, env_ids), state_from_rows(self.core_state[:n]))   # the states after
-            fields[CORE_STATE] = state_to_rows(start).numpy()
+        if pending.start is not None:
+            self.states.end(pending.ids, state_from_rows(self.core_state[:n]))   # the states after
+            fields[CORE_STATE] = state_to_rows(pending.start).numpy()
         return PolicyStep(self.actions[:n].copy(), fields, version)
 
     def value(self, obs: np.ndarray, env_ids: np.ndarray | None = None) -> np.ndarray:
@@ -154,14 +198,24 @@ class InferenceClient:
         if self.stop is not None and self.stop.is_set():
             raise InferenceServerGone("stop requested while waiting for the inference server")
         state, pid = int(self.server[SERVER_STATE]), int(self.server[SERVER_PID])
-        if state == EXITED:
-            raise InferenceServerGone(f"the inference server (pid {pid}) has exited")
         if state == NOT_STARTED:
             if time.monotonic() - started > self.start_timeout:
                 raise InferenceServerGone(f"no inference server started within {self.start_timeout:.0f} s")
             return
-        if not self._alive(pid):
-            raise InferenceServerGone(f"the inference server (pid {pid}) died")
+        if state != EXITED and self._alive(pid):
+            self.gone_since = None
+            return
+        what = "has exited" if state == EXITED else "died"
+        if self.restart_timeout <= 0:
+            raise InferenceServerGone(f"the inference server (pid {pid}) {what}")
+        # Supervised: a new server will take over the channels and answer the request that
+        # is still pending in the header. Wait for it, not forever.
+        now = time.monotonic()
+        if self.gone_since is None:
+            self.gone_since = now
+        elif now - self.gone_since > self.restart_timeout:
+            raise InferenceServerGone(f"the inference server (pid {pid}) {what} and no new one started within "
+                                      f"{self.restart_timeout:.0f} s")
 
     def _alive(self, pid: int) -> bool:
         try:
@@ -173,8 +227,7 @@ class InferenceClient:
             return False
 
     def _fields(self, rows: slice) -> dict[str, np.ndarray]:
-        return {"behaviour_logits": self.logits[rows].copy(), "behaviour_value": self.value_out[rows].copy(),
-                "features": self.features[rows].copy()}
+        return {name: area[rows].copy() for name, area in self.outputs.items()}
 
     def _empty_step(self) -> PolicyStep:
         return PolicyStep(np.zeros(0, np.int64), self._fields(slice(0, 0)), self.refresh())

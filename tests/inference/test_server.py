@@ -280,7 +280,7 @@ def test_a_stale_answer_is_never_taken():
         successor._wait(seq)  # the stale answer is there, but not for this sequence number
     server.serve(server.pending())
     successor._wait(seq)
-    np.testing.assert_allclose(successor.logits[:8], expected_b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(successor.outputs["behaviour_logits"][:8], expected_b, rtol=1e-5, atol=1e-5)
 
     # 2. A client asks and dies before the server looked: its successor's request replaces it.
     dead = InferenceClient(channels, 0)
@@ -292,7 +292,7 @@ def test_a_stale_answer_is_never_taken():
     server.serve(server.pending())
     assert channels.header[0, ANSWER_SEQ] == channels.header[0, REQUEST_SEQ] == seq
     successor._wait(seq)
-    np.testing.assert_allclose(successor.logits[:8], expected_c, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(successor.outputs["behaviour_logits"][:8], expected_c, rtol=1e-5, atol=1e-5)
 
 
 def test_a_dead_server_makes_act_raise_quickly():

@@ -1,0 +1,188 @@
+"""The inference server's CUDA path (server.py uses it only on a CUDA device; on a CPU
+none of this runs).
+
+    copies in     the clients' request areas are page-locked in place (cudaHostRegister),
+                  so each client's rows go straight from shared memory to the GPU, one
+                  asynchronous copy per client; where registering fails, rows are gathered
+                  into a pinned staging buffer first (one more host copy)
+    two sets      batch k+1 is gathered into the other set of device (and staging) buffers
+                  while batch k's outputs travel back: server.py's loop launches k+1, then
+                  answers k
+    events        each batch records a blocking-sync CUDA event after its copies back;
+                  answering waits on that event, sleeping, instead of a device-wide
+                  synchronize() that spins
+    precision     bf16 autocast and channels-last convolution weights (ServerOptions)
+    graphs        optionally, a CUDA graph captured per padded batch size (8, 16, 32, ...)
+                  holding the forward pass and the sampling; weights are copied into the
+                  captured parameters in place, so the graphs stay valid
+    weights       a new version goes host -> pinned buffer -> device on the stream, in
+                  place: batches launched after it use it, and service never stops
+
+What could not be measured here (no GPU on the machine this was written on) is in
+docs/inference.md.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from herd.inference.forward import ServerOptions, policy_outputs
+from herd.weights import SharedWeights
+
+log = logging.getLogger("herd")
+
+
+def host_register(tensor: torch.Tensor) -> bool:
+    """Page-locks a shared-memory tensor in place; False where CUDA refuses."""
+    try:
+        error = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), 0)
+        return int(getattr(error, "value", error)) == 0
+    except Exception:   # an old driver, an unsupported mapping: the staging path works everywhere
+        return False
+
+
+class DevicePath:
+    """The buffers, weights and (optional) graphs of one CUDA inference server.
+
+    inputs / outputs: the server's flat request and response areas, name -> [C*R, ...]."""
+
+    def __init__(self, model: torch.nn.Module, max_rows: int, inputs: dict, outputs: dict,
+                 device: torch.device, options: ServerOptions):
+        self.max_rows = max_rows            # R: client c's rows start at flat row c * R
+        self.model, self.inputs, self.outputs, self.device, self.options = model, inputs, outputs, device, options
+        self.recurrent = "core_state" in inputs
+        self.features = "features" in outputs
+        if options.channels_last:
+            self.model.to(memory_format=torch.channels_last)     # 4-D (conv) weights only
+        self.params = [p for p in self.model.parameters()]
+        self.pinned_weights = torch.empty(sum(p.numel() for p in self.params)).pin_memory()
+        self.weights_copied: torch.cuda.Event | None = None
+        self.registered = all(host_register(t) for t in [*inputs.values(), *outputs.values()])
+        self.sets = [self.buffers() for _ in range(2)]
+        self.turn = 0
+        self.graphs = None
+        if options.cuda_graphs and not self.recurrent:
+            self.graphs = GraphedPolicy(self.model, inputs, self.features, options, device)
+        log.info("inference server on %s: request areas %s, %s, %s%s", device,
+                 "page-locked in place" if self.registered else "staged through pinned buffers",
+                 "bf16" if options.bf16 else "fp32", "channels-last" if options.channels_last else "NCHW",
+                 ", CUDA graphs" if self.graphs is not None else "")
+
+    def buffers(self) -> dict:
+        """One set: device inputs (and pinned staging and outputs where not registered)."""
+        s = {"device": {name: torch.empty_like(t, device=self.device) for name, t in self.inputs.items()}}
+        if not self.registered:
+            s["staging"] = {name: torch.empty_like(t).pin_memory() for name, t in self.inputs.items()}
+            s["back"] = {name: torch.empty_like(t).pin_memory() for name, t in self.outputs.items()}
+        return s
+
+    def pull(self, weights: SharedWeights, have_version: int) -> int:
+        """Copies newer published weights into the model, in place, on the stream."""
+        if self.weights_copied is not None:
+            self.weights_copied.synchronize()      # the pinned buffer's last copy has left
+        vector, version = weights.snapshot()
+        self.pinned_weights.copy_(vector)
+        on_device = self.pinned_weights.to(self.device, non_blocking=True)
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                p.copy_(on_device[offset:offset + p.numel()].view_as(p))   # in place: graphs stay valid
+                offset += p.numel()
+        self.weights_copied = torch.cuda.Event(blocking=True)
+        self.weights_copied.record()
+        return version
+
+    def launch(self, clients, rows, index: torch.Tensor) -> tuple[dict, torch.cuda.Event]:
+        """Rows of `clients` -> their outputs, launched; the event fires once they are in
+        host memory (the shared areas when registered, else the set's pinned `back`)."""
+        s = self.sets[self.turn]
+        self.turn ^= 1
+        n = len(index)
+        dev = {}
+        for name, source in self.inputs.items():
+            target = s["device"][name]
+            if self.registered:
+                offset = 0
+                for c, r in zip(clients, rows):
+                    start = int(c) * self.max_rows
+                    target[offset:offset + r].copy_(source[start:start + r], non_blocking=True)
+                    offset += int(r)
+            else:
+                staged = torch.index_select(source, 0, index, out=s["staging"][name][:n])
+                target[:n].copy_(staged, non_blocking=True)
+            dev[name] = target[:n]
+        with torch.inference_mode():
+            if self.graphs is not None and self.graphs.fits(n):
+                results = self.graphs.run(dev, n)
+            else:
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.options.bf16):
+                    results = policy_outputs(self.model, dev, self.recurrent, self.features)
+        if self.registered:
+            offset = 0
+            for c, r in zip(clients, rows):
+                start = int(c) * self.max_rows
+                for name, t in results.items():
+                    self.outputs[name][start:start + r].copy_(t[offset:offset + r], non_blocking=True)
+                offset += int(r)
+        else:
+            results = {name: s["back"][name][:n].copy_(t, non_blocking=True) for name, t in results.items()}
+        event = torch.cuda.Event(blocking=True)   # blocking: its wait sleeps instead of spinning
+        event.record()
+        return results, event
+
+    def finish(self, clients, rows, index: torch.Tensor, results: dict, event: torch.cuda.Event) -> None:
+        """Waits (sleeping) for a launched batch; where not registered, scatters its outputs."""
+        event.synchronize()
+        if not self.registered:
+            for name, tensor in results.items():
+                self.outputs[name].index_copy_(0, index, tensor)
+
+
+class GraphedPolicy:
+    """CUDA graphs of the forward pass and sampling, one per padded batch size: a batch of n
+    rows runs in the smallest captured size >= n (the padding rows compute and are ignored)."""
+
+    def __init__(self, model, inputs: dict, features: bool, options: ServerOptions, device: torch.device):
+        total = next(iter(inputs.values())).shape[0]
+        sizes, size = [], 8
+        while size < total:
+            sizes.append(size)
+            size *= 2
+        sizes.append(total)
+        self.graphs: dict[int, tuple] = {}
+        for size in sizes:
+            static = {name: torch.zeros((size, *t.shape[1:]), dtype=t.dtype, device=device) for name, t in inputs.items()}
+            try:
+                self.graphs[size] = (static, *self.capture(model, static, features, options))
+            except Exception as err:   # capture can fail (an op that syncs): run those sizes eagerly
+                log.warning("inference server: no CUDA graph for %d rows (%s); running them eagerly", size, err)
+                break
+
+    @staticmethod
+    def capture(model, static: dict, features: bool, options: ServerOptions):
+        def step():
+            with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=options.bf16,
+                                                        cache_enabled=False):
+                return policy_outputs(model, static, False, features)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):               # warm-up, as torch.cuda.graphs asks, off the main stream
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = step()
+        return graph, outputs
+
+    def fits(self, n: int) -> bool:
+        return any(size >= n for size in self.graphs)
+
+    def run(self, dev: dict, n: int) -> dict:
+        size = min(s for s in self.graphs if s >= n)
+        static, graph, outputs = self.graphs[size]
+        for name, t in dev.items():
+            static[name][:n].copy_(t)
+        graph.replay()
+        return {name: t[:n] for name, t in outputs.items()}
