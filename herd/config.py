@@ -26,7 +26,8 @@ from herd.envs.wrappers import REWARD_CLIPPING_METHODS
 from herd.learner.distributed import torchrun_world_size
 from herd.errors import ConfigError
 from herd.models import NETWORKS
-from herd.profiles import ALGORITHM_PROFILES, COMPILE_FROM_STEPS, MACHINE_PROFILES, PROFILES, machine_profile
+from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, MACHINE_PROFILES, PROFILES, inference_servers_for,
+                           machine_profile)
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters
 from herd.replay.writer import DISCARDING_STRATEGIES
 from herd.validation import parse_eval_interval, transition_items, validate
@@ -122,6 +123,15 @@ class ParallelConfig:
     actor_cpus: float = opt(1.0, "Ray backend: CPUs each actor reserves on its node (below 1: several actors share a core; above 1: a whole number); actors spread over the nodes that have room")
     replay_server: bool = opt(False, "Ray backend, Ape-X: keep the replay in its own Ray actor (a replay server) instead of in the learner process: actors' rollouts go to it without passing through the learner, which only receives sampled batches and sends priorities back; checkpoints still hold the replay")
     replay_server_node: str = opt("learner", "Ray backend, --replay_server: the node it runs on. learner: the learner's node (it reserves no Ray CPU there, as the learner does not); or a node id (hex, as `ray list nodes` and summary.json show): it then reserves 1 CPU there, which no actor gets")
+    # --- the inference servers (issue 27, herd/inference, docs/inference.md) ---
+    inference_servers: Optional[int] = opt(None, "with --actor_inference=server: batched inference servers on --device, actor i served by server i mod N; unset: from the machine (one per 8 actors on a GPU, one on a CPU)")
+    inference_batch_wait_us: float = opt(0.0, "inference server: after a first request, wait up to this many microseconds for a fuller batch (0: answer at once)")
+    inference_min_clients: int = opt(0, "inference server: stop waiting (--inference_batch_wait_us) once this many of its actors have asked (0: all of them)")
+    inference_weights_interval: int = opt(1, "inference server: take published weights once they are this many learner updates newer (1: every update)")
+    inference_precision: str = opt("auto", "inference server arithmetic: fp32, bf16 (autocast), or auto (bf16 on a GPU with bf16 units, else fp32)", ("auto", "fp32", "bf16"))
+    inference_cuda_graphs: bool = opt(False, "inference server on CUDA: replay CUDA graphs captured for padded batch sizes (8, 16, ... rows) instead of launching every kernel; refused on a CPU")
+    actor_double_buffer: bool = opt(False, "with an inference server: each actor keeps two half-batches of its environments in flight, stepping one half while the server acts on the other (Sample Factory's double buffering); needs --envs_per_worker >= 2, --env_batch_size=0 and --shared_queue_size >= 2")
+    # --- end inference servers ---
 
 
 @dataclass
@@ -329,6 +339,9 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         cfg.parallel.worker_count = max(1, os.cpu_count() or 1)
     if cfg.parallel.learner_count is None:
         cfg.parallel.learner_count = torchrun_world_size() or 1
+    if cfg.parallel.inference_servers is None:
+        cfg.parallel.inference_servers = inference_servers_for(learner_device(cfg.general.device).type,
+                                                               cfg.parallel.worker_count)
     if cfg.train.learner_precision == "auto":
         cfg.train.learner_precision = "bf16" if fast_bf16(learner_device(cfg.general.device)) else "fp32"
     if cfg.train.learner_thread_count is None:
@@ -364,6 +377,8 @@ def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
     flat, profile = cfg.to_flat(), PROFILES[kind]
     device = learner_device(cfg.general.device)
     names = [*machine_profile(kind, cfg.general.device), "worker_count"]     # one actor per core
+    if cfg.general.actor_inference == "server" or (cfg.general.actor_inference == "auto" and device.type == "cuda"):
+        names.append("inference_servers")           # from the actors per server on this device
     if profile.get("learner_precision") == "auto":
         names.append("learner_precision")           # bf16 where the hardware has bf16 units
     if "learner_thread_count" not in profile:

@@ -109,10 +109,11 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
     if checkpoint is not None:
         check_compatible(checkpoint, env_spec_dict(cfg, spec), model_signature(model), path)
     core = recurrent_core(model)
+    distribution = model_kwargs.get("action_distribution", "categorical")
     layout = trajectory_layout(algorithm, cfg.train.r_f_steps, spec.obs_shape, spec.obs_dtype, spec.num_actions,
-                               cfg.network.feature_out_layer_size,
-                               model_kwargs.get("action_distribution", "categorical"),
-                               core.state_shape if core is not None else None)
+                               cfg.network.feature_out_layer_size, distribution,
+                               core.state_shape if core is not None else None,
+                               read=algorithm.read_fields(tuple(r.type for r in cfg.replays), distribution))
     if mode != "test":
         check_memory(cfg, layout)
         if cfg.parallel.multiprocessing_backend == "ray":

@@ -22,11 +22,13 @@ import torch.multiprocessing as mp
 from herd import stopping
 from herd.actors.actor import ActorSpec
 from herd.backends import backend_options, get_backend
+from herd.backends.local import InferenceSetup
 from herd.backends.signals import install_stop_signals
 from herd.config import parse_eval_interval
-from herd.devices import learner_device, use_deterministic_algorithms
+from herd.devices import fast_bf16, learner_device, use_deterministic_algorithms
 from herd.errors import ActorFailure, LearnerFailure, ReplayLost, SaveFailed, TrainingDiverged
 from herd.eval_worker import EvalSpec, Evaluator
+from herd.inference import ServerOptions
 from herd.learner.batches import DirectBatches, PrefetchedBatches, ReplayElsewhere
 from herd.learner.distributed import (GroupSync, LearnerGroup, broadcast_state, free_port, join_group, leave_group,
                                       share_of, short_reason)
@@ -149,7 +151,9 @@ def actor_spec(plan: Plan, first_actor: int = 0) -> ActorSpec:
                      env_backend=p.env_backend, env_threads=p.env_threads, env_batch_size=p.env_batch_size,
                      algorithm=plan.algorithm.name, verbose_interval=cfg.stats.verbose_worker_out_int
                      if cfg.stats.worker_verbose else 0, worker_count=p.worker_count,
-                     act_options=plan.algorithm.actor_options(cfg))
+                     act_options=plan.algorithm.actor_options(cfg),
+                     record_fields=tuple(name for name, _ in plan.layout.step_fields),
+                     double_buffer=p.actor_double_buffer)
 
 
 def inference_device(cfg, device: torch.device, serves_algorithm: bool = True) -> str | None:
@@ -163,6 +167,20 @@ def inference_device(cfg, device: torch.device, serves_algorithm: bool = True) -
     if mode == "server" or (mode == "auto" and device.type == "cuda" and serves_algorithm):
         return str(device)              # "cuda:1": each learner's server beside it
     return None
+
+
+def inference_setup(cfg, device: str, worker_count: int) -> InferenceSetup:
+    """How many inference servers serve this learner's `worker_count` actors on `device`,
+    and how they batch and compute (the --inference_* options)."""
+    p = cfg.parallel
+    cuda = torch.device(device).type == "cuda"
+    bf16 = p.inference_precision == "bf16" or (p.inference_precision == "auto" and cuda
+                                               and fast_bf16(torch.device(device)))
+    options = ServerOptions(batch_wait_us=p.inference_batch_wait_us, min_clients=p.inference_min_clients,
+                            weights_interval=p.inference_weights_interval, bf16=bf16, channels_last=cuda,
+                            cuda_graphs=p.inference_cuda_graphs and cuda)
+    # With several learners each has its share of the actors: never more servers than those.
+    return InferenceSetup(max(1, min(p.inference_servers or 1, worker_count)), options)
 
 
 def start_hardware_monitor(plan: Plan, session: TrainingSession, run_dir: Path) -> HardwareMonitor | None:
@@ -226,11 +244,12 @@ def train_learner(plan: Plan, run_dir: Path, group: LearnerGroup | None) -> int:
             reason, code = "stopped", 0
         else:
             backend = get_backend(cfg.parallel.multiprocessing_backend)
+            serve_on = inference_device(cfg, session.options.device, plan.algorithm.inference_server
+                                        and plan.env_spec.action_kind == "discrete")
+            servers = {} if serve_on is None else {"inference": inference_setup(cfg, serve_on, worker_count)}
             reason = backend(session, actor_spec(plan, first_actor), worker_count, cfg.parallel.shared_queue_size,
                              stop, cfg.parallel.actor_timeout, cfg.parallel.max_actor_restarts,
-                             inference_device=inference_device(cfg, session.options.device,
-                                                               plan.algorithm.inference_server
-                                                               and plan.env_spec.action_kind == "discrete"),
+                             inference_device=serve_on, **servers,
                              **backend_options(cfg.parallel.multiprocessing_backend, cfg.parallel))
             code = 0
     except (TrainingDiverged, ActorFailure, SaveFailed, ReplayLost) as err:

@@ -194,6 +194,39 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--actor_inference=server: {algorithm.name} actors need their own model "
                           "(use --actor_inference=local)")
     validate_learners(cfg, specs)
+    validate_inference(cfg)
+
+
+def validate_inference(cfg: Config) -> None:
+    """The inference servers' options (issue 27, docs/inference.md)."""
+    p = cfg.parallel
+    if p.inference_servers is not None and not 1 <= p.inference_servers <= p.worker_count:
+        raise ConfigError(f"--inference_servers must be from 1 to --worker_count={p.worker_count} (each server "
+                          f"serves at least one actor), got {p.inference_servers}")
+    if not 0 <= p.inference_batch_wait_us <= 1e6:
+        raise ConfigError(f"--inference_batch_wait_us must be from 0 to 1,000,000 (one second), got "
+                          f"{p.inference_batch_wait_us:g}")
+    if p.inference_min_clients < 0:
+        raise ConfigError(f"--inference_min_clients must be >= 0 (0: all of a server's actors), got "
+                          f"{p.inference_min_clients}")
+    if p.inference_weights_interval < 1:
+        raise ConfigError(f"--inference_weights_interval must be >= 1, got {p.inference_weights_interval}")
+    cuda = learner_device(cfg.general.device).type == "cuda"
+    if p.inference_cuda_graphs and not cuda:
+        raise ConfigError("--inference_cuda_graphs captures CUDA graphs: it needs --device=cuda (or auto with a GPU)")
+    if not p.actor_double_buffer:
+        return
+    serves = cfg.general.actor_inference == "server" or (cfg.general.actor_inference == "auto" and cuda)
+    if not serves or p.multiprocessing_backend != "python_native":
+        raise ConfigError("--actor_double_buffer overlaps stepping with an inference server's work: it needs "
+                          "--actor_inference=server (or auto on a GPU) and --multiprocessing_backend=python_native")
+    if p.envs_per_worker < 2 or p.env_batch_size != 0:
+        raise ConfigError(f"--actor_double_buffer splits each actor's environments in two halves: it needs "
+                          f"--envs_per_worker >= 2 (got {p.envs_per_worker}) and --env_batch_size=0 (got "
+                          f"{p.env_batch_size})")
+    if p.shared_queue_size < 2:
+        raise ConfigError("--actor_double_buffer needs --shared_queue_size >= 2: one half opens the next slot "
+                          "while the other still fills the current one")
 
 
 def validate_learners(cfg: Config, specs: list) -> None:

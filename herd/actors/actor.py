@@ -18,9 +18,11 @@ import torch
 
 from herd.interfaces import ActorEnvs, ActorPolicy
 from herd.actors.policy import LocalPolicy
-from herd.actors.rollout import ActorStopped, RolloutWriter
+from herd.actors.rollout import ActorStopped, RolloutWriter, truncated_values
 from herd.envs.actor_envs import make_actor_envs
+from herd.actors.double_buffer import collect_double_buffered, double_buffered
 from herd.inference import InferenceClient, InferenceServerGone
+from herd.inference.routing import InferenceRoute
 from herd.trajectory import TrajectorySlots
 from herd.weights import SharedWeights
 
@@ -42,6 +44,8 @@ class ActorSpec:
     verbose_interval: int = 0               # print a progress line every N rollouts (0: never)
     worker_count: int = 1                   # N, the actors of the run (Ape-X: actor i's epsilon)
     act_options: dict = field(default_factory=dict)   # the algorithm's actor_options(cfg)
+    record_fields: tuple | None = None      # the step fields the trajectory layout holds (None: all)
+    double_buffer: bool = False             # two half-batches in flight (with an inference server)
 
 
 class Rollout(NamedTuple):
@@ -96,13 +100,7 @@ def collect_rollouts(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter
         writer.record_action(batch.env_ids, out)
         envs.send(out.actions)
         batch = envs.recv()
-        truncated = {}
-        if batch.truncated_obs:
-            # A truncated episode bootstraps from the value of its last state.
-            rows = list(batch.truncated_obs)
-            values = policy.value(np.stack([batch.truncated_obs[r] for r in rows]), batch.env_ids[rows])
-            truncated = dict(zip(rows, values.tolist()))
-        delivered = writer.record_outcome(batch, truncated)
+        delivered = writer.record_outcome(batch, truncated_values(policy, batch))
         for delivery in delivered:
             if finish is not None:
                 finish(writer.views_of(delivery.slot))
@@ -115,10 +113,10 @@ def collect_rollouts(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter
 
 
 def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots, rollouts,
-              weights: SharedWeights, stop, inference=None) -> None:
+              weights: SharedWeights, stop, inference: InferenceRoute | None = None) -> None:
     """Process entry point. `free_slots`: this actor's queue of slot indices it may fill;
     `rollouts`: the write end of this actor's pipe to the learner; `stop`: an Event;
-    `inference`: channels of a batched inference server (None: act with a local model)."""
+    `inference`: this actor's place at a batched inference server (None: act with a local model)."""
     # Ctrl+C reaches the whole process group: the main process alone decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(spec.torch_threads)
@@ -141,16 +139,23 @@ def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots
         rollouts.send(Rollout(delivery.slot, actor_id, delivery.version, delivery.steps, delivery.episodes))
         progress.delivered(delivery.steps, delivery.episodes)
 
-    envs = make_actor_envs(spec.env_backend, spec.env_id, spec.envs_per_worker, seed=spec.seed,
-                           threads=spec.env_threads, batch_size=spec.env_batch_size, env_kwargs=spec.env_kwargs)
+    if inference is not None and spec.double_buffer:
+        envs, policy = double_buffered(spec, inference, stop)
+    else:
+        envs = make_actor_envs(spec.env_backend, spec.env_id, spec.envs_per_worker, seed=spec.seed,
+                               threads=spec.env_threads, batch_size=spec.env_batch_size, env_kwargs=spec.env_kwargs)
     if inference is None:
         policy = LocalPolicy(spec.model_kwargs, weights, seed=spec.seed, algorithm=spec.algorithm, actor_id=actor_id,
-                             num_actors=spec.worker_count, options=spec.act_options, num_envs=spec.envs_per_worker)
-    else:
-        policy = InferenceClient(inference, actor_id, stop=stop, seed=spec.seed)
+                             num_actors=spec.worker_count, options=spec.act_options, num_envs=spec.envs_per_worker,
+                             record=spec.record_fields)
+    elif not spec.double_buffer:
+        policy = InferenceClient(inference.channels, inference.client, stop=stop, seed=spec.seed,
+                                 restart_timeout=inference.restart_timeout, record=spec.record_fields)
     writer = RolloutWriter(slots.views, acquire, spec.unroll_length, spec.envs_per_worker)
+    loop = collect_double_buffered if spec.double_buffer and inference is not None else collect_rollouts
     try:
-        act_and_collect(envs, policy, writer, send_rollout, stop)
+        for delivery in loop(envs, policy, writer, stop):
+            send_rollout(delivery)
     except (ActorStopped, BrokenPipeError, EOFError, InferenceServerGone):
         pass  # asked to stop, or the learner (or its inference server) is gone
     finally:

@@ -16,10 +16,13 @@ from herd.weights import SharedWeights
 
 class LocalPolicy:
     def __init__(self, model_kwargs: dict, weights: SharedWeights, seed: int, algorithm: str = "impala",
-                 actor_id: int = 0, num_actors: int = 1, options: dict | None = None, num_envs: int = 0):
+                 actor_id: int = 0, num_actors: int = 1, options: dict | None = None, num_envs: int = 0,
+                 record: tuple | None = None):
         """actor_id of num_actors and the algorithm's actor options decide this actor's own
         arguments to act (Ape-X: its epsilon). num_envs: the actor's environments, whose
-        LSTM states a recurrent model keeps (it grows to more if asked)."""
+        LSTM states a recurrent model keeps (it grows to more if asked). record: the step
+        fields the trajectory holds (None: all the algorithm's); act() returns only those."""
+        self.record = None if record is None else set(record)
         self.model = build_model(**model_kwargs)
         self.model.eval()
         self.states = EnvCoreStates.for_model(self.model, num_envs)     # None: feed-forward
@@ -47,7 +50,9 @@ class LocalPolicy:
             actions, fields = self.algorithm.act(out, self.generator, **self.act_kwargs)
             if self.states is not None:
                 fields[CORE_STATE] = state_to_rows(start)
-        return PolicyStep(actions.numpy(), {name: t.numpy() for name, t in fields.items()}, self.version)
+        return PolicyStep(actions.numpy(), {name: t.numpy() for name, t in fields.items()
+                                            if self.record is None or name in self.record or name == CORE_STATE},
+                          self.version)
 
     def complete_rollout(self, views: dict) -> None:
         """views: the finished slot's numpy views [time, E, ...] (shared memory)."""

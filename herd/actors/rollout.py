@@ -128,3 +128,13 @@ class RolloutWriter:
             delivered.append(Delivery(slot.index, slot.version, self.T * self.E, self.episodes))
             self.episodes = []
         return delivered
+
+
+def truncated_values(policy, batch: EnvBatch) -> dict:
+    """row -> the policy's value of the final observation of an episode cut by a time limit
+    (a truncated episode bootstraps from it): record_outcome's truncated_values."""
+    if not batch.truncated_obs:
+        return {}
+    rows = list(batch.truncated_obs)
+    values = policy.value(np.stack([batch.truncated_obs[r] for r in rows]), batch.env_ids[rows])
+    return dict(zip(rows, values.tolist()))

@@ -16,6 +16,8 @@ Learner. The prioritized replay (herd/replay/transitions.py) samples transitions
 with a target network synced every --target_update_period updates."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from herd.algos.base import describe_optimization as optimizer_and_schedule
@@ -49,6 +51,12 @@ class Apex:
             "q_max": Field((), "float32", float("nan")),       # [T] max_a Q(s_t, a)
             "priority": Field((), "float32", float("nan")),    # [T] initial priority, set when the rollout ends
         }
+
+    @staticmethod
+    def read_fields(replay_types: Sequence[str], action_distribution: str = "categorical") -> tuple[str, ...]:
+        """All three: the initial priorities come from q_taken and q_max, the prioritized
+        replay reads the priority."""
+        return ("q_taken", "q_max", "priority")
 
     @staticmethod
     def act(out, generator: torch.Generator, epsilon: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -4,8 +4,12 @@ Backends, actors, replays and the learner loop are shared by every algorithm; a 
 supplies only what differs:
 
     step_fields(num_actions, feature_size, action_distribution)
-                                            the per-step policy outputs actors record in a
+                                            the per-step policy outputs actors can record in a
                                             trajectory beside obs/action/reward/done
+    read_fields(replay_types, action_distribution)
+                                            those of them its loss and the configured replays
+                                            (--replay_parameters' types) read: the only ones
+                                            actors record (trajectory_layout's `read`)
     action_kinds                            which action spaces it can act in: ("discrete",)
                                             or ("discrete", "continuous")
     act(out, generator, **act_kwargs)       the actor's policy step: model output -> actions
@@ -33,7 +37,7 @@ Builders unpack the config into explicit arguments here; nothing below them read
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol, Sequence
 
 import torch
 
@@ -57,6 +61,9 @@ class Algorithm(Protocol):
     def step_fields(self, num_actions: int, feature_size: int,
                     action_distribution: str = "categorical") -> dict[str, Field]: ...
 
+    def read_fields(self, replay_types: Sequence[str], action_distribution: str = "categorical") -> tuple[str, ...]:
+        ...
+
     def act(self, out, generator: torch.Generator, **act_kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """out: ModelOutput over [1, n, ...] -> (actions [n], {step field: [n, ...]})."""
 
@@ -75,13 +82,17 @@ class Algorithm(Protocol):
 
 def trajectory_layout(algorithm: Algorithm, unroll_length: int, obs_shape: tuple, obs_dtype: str,
                       num_actions: int, feature_size: int, action_distribution: str = "categorical",
-                      core_state_shape: tuple | None = None) -> TrajectoryLayout:
-    """The trajectory an actor of `algorithm` fills: the common fields and its own, plus,
+                      core_state_shape: tuple | None = None, read: Iterable[str] | None = None) -> TrajectoryLayout:
+    """The trajectory an actor of `algorithm` fills: the common fields and its own (only
+    those in `read`, the algorithm's read_fields, where given: None keeps them all), plus,
     for a network with an LSTM core, its start state (core_state_shape (2, L, H)).
     action_distribution (herd.ops.distributions): "gaussian" for continuous actions of
     dimension num_actions, whose action field is then float32 [A]."""
     dist = get_distribution(action_distribution)
     fields = algorithm.step_fields(num_actions, feature_size, action_distribution)
+    if read is not None:
+        read = set(read)
+        fields = {name: f for name, f in fields.items() if name in read}
     if core_state_shape is not None:
         fields[CORE_STATE] = Field(tuple(core_state_shape), "float32", float("nan"), start_only=True)
     return TrajectoryLayout(unroll_length, tuple(obs_shape), obs_dtype, tuple(fields.items()),

@@ -3,6 +3,7 @@ herd's first algorithm builder (see herd/algos/base.py for what a builder suppli
 from __future__ import annotations
 
 import functools
+from typing import Sequence
 
 import torch
 
@@ -47,6 +48,20 @@ class Impala:
             "behaviour_value": Field((), "float32", float("nan")),               # [T]
             "features": Field((feature_size,), "float32", float("nan")),         # [T, F], for elite replay
         }
+
+    @staticmethod
+    def read_fields(replay_types: Sequence[str], action_distribution: str = "categorical") -> tuple[str, ...]:
+        """The behaviour policy's parameters always (V-trace's ratios); the behaviour value
+        only with an off-policy replay (CLEAR's value cloning and its metric read it for
+        replayed columns only); feature vectors only with a custom (elite) replay, whose
+        off-policy scorer compares them with the current model's."""
+        dist = get_distribution(action_distribution)
+        fields = [f"behaviour_{name}" for name in dist.param_names]
+        if any(kind != "queue" for kind in replay_types):
+            fields.append("behaviour_value")
+        if "custom" in replay_types:
+            fields.append("features")
+        return tuple(fields)
 
     @staticmethod
     def act(out, generator: torch.Generator, action_distribution: str = "categorical"

@@ -7,11 +7,12 @@
         +---- free slot index (actor i's own queue) <--+
         +---- versioned weights (SharedWeights) <------ publish after each update
 
-and, with `inference_device` set, a batched inference server between actors and weights:
+and, with `inference_device` set, batched inference servers between actors and weights
+(herd/backends/inference_servers.py: actor i served by server i mod S, dead ones restarted):
 
-    actor i --observations (shared memory)--> inference server (process, on the device)
+    actor i --observations (shared memory)--> inference server i mod S (process, on the device)
         ^                                        |   pulls SharedWeights between batches
-        +---- actions, logits, values, features -+
+        +---- actions, logits, values ----------+
 
 Each actor has its own pipe and queue, so an actor killed mid-write (kill -9, a crashed
 env) can only break its own channels: the pool replaces them with the actor."""
@@ -28,12 +29,20 @@ import torch.multiprocessing as mp
 from herd.actors.actor import ActorSpec, run_actor
 from herd.stopping import sigint_blocked
 from herd.errors import ActorFailure
-from herd.inference import InferenceChannels, run_inference_server
+from herd.backends.inference_servers import InferenceServers
+from herd.inference import ServerOptions
 from herd.learner.session import TrainingSession
 from herd.trajectory import TrajectorySlots
 from herd.weights import SharedWeights
 
 log = logging.getLogger("herd")
+
+
+@dataclass(frozen=True)
+class InferenceSetup:
+    """How many inference servers, and how they batch (--inference_* options)."""
+    servers: int = 1
+    options: ServerOptions = ServerOptions()
 
 
 # Seconds an actor may take to deliver its first rollout, or --actor_timeout if longer.
@@ -58,7 +67,7 @@ class ActorPool:
 
     def __init__(self, spec: ActorSpec, count: int, slots: TrajectorySlots, slots_per_actor: int,
                  weights: SharedWeights, context, timeout: float, max_restarts: int,
-                 inference: InferenceChannels | None = None, stop_event=None, registry: dict | None = None):
+                 inference: InferenceServers | None = None, stop_event=None, registry: dict | None = None):
         self.spec, self.count, self.slots, self.weights = spec, count, slots, weights
         self.inference = inference  # None: every actor acts with its own CPU model
         self.slots_per_actor = slots_per_actor
@@ -88,7 +97,8 @@ class ActorPool:
         spec = ActorSpec(**{**self.spec.__dict__, "seed": seed})
         process = self.context.Process(
             target=run_actor, name=f"herd-actor-{actor_id}", daemon=True,
-            args=(actor_id, spec, self.slots, free, sender, self.weights, self.stop_event, self.inference))
+            args=(actor_id, spec, self.slots, free, sender, self.weights, self.stop_event,
+                  self.inference.route(actor_id) if self.inference is not None else None))
         with sigint_blocked():   # Ctrl+C reaches the group: the child must never see it
             process.start()
         sender.close()  # the child holds the write end; EOF then means the actor is gone
@@ -159,39 +169,40 @@ class ActorPool:
             self.close_channels(actor)
 
 
-def start_inference_server(spec: ActorSpec, worker_count: int, weights: SharedWeights, device: str, stop,
-                           context) -> tuple[InferenceChannels, object]:
-    """The batched inference server process for `worker_count` actors, on `device`."""
-    rows = spec.env_batch_size or spec.envs_per_worker   # the most observations one actor sends at once
-    channels = InferenceChannels.for_model(spec.model_kwargs, worker_count, rows, context=context)
-    process = context.Process(target=run_inference_server, name="herd-inference", daemon=True,
-                              args=(channels, spec.model_kwargs, weights, device, stop),
-                              kwargs=dict(torch_threads=spec.torch_threads, seed=spec.seed))
-    with sigint_blocked():
-        process.start()
-    return channels, process
+def start_inference_servers(spec: ActorSpec, worker_count: int, weights: SharedWeights, device: str, stop,
+                            context, setup: InferenceSetup, max_restarts: int, registry: dict) -> InferenceServers:
+    """setup.servers batched inference server processes for `worker_count` actors, on `device`."""
+    lanes = 2 if spec.double_buffer else 1
+    envs = spec.env_batch_size or spec.envs_per_worker      # the most observations one actor sends at once
+    rows = -(-envs // lanes)                                 # ... per lane: half of them, rounded up
+    features = spec.record_fields is None or "features" in spec.record_fields
+    servers = InferenceServers(spec.model_kwargs, worker_count, setup.servers, rows, weights, device, stop, context,
+                               setup.options, lanes=lanes, features=features, torch_threads=spec.torch_threads,
+                               seed=spec.seed, max_restarts=max_restarts, registry=registry)
+    servers.start()
+    return servers
 
 
 def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, slots_per_actor: int,
                 stop_requested: threading.Event, actor_timeout: float = 60.0, max_restarts: int = 20,
-                inference_device: str | None = None) -> str:
+                inference_device: str | None = None, inference: InferenceSetup | None = None) -> str:
     """Runs actors and the learner until the step budget or a stop request; returns why it ended.
-    inference_device: run a batched inference server there ("cpu", "cuda") instead of a
-    model in every actor."""
+    inference_device: run batched inference servers there ("cpu", "cuda") instead of a
+    model in every actor; `inference` says how many and how they batch (default: one)."""
     context = mp.get_context("spawn")
     slots = TrajectorySlots(session.layout, worker_count * slots_per_actor, spec.envs_per_worker)
     weights = SharedWeights(session.learner.model, context)
     weights.publish(session.learner.model, version=session.counters.updates)
-    channels = server = None
+    servers = None
     stop_actors = context.Event()
     # A resumed run whose budget is already spent trains nothing: starting actors would
     # only wait for their start-up (seconds of importing torch) to stop them again.
     if inference_device is not None and not session.done:
-        channels, server = start_inference_server(spec, worker_count, weights, inference_device, stop_actors, context)
-        log.info("inference server started on %s (pid %d) for %d actors", inference_device, server.pid, worker_count)
-        session.processes["inference"] = server.pid
+        servers = start_inference_servers(spec, worker_count, weights, inference_device, stop_actors, context,
+                                          inference or InferenceSetup(), max_restarts, session.processes)
+        session.summary_extra["inference_server_restarts"] = lambda: servers.restarts
     pool = ActorPool(spec, worker_count, slots, slots_per_actor, weights, context, actor_timeout, max_restarts,
-                     inference=channels, stop_event=stop_actors, registry=session.processes)
+                     inference=servers, stop_event=stop_actors, registry=session.processes)
     if not session.done:
         pool.start()
     session.summary_extra["actor_restarts"] = lambda: pool.restarts   # summary.json: dead or hung actors replaced
@@ -212,15 +223,13 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
                 if session.done or stop_requested.is_set():
                     break
             if time.monotonic() - last_health_check > 1.0:
-                if server is not None and not server.is_alive():
-                    raise ActorFailure(f"the inference server died (exit code {server.exitcode}); see the log")
+                if servers is not None:
+                    servers.check_health()      # a dead server is replaced; its actors wait meanwhile
                 pool.check_health()
                 last_health_check = time.monotonic()
                 session.show_progress()
     finally:
         pool.stop()
-        if server is not None:
-            server.join(5.0)
-            if server.is_alive():
-                server.terminate()
+        if servers is not None:
+            servers.stop()
     return "stopped" if stop_requested.is_set() else "finished"

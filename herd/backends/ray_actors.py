@@ -112,7 +112,8 @@ class RolloutWorker:
         envs = make_actor_envs(spec.env_backend, spec.env_id, spec.envs_per_worker, seed=spec.seed,
                                threads=spec.env_threads, batch_size=spec.env_batch_size, env_kwargs=spec.env_kwargs)
         self.policy = LocalPolicy(spec.model_kwargs, self.weights, seed=spec.seed, algorithm=spec.algorithm,
-                                  actor_id=actor_id, num_actors=spec.worker_count, options=spec.act_options)
+                                  actor_id=actor_id, num_actors=spec.worker_count, options=spec.act_options,
+                                  record=spec.record_fields)
         writer = RolloutWriter(self.slots.views, self.acquire, spec.unroll_length, spec.envs_per_worker)
         self.rollouts = collect_rollouts(envs, self.policy, writer, Never())
         self.progress = ActorProgress(actor_id, spec.verbose_interval)

@@ -5,7 +5,7 @@ import os
 import re
 import signal
 
-from herd_testing import killed_at_exit, only_run, run_cli, start_cli, wait_for
+from herd_testing import killed_at_exit, log_text, newest_update, only_run, run_cli, start_cli, wait_for
 from herd.checkpoint import load_checkpoint
 
 
@@ -25,27 +25,51 @@ def test_cartpole_learns_through_the_inference_server(tmp_path):
     assert json.loads((run / "config.json").read_text())["actor_inference"] == "server"
 
 
-def server_pid(results) -> int | None:
+def server_pids(results) -> list[int]:
+    """The inference servers' pids, from the run's log line (herd/backends/inference_servers.py)."""
     runs = [r for r in results.iterdir() if (r / "log.txt").exists()] if results.exists() else []
     for line in (runs[0] / "log.txt").read_text().splitlines() if runs else []:
-        match = re.search(r"inference server started on cpu \(pid (\d+)\)", line)
+        match = re.search(r"inference servers? on cpu \(pids ([\d, ]+)\)", line)
         if match:
-            return int(match.group(1))
-    return None
+            return [int(pid) for pid in match.group(1).split(", ")]
+    return []
 
 
-def test_a_dead_inference_server_ends_the_run_with_a_checkpoint(tmp_path):
+def test_a_killed_inference_server_is_restarted_and_the_run_goes_on(tmp_path):
+    """Two servers for two actors; server 0 is killed (kill -9) after training started. The
+    defect caught: a dead server ending the run (as it did), or its actors never answered
+    again (a replacement that ignores the requests left pending), or a restart not counted."""
+    process = start_cli(["train", "--env=CartPole-v1", "--actor_inference=server", "--device=cpu",
+                         "--inference_servers=2", "--worker_count=2", "--environment_max_steps=100000000",
+                         "--seed=2", "--basic_verbose=False", "--verbose_learner_out_int=1",
+                         "--save_model_period=20"], tmp_path)
+    with killed_at_exit(process):
+        assert wait_for(lambda: len(server_pids(tmp_path)) == 2 and newest_update(tmp_path) > 0, 90)
+        os.kill(server_pids(tmp_path)[0], signal.SIGKILL)
+        assert wait_for(lambda: "inference server 0 died" in log_text(tmp_path), 30)
+        after_kill = newest_update(tmp_path)
+        # Both actors must deliver for training to go on (each batch waits for fresh rollouts;
+        # the killed server's actor is 0): a newer checkpoint means it was served again.
+        assert wait_for(lambda: newest_update(tmp_path) > after_kill + 40, 90), "no training after the restart"
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err[-2000:]
+    summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
+    assert summary["ended"] == "stopped" and summary["inference_server_restarts"] == 1, summary
+    assert summary["actor_restarts"] == 0, summary           # the actors waited; none was replaced
+
+
+def test_servers_dying_past_the_restart_limit_end_the_run_with_a_checkpoint(tmp_path):
     process = start_cli(["train", "--env=CartPole-v1", "--actor_inference=server", "--device=cpu",
                          "--environment_max_steps=100000000", "--seed=2", "--basic_verbose=False",
-                         "--verbose_learner_out_int=1"], tmp_path)
+                         "--verbose_learner_out_int=1", "--max_actor_restarts=0"], tmp_path)
     with killed_at_exit(process):
         # Trained a little: the first update is logged.
-        assert wait_for(lambda: server_pid(tmp_path) and "first update" in (only_run(tmp_path) / "log.txt").read_text(),
-                        90)
-        os.kill(server_pid(tmp_path), signal.SIGKILL)
+        assert wait_for(lambda: server_pids(tmp_path) and "first update" in log_text(tmp_path), 90)
+        os.kill(server_pids(tmp_path)[0], signal.SIGKILL)
         _, err = process.communicate(timeout=60)
     assert process.returncode == 1, err[-2000:]
-    assert "inference server died" in err
+    assert "inference servers died 1 times (more than --max_actor_restarts=0)" in err
     run = only_run(tmp_path)
     assert json.loads((run / "summary.json").read_text())["ended"] == "actors failed"
     state, _ = load_checkpoint(run)
