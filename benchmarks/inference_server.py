@@ -1,8 +1,10 @@
 """The inference server against actors running the model themselves, per signalling mechanism.
 
 For each network (CartPole MLP on [4] float32, Nature CNN on Pong's [4, 84, 84] uint8) and
-each configuration (a doorbell mechanism, optionally a batch wait), `clients` client
-processes each call act() on `rows` observations back to back for `seconds`:
+each configuration (a doorbell mechanism, optionally a batch wait with a minimum of
+clients, and one or several servers: client i served by server i mod S, as the local
+backend routes actors), `clients` client processes each call act() on `rows`
+observations back to back for `seconds`:
 
     round trip   act() call to answer, as the client sees it (median and 90th percentile, µs)
     obs/s        observations answered per second, all clients together
@@ -13,7 +15,8 @@ Client processes are started once and reused; a server is started per configurat
 On a machine with few, shared cores the numbers are indicative only: the server, the
 clients and everyone else's work compete for the same cores.
 Usage: python benchmarks/inference_server.py [--seconds 1.0] [--rounds 2] [--rows 4] [--clients 1,2,4,8]
-       [--mechanisms semaphore,pipe,queue,spin] [--batch_wait_us 50,200] [--device cpu]
+       [--mechanisms semaphore,pipe,queue,spin] [--batch_wait_us 50,200] [--min_clients 0] [--servers 2]
+       [--device cpu] [--record_as inference_server]
 """
 from __future__ import annotations
 
@@ -69,7 +72,8 @@ def bench_client(index: int, channels: dict, commands, results) -> None:
                     logits = model(batch).logits[0]
                     torch.multinomial(torch.softmax(logits, -1), 1)
         else:
-            client = InferenceClient(channels[key], index, seed=index)
+            servers = channels[key]                      # client i: server i mod S, place i // S
+            client = InferenceClient(servers[index % len(servers)], index // len(servers), seed=index)
             step = lambda: client.act(obs)  # noqa: E731
         results.send(timed_loop(step, seconds))
 
@@ -86,22 +90,27 @@ def run_phase(pipes, clients: int, command: tuple) -> tuple[float, float, float]
 
 
 def serve_and_measure(context, pipes, channels: dict, key: tuple, weights, args, counts) -> dict:
-    """Starts a server on channels[key] (key: round, network, (mechanism, batch wait µs)),
-    measures every client count, stops it. -> {clients: (median µs, p90 µs, obs/s)}"""
-    from herd.inference import run_inference_server
-    _, network, (_, wait) = key
+    """Starts the servers on channels[key] (key: round, network, (mechanism, batch wait µs,
+    servers)), measures every client count, stops them. -> {clients: (median µs, p90 µs, obs/s)}"""
+    from herd.inference import ServerOptions, run_inference_server
+    _, network, (_, wait, _) = key
     stop = context.Event()
-    server = context.Process(target=run_inference_server, daemon=True,
-                             args=(channels[key], NETWORKS[network], weights, args.device, stop),
-                             kwargs=dict(torch_threads=args.server_threads, batch_wait_us=wait))
-    server.start()
+    options = ServerOptions(batch_wait_us=wait, min_clients=args.min_clients)
+    servers = [context.Process(target=run_inference_server, daemon=True,
+                               args=(ch, NETWORKS[network], weights, args.device, stop),
+                               kwargs=dict(torch_threads=args.server_threads, options=options))
+               for ch in channels[key]]
+    for server in servers:
+        server.start()
     try:
-        return {k: run_phase(pipes, k, ("server", network, key, args.rows, args.seconds)) for k in counts}
+        return {k: run_phase(pipes, k, ("server", network, key, args.rows, args.seconds)) for k in counts
+                if k >= len(servers)}
     finally:
         stop.set()
-        server.join(5.0)
-        if server.is_alive():
-            server.kill()
+        for server in servers:
+            server.join(5.0)
+            if server.is_alive():
+                server.kill()
 
 
 def start_clients(context, count: int, channels: dict) -> tuple[list, list]:
@@ -125,6 +134,10 @@ def main() -> None:
     parser.add_argument("--mechanisms", default="semaphore,pipe,queue,spin")
     parser.add_argument("--batch_wait_us", default="50,200", help="extra semaphore configurations, comma-separated")
     parser.add_argument("--networks", default="mlp,nature_cnn")
+    parser.add_argument("--min_clients", type=int, default=0,
+                        help="with a batch wait: serve once this many clients asked (0: all of a server's)")
+    parser.add_argument("--servers", default="2", help="extra semaphore configurations with this many servers")
+    parser.add_argument("--record_as", default="inference_server", help="benchmarks/results/<name>.json")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--server_threads", type=int, default=1)
     args = parser.parse_args()
@@ -135,11 +148,13 @@ def main() -> None:
     context = mp.get_context("spawn")
     counts = [int(c) for c in args.clients.split(",")]
     networks = args.networks.split(",")
-    configs = [(m, 0.0) for m in args.mechanisms.split(",")]
-    configs += [("semaphore", float(w)) for w in args.batch_wait_us.split(",") if w and float(w) > 0]
-    # Channels serve one server's lifetime (clients raise once it has exited): one set per
-    # configuration and round, all made before the client processes start.
-    channels = {(r, n, c): InferenceChannels.for_model(NETWORKS[n], max(counts), args.rows, c[0], context)
+    configs = [(m, 0.0, 1) for m in args.mechanisms.split(",") if m]
+    configs += [("semaphore", float(w), 1) for w in args.batch_wait_us.split(",") if w and float(w) > 0]
+    configs += [("semaphore", 0.0, int(s)) for s in args.servers.split(",") if s and int(s) > 1]
+    # Clients raise once a server has exited: one set of channels per server, configuration
+    # and round, all made before the client processes start.
+    channels = {(r, n, c): [InferenceChannels.for_model(NETWORKS[n], len(range(s, max(counts), c[2])), args.rows,
+                                                        c[0], context) for s in range(c[2])]
                 for r in range(args.rounds) for n in networks for c in configs}
     weights = {n: SharedWeights(build_model(**NETWORKS[n]), context) for n in networks}
     pipes, processes = start_clients(context, max(counts), channels)
@@ -172,7 +187,8 @@ def report(samples: dict, args) -> None:
         median, p90, rate = (float(np.median(column)) for column in zip(*results))
         local = float(np.median([r[2] for r in samples[network, "local", k]]))
         name = "local (no server)" if config == "local" else \
-            f"server {config[0]}" + (f" wait {config[1]:.0f}us" if config[1] else "")
+            (f"{config[2]} servers" if config[2] > 1 else "server") + f" {config[0]}" + \
+            (f" wait {config[1]:.0f}us" + (f" min {args.min_clients}" if args.min_clients else "") if config[1] else "")
         table.append([network, name, k, f"{median:,.0f}", f"{p90:,.0f}", f"{rate:,.0f}",
                       "" if config == "local" else f"{local:,.0f}"])
         records.append(dict(network=network, config=name, clients=k, rt_median_us=median, rt_p90_us=p90,
@@ -181,7 +197,7 @@ def report(samples: dict, args) -> None:
                  "local obs/s"], table)
     print(f"\n{args.rows} observations per request, medians of {args.rounds} rounds of {args.seconds} s; "
           "indicative only: shared CPU cores.")
-    record("inference_server", {"args": vars(args), "results": records})
+    record(args.record_as, {"args": vars(args), "results": records})
 
 
 if __name__ == "__main__":

@@ -58,7 +58,9 @@ class DevicePath:
         self.params = [p for p in self.model.parameters()]
         self.pinned_weights = torch.empty(sum(p.numel() for p in self.params)).pin_memory()
         self.weights_copied: torch.cuda.Event | None = None
-        self.registered = all(host_register(t) for t in [*inputs.values(), *outputs.values()])
+        # Each area once: core_state is both an input and an output (registering twice fails).
+        areas = {t.data_ptr(): t for t in [*inputs.values(), *outputs.values()]}
+        self.registered = all(host_register(t) for t in areas.values())
         self.sets = [self.buffers() for _ in range(2)]
         self.turn = 0
         self.graphs = None
