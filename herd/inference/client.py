@@ -75,6 +75,7 @@ class InferenceClient:
         self.outputs = {FIELD_OF_OUTPUT[name]: area[index].numpy()   # field -> [R, ...]
                         for name, area in outputs.items() if area is not None}
         if record is not None:
+            record = [name for name in record if name != CORE_STATE]     # kept below, with the states
             missing = set(record) - set(self.outputs)
             if missing:
                 raise ValueError(f"the inference channels do not carry {', '.join(sorted(missing))}")
