@@ -39,11 +39,21 @@ def test_actor_i_goes_to_server_i_mod_s_and_every_client_slot_is_used_once():
 
 
 class CountingServer(BatchServer):
-    """Records every (client, request number) it answers."""
+    """Records every (client, request number) it answers, and each batch's clients.
+    pipelined=True runs serve_forever's CUDA schedule on the CPU: batch k+1 launched before
+    batch k is answered (the in-flight clients must not be served twice)."""
 
-    def __init__(self, *args, answered: list, **kwargs):
+    def __init__(self, *args, answered: list, pipelined: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.answered = answered
+        self.answered, self.batches, self.pipelined_here = answered, [], pipelined
+
+    @property
+    def pipelined(self) -> bool:
+        return self.pipelined_here
+
+    def launch(self, clients):
+        self.batches.append(sorted(clients.tolist()))
+        return super().launch(clients)
 
     def finish(self, launched) -> None:
         self.answered.extend(zip(launched.clients.tolist(), launched.seqs.tolist()))
@@ -55,8 +65,8 @@ def request_obs(actor: int, k: int) -> np.ndarray:
     return np.full((3, 4), actor + 0.01 * k, dtype=np.float32) + np.arange(3, dtype=np.float32)[:, None]
 
 
-@pytest.mark.parametrize("lanes", [1, 2])
-def test_every_request_is_answered_once_in_order_by_its_own_server(lanes):
+@pytest.mark.parametrize("lanes, pipelined", [(1, False), (2, False), (1, True)])
+def test_every_request_is_answered_once_in_order_by_its_own_server(lanes, pipelined):
     """5 actors (threads) over 2 servers (threads, the doorbells wake threads as processes),
     each actor asking 40 times with observations that name the request. Catches an answer
     given to the wrong client or request, twice, or out of order, and a server answering
@@ -69,7 +79,8 @@ def test_every_request_is_answered_once_in_order_by_its_own_server(lanes):
     stop = threading.Event()
     answered = [[] for _ in range(count)]
     threads = [threading.Thread(target=serve_forever, daemon=True, args=(
-        CountingServer(servers.channels[s], MLP, weights, torch.device("cpu"), answered=answered[s]),
+        CountingServer(servers.channels[s], MLP, weights, torch.device("cpu"), answered=answered[s],
+                       pipelined=pipelined),
         servers.channels[s], stop, 0.0)) for s in range(count)]
     for thread in threads:
         thread.start()
@@ -108,6 +119,40 @@ def test_every_request_is_answered_once_in_order_by_its_own_server(lanes):
             assert seqs == list(range(1, len(seqs) + 1)), (s, client, seqs)   # once each, in order
         assert sum(len(v) for v in per_client.values()) == calls * len(actors_of(s, count, workers))
         assert (servers.channels[s].header[:, REQUEST_SEQ].numpy() == [len(per_client[c]) for c in range(slots)]).all()
+
+
+@pytest.mark.parametrize("min_clients, together", [(3, True), (1, False)])
+def test_the_server_waits_for_min_clients_within_the_batch_wait(min_clients, together):
+    """Client 0 asks, then clients 1 and 2 ask. With a 20 s batch wait and min_clients=3
+    one batch holds all three; with min_clients=1 client 0 is answered alone long before
+    the wait is over. Catches knobs that are not wired (always one, or never waiting)."""
+    weights = SharedWeights(build_model(**MLP), CONTEXT)
+    servers = InferenceServers(MLP, 4, 1, rows=3, weights=weights, device="cpu", stop=None, context=CONTEXT,
+                               options=ServerOptions())
+    channels, stop = servers.channels[0], threading.Event()
+    server = CountingServer(channels, MLP, weights, torch.device("cpu"), answered=[])
+    thread = threading.Thread(target=serve_forever, args=(server, channels, stop, 20.0, min_clients), daemon=True)
+    thread.start()
+    try:
+        clients = [InferenceClient(channels, i) for i in range(3)]
+        first, started = clients[0].submit(request_obs(0, 0)), time.monotonic()
+        if together:
+            time.sleep(0.3)     # a gap the server must wait through
+        else:
+            clients[0].collect(first)
+            assert time.monotonic() - started < 10, "client 0 waited for the batch wait (20 s)"
+        later = [c.submit(request_obs(i, 0)) for i, c in enumerate(clients[1:], start=1)]
+        if together:
+            clients[0].collect(first)
+        for client, request in zip(clients[1:], later):
+            client.collect(request)
+    finally:
+        stop.set()
+        thread.join(25)
+    if together:
+        assert server.batches == [[0, 1, 2]]
+    else:
+        assert server.batches[0] == [0] and sum(map(len, server.batches)) == 3
 
 
 def start_server(channels, weights, stop):
