@@ -10,18 +10,24 @@ Public API (everything else is internal):
 
     Process(target=run_inference_server,
             args=(channels, model_kwargs, weights, device, stop),
-            kwargs=dict(torch_threads=1, seed=0, batch_wait_us=0.0))
+            kwargs=dict(torch_threads=1, seed=0, options=ServerOptions(...)))
         # weights: herd.weights.SharedWeights; device: "cpu" or "cuda[:i]"; stop: an Event.
-        # Exits when `stop` is set or its parent dies; ignores SIGINT.
+        # options: batch wait and min clients, weights interval, bf16, channels-last, CUDA graphs.
+        # Exits when `stop` is set or its parent dies; ignores SIGINT. A new server started
+        # on the same channels answers the requests a dead one left pending.
 
-    policy = InferenceClient(channels, index, stop=None, seed=0)   # in actor process `index`
+    policy = InferenceClient(channels, index, stop=None, seed=0, restart_timeout=0.0, record=None)
         policy.act(obs [n, *obs_shape], env_ids [n]=None, reset [n]=None) -> PolicyStep   # n <= max_rows
+        policy.submit(obs, env_ids, reset) -> Pending; policy.collect(pending) -> PolicyStep   # act, split
         policy.value(obs [n, *obs_shape], env_ids [n]=None) -> value [n] float32
         # env_ids / reset matter with an LSTM core: the client keeps each env's state
         policy.refresh() -> version the server acts with now
         policy.close()
         # implements herd.interfaces.ActorPolicy; raises InferenceServerGone within
-        # about poll_interval (0.1 s) once the server died or exited or `stop` is set.
+        # about poll_interval (0.1 s) once the server died or exited or `stop` is set (after
+        # restart_timeout s without a new server where the backend restarts servers).
+
+Several servers: herd/backends/inference_servers.py (actor i -> server i mod S, routing.py).
 
 Protocol and its guarantees: see channels.py (shared memory, sequence numbers),
 doorbells.py (wake-ups), client.py (sampling, dead-server detection), server.py (batching).
