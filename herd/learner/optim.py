@@ -86,7 +86,9 @@ class GuardedRMSprop(GuardedStep, torch.optim.RMSprop):
         applied = ok & _all_finite(new_params) & _all_finite(new_squares)
         _commit(params, new_params, applied)
         _commit(squares, new_squares, applied)
-        torch._foreach_add_(steps, applied.float())
+        # A list of the flag, not the flag itself: torch's CPU path reads a lone scalar
+        # tensor argument of _foreach_add_ on the host (.item()); a list it does not.
+        torch._foreach_add_(steps, [applied.float()] * len(steps))
         return applied
 
 

@@ -29,6 +29,7 @@ class MetricSums:
         # every update: the divergence check reads that mirror (numpy, host memory), one
         # update late on a GPU, and never waits for the device.
         self.skip_run_mirror = torch.zeros((), dtype=torch.float64, pin_memory=device.type == "cuda")
+        self.skip_run_on_host = self.skip_run_mirror.numpy()      # a numpy view of the same host memory
         self.mirrored = torch.cuda.Event() if device.type == "cuda" else None
         self.last_run = 0
 
@@ -53,7 +54,7 @@ class MetricSums:
         """Updates skipped in a row up to the last mirrored update (this one on a CPU, on a
         GPU the latest whose copy has landed): read from host memory, no device read."""
         if self.mirrored is None or self.mirrored.query():
-            self.last_run = int(self.skip_run_mirror.numpy())
+            self.last_run = int(self.skip_run_on_host)
         return self.last_run
 
     def read(self) -> tuple[dict[str, float], int, int]:
