@@ -37,7 +37,7 @@ class RunDirError(UserError):
 def make_run_dir(cfg: Config) -> Path:
     """results/<env>_<unix_timestamp>, unique even when two runs start in the same second."""
     base = Path(cfg.general.results_dir)
-    name = cfg.env.env.replace("/", "-")
+    name = cfg.env.env.replace("/", "-").replace(":", "-")   # pkg.module:EnvId-v0 -> pkg.module-EnvId-v0
     stamp = int(time.time())
     while True:
         run_dir = base / f"{name}_{stamp}"
