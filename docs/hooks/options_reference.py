@@ -12,8 +12,12 @@ MARKER = "<!-- options -->"
 
 
 def cell(text: str) -> str:
-    """Markdown-table-safe text: pipes escaped, no line breaks."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Markdown-table-safe text: pipes, asterisks and brackets escaped (a `[...]` would be read as a
+    link reference), no line breaks."""
+    text = " ".join(str(text).split())
+    for char in "|[]*":
+        text = text.replace(char, "\\" + char)
+    return text
 
 
 def options_markdown() -> str:
@@ -23,8 +27,8 @@ def options_markdown() -> str:
     for section, cls in SECTIONS.items():
         parts += [f"## {section}", "", "| option | default | meaning |", "|---|---|---|"]
         for f in dataclasses.fields(cls):
-            default = default_text(f).strip()
-            default = default[len("[default: "):-1] if default.startswith("[default: ") and default.count("[") == 1 else default
+            # default_text is --help's " [default: ...] [--algorithm=apex: ...]"; the table drops the brackets.
+            default = default_text(f).strip().removeprefix("[default: ").replace("] [", "; ").removesuffix("]")
             choices = f.metadata.get("choices")
             meaning = f.metadata.get("help", "") + (f" (one of: {', '.join(map(str, choices))})" if choices else "")
             parts.append(f"| `--{f.name}` | {cell(default) or 'unset'} | {cell(meaning)} |")
