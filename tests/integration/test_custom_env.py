@@ -61,3 +61,15 @@ def test_an_id_the_module_does_not_register_is_refused_with_a_hint(tmp_path):
     result = herd(["train", "--env=herd_example_envs:Matchh-v0"], tmp_path)
     assert result.returncode == 2
     assert "unknown environment 'Matchh-v0'" in result.stderr and "Match-v0" in result.stderr, result.stderr
+
+
+def test_custom_env_on_ray_actors(tmp_path):
+    """Catches Ray actors (processes Ray's raylet starts, which never ran the launcher's
+    imports) that cannot make a `module:` id: the run would end with no game played."""
+    train = herd(["train", f"--env={ENV}", "--worker_count=2", "--environment_max_steps=6000", "--seed=2",
+                  "--multiprocessing_backend=ray", "--tensorboard=False"], tmp_path, timeout=400)
+    assert train.returncode == 0, train.stderr[-2000:]
+    run = only_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ended"] == "finished" and summary["environment_steps"] >= 6000 and summary["episodes"] >= 200, summary
+    assert "learner_node" in summary, summary        # the Ray backend ran (the local one has no nodes)
