@@ -58,13 +58,22 @@ def as_option(value: Any) -> Any:
     return value
 
 
+@contextlib.contextmanager
 def stop_on_interrupt():
     """Ctrl+C (a notebook's interrupt) stops the run cleanly, with a checkpoint, as on the
-    command line; signal handlers can only be installed from the main thread."""
+    command line (herd.stopping); the previous handlers come back after. Signal handlers
+    can only be installed from the main thread: elsewhere the run stops when it ends."""
+    from herd import stopping
     if threading.current_thread() is not threading.main_thread():
-        return contextlib.nullcontext()
-    from herd.cli import stop_handling
-    return stop_handling()
+        yield
+        return
+    stopping.STOP.clear()            # a new run: an earlier stop in this process is not ours
+    restore = stopping.install()
+    try:
+        yield
+    finally:
+        restore()
+        stopping.STOP.clear()
 
 
 def train(env: str, **options: Any) -> Run:
