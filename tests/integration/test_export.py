@@ -82,3 +82,20 @@ def test_lstm_run_is_refused_in_one_line(tmp_path):
     result = export(run)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "LSTM core" in result.stderr and not (run / "export").exists()
+
+
+def test_continuous_export_gives_the_gaussian_mean_and_the_bounds(tmp_path):
+    """Catches a continuous export that samples (or returns the log-std) instead of the
+    mean the run's greedy policy plays, and a spec without the Box bounds [-1, 1] maps to."""
+    trained = run_cli(["train", "--env=Pendulum-v1", "--environment_max_steps=2000", "--worker_count=1",
+                       "--tensorboard=False", "--seed=3"], tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    run = only_run(tmp_path)
+    assert export(run).returncode == 0
+    policy = herd.load_policy(run, greedy=True)
+    observations = recorded_observations(policy, steps=50)
+    actions, params, _ = torch.jit.load(str(run / "export" / "policy.pt"))(torch.from_numpy(observations))
+    np.testing.assert_allclose(actions.numpy(), policy.act(observations), rtol=1e-6, atol=1e-6)
+    assert actions.shape == (50, 1) and params.shape == (50, 2)
+    spec = json.loads((run / "export" / "preprocessing.json").read_text())
+    assert spec["action_kind"] == "continuous" and spec["action_low"] == [-2.0] and spec["action_high"] == [2.0]

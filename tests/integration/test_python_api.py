@@ -73,3 +73,19 @@ def test_import_herd_is_light_and_train_stays_callable():
             "print(light, herd.train is t and callable(t), callable(herd.evaluate), hasattr(t, 'learner_logging'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["True", "True", "True", "True"], out.stderr[-2000:]
+
+
+def test_act_applies_the_runs_preprocessing_to_raw_vector_observations(tmp_path):
+    """Catches act() refusing, or misreading, the raw gymnasium observation of a run whose
+    preprocessing removes entries (--hide_velocity: CartPole without its two velocities):
+    the raw observation must give the action of the preprocessed one."""
+    from herd_testing import only_run, run_cli
+    trained = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=1000", "--worker_count=1",
+                       "--hide_velocity=True", "--tensorboard=False", "--seed=2"], tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    policy = herd.load_policy(only_run(tmp_path), greedy=True)
+    assert policy.preprocessing["obs_shape"] == [2] and policy.preprocessing["hidden_entries"] == [1, 3]
+    raw = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float64)   # float64, as gymnasium may give
+    masked = raw[:, [0, 2]].astype(np.float32)
+    assert policy.act(raw).tolist() == policy.act(masked).tolist()
+    assert all(policy.act(r) == policy.act(m) for r, m in zip(raw[:8], masked[:8]))
