@@ -183,8 +183,13 @@ def load_policy(run_dir: str | Path, greedy: bool = False) -> Policy:
     """The policy of a run folder's newest checkpoint (or of a checkpoint file). Actions are
     sampled as in training unless `greedy` (the most probable action; Ape-X plays at its
     --apex_test_epsilon either way)."""
+    import tempfile
+
     from herd.plan import prepare
-    plan = prepare({"op_mode": "test", "load_model_url": str(run_dir), "render": False})
+    # Loading writes nothing: the saved config's results folder (perhaps on another machine,
+    # perhaps read-only) must not decide whether a policy can be read.
+    plan = prepare({"op_mode": "test", "load_model_url": str(run_dir), "render": False,
+                    "results_dir": tempfile.gettempdir()})
     return Policy(plan, greedy)
 
 
