@@ -149,6 +149,7 @@ class StatsConfig:
     background_save: bool = opt(False, "write the metric files (episodes.csv, train.csv) from a background thread instead of the learner's")
     tensorboard: bool = opt(True, "write TensorBoard scalars into the run folder")
     hardware_interval: float = opt(5.0, "seconds between hardware figures (CPU and memory per process, replay memory, NVIDIA GPUs) in hardware.csv and TensorBoard; 0 turns them off")
+    wandb_project: Optional[str] = opt(None, "also log the training metrics and the config to this Weights & Biases project (needs pip install -e '.[wandb]'; WANDB_MODE=offline keeps it in RUN/wandb/ without a network); unset: no wandb")
 
 
 @dataclass

@@ -20,6 +20,7 @@ from herd.envs import EnvSpec, describe_env
 from herd.envs.registry import profile_kind
 from herd.envs.actor_envs import resolve_env_backend
 from herd.models import build_model, model_signature, recurrent_core
+from herd.monitor.tracking import check_wandb
 from herd.trajectory import TrajectoryLayout
 
 
@@ -90,6 +91,7 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
         cfg.general.seed = random.randrange(2**31)
     check_action_kind(cfg)      # before validate(): Ape-X's replay checks would hide the reason
     cfg.validate()
+    check_wandb(cfg.stats.wandb_project)
     cfg.parallel.env_backend = resolve_env_backend(cfg.parallel.env_backend, cfg.env.env)  # saved as it ran
     spec = describe_env(cfg.env.env, **{k: v for k, v in env_kwargs(cfg).items() if k != "max_episode_steps"})
     check_seed_shapes(cfg, spec)

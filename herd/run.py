@@ -37,7 +37,7 @@ class RunDirError(UserError):
 def make_run_dir(cfg: Config) -> Path:
     """results/<env>_<unix_timestamp>, unique even when two runs start in the same second."""
     base = Path(cfg.general.results_dir)
-    name = cfg.env.env.replace("/", "-")
+    name = cfg.env.env.replace("/", "-").replace(":", "-")   # pkg.module:EnvId-v0 -> pkg.module-EnvId-v0
     stamp = int(time.time())
     while True:
         run_dir = base / f"{name}_{stamp}"
@@ -98,11 +98,17 @@ def run_experiment(options: dict, overrides: dict | None = None) -> int:
     except USER_ERRORS as err:
         print(f"herd: error: {err}", file=sys.stderr)
         return 2
+    return run_plan(plan)[0]
+
+
+def run_plan(plan) -> tuple[int, Path | None]:
+    """Runs a checked plan: (the exit code, the run folder or None when none was made).
+    The Python API (herd/api.py) calls this to learn which folder its run wrote."""
     if stopping.requested():   # Ctrl+C or SIGTERM while checking: nothing was written yet
         print("[herd] stopped before the run started: no run folder was made", file=sys.stderr)
-        return 0
+        return 0, None
     if plan.cfg.general.op_mode != "test" and torchrun_world_size() is not None:
-        return run_under_torchrun(plan)
+        return run_under_torchrun(plan), None
     try:
         run_dir = make_run_dir(plan.cfg)
         setup_logging(run_dir, plan.cfg.general.debug)
@@ -110,17 +116,17 @@ def run_experiment(options: dict, overrides: dict | None = None) -> int:
         write_config(plan, run_dir)
     except OSError as err:
         print(f"herd: error: cannot write the run folder: {' '.join(str(err).split())}", file=sys.stderr)
-        return 1
+        return 1, None
     except RunDirError as err:
         print(f"herd: error: {err}", file=sys.stderr)
-        return 1
+        return 1, None
     log.info("run folder %s", run_dir)
     if plan.cfg.general.op_mode != "test" and plan.machine_picks and plan.machine_picks["options"]:
         log.info("picked for this machine (%s): %s", describe_hardware(plan.machine_picks["hardware"]),
                  ", ".join(f"{name}={value}" for name, value in plan.machine_picks["options"].items()))
     if plan.cfg.general.op_mode == "test":
-        return interruptible_test(plan, run_dir)
-    return train(plan, run_dir)
+        return interruptible_test(plan, run_dir), run_dir
+    return train(plan, run_dir), run_dir
 
 
 def interruptible_test(plan, run_dir: Path) -> int:

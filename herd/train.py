@@ -34,6 +34,7 @@ from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.session import SessionOptions, TrainingSession
 from herd.models import build_model, model_signature, observation_normalizer
 from herd.monitor.hardware import HardwareMonitor
+from herd.monitor.tracking import tracked
 from herd.monitor.metrics import RunMetrics
 from herd.monitor.progress import ProgressLine
 from herd.monitor.stats import EpisodeStats
@@ -121,6 +122,7 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
         least_exploring_actor=algorithm.least_exploring_actor(cfg.parallel.worker_count))
     metrics = RunMetrics(run_dir, cfg.stats.tensorboard, options.train_columns(), background=cfg.stats.background_save,
                          episode_columns=options.episode_columns()) if primary else None
+    metrics = tracked(metrics, cfg.to_flat(), run_dir, cfg.stats.wandb_project)   # wandb, TensorBoard HParams
     progress = ProgressLine(cfg.train.environment_max_steps, enabled=cfg.stats.basic_verbose and primary)
     session = TrainingSession(plan.layout, learner, build_batches(plan, model, device, group.rank if group else 0),
                               EpisodeStats(cfg.stats.avg_buff_size), metrics, progress, run_dir, options)
