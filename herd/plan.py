@@ -35,6 +35,44 @@ class Plan:
     checkpoint_path: Path | None = None
     # What the hardware decided (config.machine_picks): logged and written to config.json.
     machine_picks: dict[str, Any] | None = None
+    # The checkpoint's saved placement options that differ from this run's and were not
+    # applied (PLACEMENT_OPTIONS): {name: saved value}, for the run's log.
+    ignored_saved: dict[str, Any] | None = None
+
+
+# Where a run connects, computes and writes. A checkpoint's saved config never sets these
+# (design.md, rule 13): a shared checkpoint with a valid checksum could otherwise make
+# `herd resume` join a Ray head of its choosing as a driver (and unpickle what that sends)
+# or make `herd test` write wherever it says. They come from the command line,
+# multi_train.py's overrides, or the defaults; every other saved option keeps its place
+# in the precedence (command line > multi_train > checkpoint > defaults).
+PLACEMENT_OPTIONS = ("results_dir", "multiprocessing_backend", "ray_address", "replay_server", "replay_server_node",
+                     "device", "learner_count")
+
+
+def split_saved_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A checkpoint's saved config -> (the options a resume or test takes from it, the
+    placement options it does not). The saved run's own mode and source never leak either."""
+    kept, placement = {}, {}
+    for name, value in config.items():
+        if name in PLACEMENT_OPTIONS:
+            placement[name] = value
+        elif name not in ("op_mode", "load_model_url"):
+            kept[name] = value
+    return kept, placement
+
+
+def describe_ignored(ignored: dict[str, Any]) -> str:
+    """The log line naming the saved placement values that were not applied."""
+    values = ", ".join(f"{name}={value!r}" for name, value in ignored.items())
+    return (f"not taken from the checkpoint's saved config (where a run connects and writes comes from the "
+            f"command line or the defaults): {values}")
+
+
+def ignored_placement(placement: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    """The saved placement values that differ from what this run uses."""
+    flat = cfg.to_flat()
+    return {name: value for name, value in placement.items() if value != flat[name]}
 
 
 def env_kwargs(cfg: Config) -> dict[str, Any]:
@@ -74,12 +112,12 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
     mode = options.get("op_mode", (overrides or {}).get("op_mode", "train"))
     url = options.get("load_model_url", (overrides or {}).get("load_model_url"))
     checkpoint = path = saved = None
+    placement: dict[str, Any] = {}
     if mode in ("train_w_load", "test"):
         if not url:
             raise ConfigError(f"--op_mode={mode} needs --load_model_url=<run folder or checkpoint file>")
         checkpoint, path = load_checkpoint(url)
-        # The saved run's own mode and source must not leak into this one.
-        saved = {k: v for k, v in checkpoint["config"].items() if k not in ("op_mode", "load_model_url")}
+        saved, placement = split_saved_config(checkpoint["config"])
     cfg = resolve(options, overrides, saved, env_kind=profile_kind)
     if saved is not None and saved.get("algorithm", "impala") != cfg.general.algorithm:
         # Ape-X's dueling Q head has the same parameter shapes as IMPALA's heads: only the
@@ -120,7 +158,7 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
     check_results_dir(cfg.general.results_dir)
     given = {*options, *(overrides or {}), *(saved or {})}
     return Plan(cfg, spec, model_kwargs, layout, algorithm, checkpoint, path,
-                machine_picks(cfg, profile_kind(cfg.env.env), given))
+                machine_picks(cfg, profile_kind(cfg.env.env), given), ignored_placement(placement, cfg))
 
 
 # -- continuous control (issue 13) ------------------------------------------------------

@@ -19,7 +19,7 @@ from herd.config import Config, ConfigError, resolve
 from herd.errors import UserError
 from herd.evaluate import test_policy
 from herd.files import write_json
-from herd.plan import prepare
+from herd.plan import describe_ignored, prepare
 from herd.devices import learner_device, use_deterministic_algorithms
 from herd.learner.distributed import from_primary, leave_group, torchrun_group, torchrun_world_size
 from herd.train import learner_logging, train
@@ -115,6 +115,8 @@ def run_experiment(options: dict, overrides: dict | None = None) -> int:
         print(f"herd: error: {err}", file=sys.stderr)
         return 1
     log.info("run folder %s", run_dir)
+    if plan.ignored_saved:
+        log.info(describe_ignored(plan.ignored_saved))
     if plan.cfg.general.op_mode != "test" and plan.machine_picks and plan.machine_picks["options"]:
         log.info("picked for this machine (%s): %s", describe_hardware(plan.machine_picks["hardware"]),
                  ", ".join(f"{name}={value}" for name, value in plan.machine_picks["options"].items()))
@@ -171,6 +173,8 @@ def run_under_torchrun(plan) -> int:
             setup_logging(run_dir, cfg.general.debug)
             write_config(plan, run_dir)
             log.info("run folder %s (torchrun: %d learners)", run_dir, group.size)
+            if plan.ignored_saved:
+                log.info(describe_ignored(plan.ignored_saved))
         else:
             learner_logging(group.rank, cfg.general.debug)
         seed_everything(cfg)

@@ -290,8 +290,8 @@ def check_replay_server(cfg: Config) -> None:
         return
     if p.multiprocessing_backend != "ray":
         raise ConfigError("--replay_server=True runs the replay in a Ray actor: it needs --multiprocessing_backend=ray "
-                          "(the local backend keeps the replay in the learner: add --replay_server=False, also to "
-                          "resume such a run's checkpoint there)")
+                          "(the local backend keeps the replay in the learner: drop --replay_server or give "
+                          "--replay_server=False)")
     if cfg.general.algorithm != "apex":
         raise ConfigError(f"--replay_server=True is built for --algorithm=apex only, not {cfg.general.algorithm} "
                           "(an on-policy queue would send every fresh trajectory to the server and back, and elite "

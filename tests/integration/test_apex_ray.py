@@ -160,10 +160,13 @@ def test_ctrl_c_saves_the_servers_replay_which_resumes_in_the_server_or_the_lear
     resumed = json.loads((only_run(learner) / "summary.json").read_text())
     assert resumed["environment_steps"] >= steps + 3000 and resumed["training_steps"] > updates
     assert resumed["replay"]["location"] == "learner" and resumed["replay"]["rollout_bytes"] > 0
-    # The local backend refuses the saved --replay_server in one line, naming the fix.
-    result = run_cli(["resume", str(run), "--multiprocessing_backend=python_native"], tmp_path / "local", timeout=60)
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
-    assert "--replay_server=False" in result.stderr and not (tmp_path / "local").exists()
+    # A checkpoint never says where a run connects (issue 28): the saved --replay_server and
+    # --ray_address are not applied to a resume on the local backend, and its log says so.
+    result = run_cli(["resume", str(run), "--multiprocessing_backend=python_native", f"--environment_max_steps={steps}"],
+                     tmp_path / "local", timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (only_run(tmp_path / "local") / "log.txt").read_text()
+    assert "not taken from the checkpoint's saved config" in log and "replay_server=True" in log
 
 
 def test_a_dead_replay_server_ends_the_run_in_one_line_and_keeps_the_last_checkpoint(cluster, tmp_path):
