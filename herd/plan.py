@@ -14,7 +14,7 @@ import psutil
 
 from herd.algos import Algorithm, get_algorithm, trajectory_layout
 from herd.backends.ray_cluster import check_ray_address
-from herd.checkpoint import check_compatible, load_checkpoint
+from herd.checkpoint import check_compatible, check_parts, load_checkpoint
 from herd.config import Config, ConfigError, machine_picks, resolve
 from herd.envs import EnvSpec, describe_env
 from herd.envs.registry import profile_kind
@@ -117,6 +117,7 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
         if not url:
             raise ConfigError(f"--op_mode={mode} needs --load_model_url=<run folder or checkpoint file>")
         checkpoint, path = load_checkpoint(url)
+        check_parts(checkpoint, path)
         saved, placement = split_saved_config(checkpoint["config"])
     cfg = resolve(options, overrides, saved, env_kind=profile_kind)
     if saved is not None and saved.get("algorithm", "impala") != cfg.general.algorithm:
