@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from herd.algos import Algorithm, get_algorithm, trajectory_layout
 from herd.backends.ray_cluster import check_ray_address
 from herd.checkpoint import check_compatible, check_parts, load_checkpoint
 from herd.config import Config, ConfigError, machine_picks, resolve
+from herd.inputs import excerpt
+from herd.sizes import check_memory, check_model_size, check_observation_size, check_thread_options
 from herd.envs import EnvSpec, describe_env
 from herd.envs.registry import profile_kind
 from herd.envs.actor_envs import resolve_env_backend
@@ -108,7 +108,29 @@ def check_seed_shapes(cfg: Config, spec: EnvSpec) -> None:
 
 
 def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) -> Plan:
-    """Resolves and checks everything; raises a herd.errors.UserError with a one-line message."""
+    """Resolves and checks everything; raises a herd.errors.UserError with a one-line message.
+    Sizes are checked before what they size is built (herd/sizes.py); should an allocation
+    fail anyway (memory taken by others meanwhile), that is one line too, not a traceback."""
+    try:
+        return prepare_checked(options, overrides)
+    except MemoryError:
+        raise ConfigError("this machine ran out of memory while preparing the run: lower the sizes "
+                          "(network, observations, replays) or free memory") from None
+    except RuntimeError as err:
+        if not allocation_failure(err):
+            raise
+        raise ConfigError(f"preparing the run could not allocate memory ({excerpt(str(err), 120)}): lower the "
+                          "sizes (network, observations, replays) or free memory") from None
+
+
+def allocation_failure(err: RuntimeError) -> bool:
+    """torch's allocators raise RuntimeError, not MemoryError, when an allocation fails."""
+    text = str(err).lower()
+    return any(words in text for words in ("defaultcpuallocator", "can't allocate memory", "out of memory",
+                                           "not enough memory"))
+
+
+def prepare_checked(options: dict[str, Any], overrides: dict[str, Any] | None) -> Plan:
     mode = options.get("op_mode", (overrides or {}).get("op_mode", "train"))
     url = options.get("load_model_url", (overrides or {}).get("load_model_url"))
     checkpoint = path = saved = None
@@ -129,6 +151,8 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
         cfg.general.seed = random.randrange(2**31)
     check_action_kind(cfg)      # before validate(): Ape-X's replay checks would hide the reason
     cfg.validate()
+    check_thread_options(cfg)
+    check_observation_size(cfg)  # before describe_env makes one
     cfg.parallel.env_backend = resolve_env_backend(cfg.parallel.env_backend, cfg.env.env)  # saved as it ran
     spec = describe_env(cfg.env.env, **{k: v for k, v in env_kwargs(cfg).items() if k != "max_episode_steps"})
     check_seed_shapes(cfg, spec)
@@ -141,6 +165,9 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
                         # --use_lstm (issue 13): only then a key, so feed-forward kwargs stay as they were
                         **({"lstm_size": cfg.network.lstm_size} if cfg.network.use_lstm else {}),
                         **continuous_model_options(cfg, spec))
+    # Local actors each hold a model; a Ray cluster's actors run on its other machines.
+    elsewhere = cfg.parallel.multiprocessing_backend == "ray" and cfg.parallel.ray_address != "local"
+    check_model_size(cfg, model_kwargs, 0 if mode == "test" or elsewhere else cfg.parallel.worker_count)
     try:
         model = build_model(**model_kwargs)
     except ValueError as err:
@@ -211,17 +238,6 @@ def check_continuous(cfg: Config, spec: EnvSpec, algorithm: Algorithm) -> None:
         raise ConfigError(f"--initial_log_std must be in [-5, 2] (the range the policy keeps it in), "
                           f"got {c.initial_log_std}")
 # -- end continuous control
-
-
-def check_memory(cfg: Config, layout: TrajectoryLayout) -> None:
-    """Impossible sizes: replays (and slots) that cannot fit in this machine's memory."""
-    trajectories = sum(spec.capacity for spec in cfg.replays if not spec.on_policy)
-    trajectories += 2 * cfg.parallel.worker_count * cfg.parallel.shared_queue_size * cfg.parallel.envs_per_worker
-    needed = trajectories * layout.nbytes()
-    available = psutil.virtual_memory().total
-    if needed > 0.8 * available:
-        raise ConfigError(f"the replays and trajectory slots need {needed / 2**30:.1f} GiB but this machine has "
-                          f"{available / 2**30:.1f} GiB: lower the replay capacities, envs_per_worker or r_f_steps")
 
 
 def check_results_dir(results_dir: str) -> None:
