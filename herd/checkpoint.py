@@ -23,6 +23,7 @@ import psutil
 import torch
 
 from herd.errors import CheckpointError
+from herd.files import fsync_dir
 from herd.inputs import excerpt
 
 FORMAT_VERSION = 2
@@ -164,14 +165,6 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:                      # alive, another user's
         return True
     return True
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_atomic(state: dict, path: Path) -> None:

@@ -240,18 +240,35 @@ def check_continuous(cfg: Config, spec: EnvSpec, algorithm: Algorithm) -> None:
 # -- end continuous control
 
 
+# Kernel file systems: a run folder there fails at its first write, or writes a setting.
+PSEUDO_FILE_SYSTEMS = (Path("/proc"), Path("/sys"))
+
+
 def check_results_dir(results_dir: str) -> None:
     """The results folder must be a folder that can be made or written, checked on the
-    nearest part of the path that exists (nothing is created here)."""
+    nearest part of the path that exists (nothing is created here); a NUL byte, an
+    over-long path or a kernel file system (/proc, /sys) is refused with one line too."""
+    shown = excerpt(results_dir)
+    if "\0" in results_dir:
+        raise ConfigError(f"--results_dir '{shown}' holds a NUL byte, which no path can: give a folder path")
     path = Path(results_dir).absolute()
-    existing = path
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        where = "is a file" if existing == path else f"is under '{existing}', which is a file"
-        raise ConfigError(f"--results_dir '{results_dir}' {where}, not a folder: give a folder for the run folders")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"--results_dir '{results_dir}': '{existing}' is not writable (permissions or a "
+    real = Path(os.path.realpath(path))
+    if any(root == where or root in where.parents for root in PSEUDO_FILE_SYSTEMS for where in (path, real)):
+        raise ConfigError(f"--results_dir '{shown}' is in a kernel file system (/proc, /sys), where run folders "
+                          "cannot be written: give a folder on a disk")
+    try:
+        existing = path
+        while not existing.exists():
+            existing = existing.parent
+        usable = existing.is_dir(), os.access(existing, os.W_OK | os.X_OK)
+    except OSError as err:                      # a name too long, a loop of links, no permission to look
+        raise ConfigError(f"--results_dir '{shown}' cannot be used ({err.strerror or type(err).__name__}): give "
+                          "another folder") from None
+    if not usable[0]:
+        where = "is a file" if existing == path else f"is under '{excerpt(str(existing))}', which is a file"
+        raise ConfigError(f"--results_dir '{shown}' {where}, not a folder: give a folder for the run folders")
+    if not usable[1]:
+        raise ConfigError(f"--results_dir '{shown}': '{excerpt(str(existing))}' is not writable (permissions or a "
                           "read-only file system): give a folder you can write")
 
 
