@@ -302,6 +302,8 @@ def check_compatible(state: dict, env_spec: dict, model_signature: dict, path: P
     """Refuses a checkpoint made for another environment or another network."""
     try:
         compare_with_run(state, env_spec, model_signature, path)
+    except CheckpointError:
+        raise
     except (TypeError, ValueError, KeyError) as err:     # a crafted env_spec or signature
         raise CheckpointError(f"checkpoint '{path}' has an env_spec or model_signature herd does not write "
                               f"({type(err).__name__})") from None

@@ -106,6 +106,11 @@ def read_experiments(path: str) -> list[dict]:
     text = file.read_text()
     try:
         if path.endswith((".yaml", ".yml")):
+            # Brackets outside double quotes: YAML's flow nesting (an upper bound, as single-
+            # quoted text is counted too), checked before PyYAML's recursive composer sees it.
+            if nesting_depth(text) > MAX_DEPTH:
+                raise ConfigError(f"'{excerpt(path)}' nests lists or mappings more than {MAX_DEPTH} deep, too deep "
+                                  "to read")
             experiments = yaml.safe_load(text)
         else:
             experiments = parse_json(f"'{excerpt(path)}'", text, MAX_FILE_BYTES)
