@@ -158,3 +158,15 @@ def test_memory_errors_while_loading_become_the_checkpoint_error(tmp_path, monke
     monkeypatch.setattr(checkpoint.torch, "load", no_memory)
     with pytest.raises(CheckpointError, match="asks for more than this machine can give"):
         checkpoint.load_checkpoint(tmp_path)
+
+
+def test_a_model_signature_herd_does_not_write_is_the_checkpoint_error(tmp_path):
+    """Before: list(10**12) raised a TypeError traceback in check_compatible."""
+    from herd.checkpoint import check_compatible
+    from herd.errors import CheckpointError
+    env = {"env": "CartPole-v1", "obs_shape": [4], "obs_dtype": "float32", "num_actions": 2}
+    state = {"env_spec": env, "model_signature": {"w": 10**12}, "config": {}}
+    with pytest.raises(CheckpointError, match="model_signature herd does not write"):
+        check_compatible(state, env, {"w": [2, 4]}, tmp_path / "ckpt.pt")
+    with pytest.raises(CheckpointError, match="was made for"):      # its own refusals pass through unchanged
+        check_compatible({**state, "env_spec": {**env, "obs_shape": [2**40]}}, env, {"w": [2, 4]}, tmp_path)
