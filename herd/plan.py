@@ -63,16 +63,23 @@ def split_saved_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str
 
 
 def describe_ignored(ignored: dict[str, Any]) -> str:
-    """The log line naming the saved placement values that were not applied."""
-    values = ", ".join(f"{name}={value!r}" for name, value in ignored.items())
+    """The log line naming the saved placement values that were not applied (excerpts:
+    a crafted value may be anything)."""
+    values = ", ".join(f"{name}={shown(value)}" for name, value in ignored.items())
     return (f"not taken from the checkpoint's saved config (where a run connects and writes comes from the "
             f"command line or the defaults): {values}")
 
 
+def shown(value: Any) -> str:
+    return repr(excerpt(value, 200)) if isinstance(value, str) else excerpt(value, 200)
+
+
 def ignored_placement(placement: dict[str, Any], cfg: Config) -> dict[str, Any]:
-    """The saved placement values that differ from what this run uses."""
+    """The saved placement values that differ from what this run uses (any value that is
+    not a plain scalar, which herd never saves there, counts as differing)."""
     flat = cfg.to_flat()
-    return {name: value for name, value in placement.items() if value != flat[name]}
+    return {name: value for name, value in placement.items()
+            if not isinstance(value, (str, int, float, bool, type(None))) or value != flat[name]}
 
 
 def env_kwargs(cfg: Config) -> dict[str, Any]:
