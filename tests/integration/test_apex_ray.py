@@ -142,8 +142,9 @@ def test_ctrl_c_saves_the_servers_replay_which_resumes_in_the_server_or_the_lear
     # trajectories, the sum tree's leaves, the largest priority, beta's progress, the pacing
     # credit and the sampling RNG.
     same, node = tmp_path / "same", sorted(n.node_id for n in cluster.worker_nodes)[0]
-    result = run_cli(["resume", str(run), address, f"--replay_server_node={node}", f"--environment_max_steps={steps}"],
-                     same, timeout=120)
+    # Where it runs is said again: a checkpoint never says it (issue 28).
+    result = run_cli(["resume", str(run), "--multiprocessing_backend=ray", address, "--replay_server=True",
+                      f"--replay_server_node={node}", f"--environment_max_steps={steps}"], same, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     again, _ = load_checkpoint(only_run(same))
     assert_same(state["replay"], again["replay"])
@@ -154,8 +155,8 @@ def test_ctrl_c_saves_the_servers_replay_which_resumes_in_the_server_or_the_lear
     # The same checkpoint goes on with the replay in the learner (on Ray: the local backend
     # is the same learner side), which says where its replay is.
     learner = tmp_path / "learner"
-    result = run_cli(["resume", str(run), address, "--replay_server=False", f"--environment_max_steps={steps + 3000}"],
-                     learner, timeout=120)
+    result = run_cli(["resume", str(run), "--multiprocessing_backend=ray", address, "--replay_server=False",
+                      f"--environment_max_steps={steps + 3000}"], learner, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = json.loads((only_run(learner) / "summary.json").read_text())
     assert resumed["environment_steps"] >= steps + 3000 and resumed["training_steps"] > updates
