@@ -25,6 +25,7 @@ from herd.envs.actor_envs import ENV_BACKENDS
 from herd.envs.wrappers import REWARD_CLIPPING_METHODS
 from herd.learner.distributed import torchrun_world_size
 from herd.errors import ConfigError
+from herd.inputs import check_option_value, excerpt
 from herd.models import NETWORKS
 from herd.profiles import ALGORITHM_PROFILES, COMPILE_FROM_STEPS, MACHINE_PROFILES, PROFILES, machine_profile
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters
@@ -234,7 +235,7 @@ class Config:
         for name, value in values.items():
             section = FIELD_SECTION.get(name)
             if section is None:
-                raise ConfigError(f"unknown option '{name}'")
+                raise ConfigError(f"unknown option '{excerpt(name)}'")
             setattr(getattr(cfg, section), name, coerce(name, value))
         return cfg
 
@@ -262,7 +263,7 @@ def parse_bool(text: Any) -> bool:
         return True
     if lowered in ("false", "0", "no"):
         return False
-    raise ConfigError(f"'{text}' is not a boolean: use True/False/true/false/1/0")
+    raise ConfigError(f"'{excerpt(text)}' is not a boolean: use True/False/true/false/1/0")
 
 
 def parse_int_tuple(text: Any) -> tuple:
@@ -273,7 +274,7 @@ def parse_int_tuple(text: Any) -> tuple:
         cleaned = str(text).strip().strip("()[]").replace("x", ",")
         return tuple(int(v) for v in cleaned.split(",") if v.strip())
     except ValueError:
-        raise ConfigError(f"'{text}' is not a comma-separated list of integers (e.g. 84,84)") from None
+        raise ConfigError(f"'{excerpt(text)}' is not a comma-separated list of integers (e.g. 84,84)") from None
 
 
 def base_type(name: str):
@@ -288,6 +289,7 @@ def base_type(name: str):
 
 def coerce(name: str, value: Any) -> Any:
     """Turns a command-line string or JSON value into the field's type, with a clear error."""
+    check_option_value(name, value, base_type(name) is tuple)     # before anything reads it
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "auto", "")
                          and FIELD_INFO[name].default is None):
         return None
@@ -309,11 +311,19 @@ def coerce(name: str, value: Any) -> Any:
     except ConfigError as err:
         raise ConfigError(f"--{name}: {err}") from None
     except (TypeError, ValueError):
-        raise ConfigError(f"--{name}: '{value}' is not a valid {kind.__name__}") from None
+        raise ConfigError(f"--{name}: '{excerpt(value)}' is not a valid {kind.__name__}") from None
     choices = FIELD_INFO[name].metadata.get("choices")
     if choices and result not in choices:
-        raise ConfigError(f"--{name}: '{result}' is not one of {', '.join(choices)}")
+        raise ConfigError(f"--{name}: '{excerpt(result)}' is not one of {', '.join(choices)}")
     return result
+
+
+def check_option(name: Any, value: Any) -> None:
+    """One option of an experiment (herd multi, multi_train.py): a known name and a value
+    of its type, or a one-line ConfigError quoting at most an excerpt."""
+    if name not in FIELD_INFO:
+        raise ConfigError(f"unknown option '{excerpt(name)}'")
+    coerce(name, value)
 
 
 # ---------------------------------------------------------------------------- validation
@@ -399,7 +409,7 @@ def resolve(command_line: dict[str, Any], overrides: dict[str, Any] | None = Non
     for layer in layers:
         for name, value in layer.items():
             if name not in FIELD_SECTION:
-                raise ConfigError(f"unknown option '{name}'")
+                raise ConfigError(f"unknown option '{excerpt(name)}'")
             merged[name] = value
     cfg = Config.from_flat(merged)
     if env_kind is not None:

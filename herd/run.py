@@ -15,11 +15,12 @@ import numpy as np
 import torch
 
 from herd import stopping
-from herd.config import Config, ConfigError, resolve
+from herd.config import Config, ConfigError, check_option, resolve
 from herd.errors import UserError
 from herd.evaluate import test_policy
 from herd.files import write_json
-from herd.plan import prepare
+from herd.inputs import check_experiments, describe, excerpt, read_experiments
+from herd.plan import describe_ignored, prepare
 from herd.devices import learner_device, use_deterministic_algorithms
 from herd.learner.distributed import from_primary, leave_group, torchrun_group, torchrun_world_size
 from herd.train import learner_logging, train
@@ -121,6 +122,8 @@ def run_plan(plan) -> tuple[int, Path | None]:
         print(f"herd: error: {err}", file=sys.stderr)
         return 1, None
     log.info("run folder %s", run_dir)
+    if plan.ignored_saved:
+        log.info(describe_ignored(plan.ignored_saved))
     if plan.cfg.general.op_mode != "test" and plan.machine_picks and plan.machine_picks["options"]:
         log.info("picked for this machine (%s): %s", describe_hardware(plan.machine_picks["hardware"]),
                  ", ".join(f"{name}={value}" for name, value in plan.machine_picks["options"].items()))
@@ -178,6 +181,8 @@ def run_under_torchrun(plan) -> int:
             setup_logging(run_dir, cfg.general.debug)
             write_config(plan, run_dir)
             log.info("run folder %s (torchrun: %d learners)", run_dir, group.size)
+            if plan.ignored_saved:
+                log.info(describe_ignored(plan.ignored_saved))
         else:
             learner_logging(group.rank, cfg.general.debug)
         seed_everything(cfg)
@@ -187,14 +192,9 @@ def run_under_torchrun(plan) -> int:
 
 
 def load_experiments(path: str) -> list[dict]:
-    text = Path(path).read_text()
-    if path.endswith((".yaml", ".yml")):
-        import yaml
-        experiments = yaml.safe_load(text)
-    else:
-        experiments = json.loads(text)
-    if not isinstance(experiments, list) or not all(isinstance(e, dict) for e in experiments):
-        raise ConfigError(f"{path} must hold a list of experiments, each a dict of options")
+    """The experiments of a JSON or YAML file, size, depth and values checked (herd.inputs)."""
+    experiments = read_experiments(path)
+    check_experiments(experiments, check_option)
     return experiments
 
 
@@ -224,6 +224,11 @@ def run_multi(experiments: list[dict], command_line: dict) -> int:
     """Runs experiments in sequence; a failing one is logged and the rest go on, but a stop
     request (Ctrl+C, SIGTERM) ends the sequence. Returns 0 when all succeeded, 1 when any
     failed, 130 when stopped."""
+    try:
+        check_experiments(experiments, check_option)    # before any is echoed: values are bounded then
+    except ConfigError as err:
+        print(f"herd: error: {err}", file=sys.stderr)
+        return 2
     bad = first_bad_experiment(experiments, command_line)
     if bad:
         print(f"herd: error: {bad}", file=sys.stderr)
@@ -232,7 +237,7 @@ def run_multi(experiments: list[dict], command_line: dict) -> int:
     for index, overrides in enumerate(experiments, start=1):
         if stopping.requested():   # a stop between two experiments ends the sequence too
             return 130
-        print(f"[herd] experiment {index}/{len(experiments)}: {json.dumps(overrides)}", file=sys.stderr)
+        print(f"[herd] experiment {index}/{len(experiments)}: {describe(overrides)}", file=sys.stderr)
         before = summaries(command_line, overrides)
         try:
             code = run_experiment(command_line, overrides)
@@ -245,7 +250,7 @@ def run_multi(experiments: list[dict], command_line: dict) -> int:
             return 130
         if code != 0:
             # Named here too: the experiment's own error line may be far up in a long log.
-            print(f"[herd] experiment {index} failed (exit code {code}): {json.dumps(overrides)}", file=sys.stderr)
+            print(f"[herd] experiment {index} failed (exit code {code}): {describe(overrides)}", file=sys.stderr)
             failed.append(index)
     print(f"[herd] {len(experiments) - len(failed)}/{len(experiments)} experiments succeeded"
           + (f"; failed: {', '.join(map(str, failed))}" if failed else ""), file=sys.stderr)
@@ -260,7 +265,7 @@ def first_bad_experiment(experiments: list[dict], command_line: dict) -> str | N
         try:
             prepare(command_line, overrides)
         except USER_ERRORS as err:
-            return f"experiment {index}/{len(experiments)} {json.dumps(overrides)}: {err} (nothing was run)"
+            return f"experiment {index}/{len(experiments)} {describe(overrides)}: {err} (nothing was run)"
     return None
 
 
@@ -271,6 +276,6 @@ def run_multi_file(path: str, command_line: dict) -> int:
     except ConfigError:
         raise
     except (OSError, ValueError, yaml.YAMLError) as err:  # YAMLError is no ValueError
-        reason = " ".join(str(err).split())                # YAML's messages span lines
-        raise ConfigError(f"cannot read experiments from '{path}': {reason}") from None
+        reason = excerpt(" ".join(str(err).split()), 200)  # YAML's messages span lines and quote the input
+        raise ConfigError(f"cannot read experiments from '{excerpt(path)}': {reason}") from None
     return run_multi(experiments, command_line)

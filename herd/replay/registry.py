@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from herd.errors import ConfigError
+from herd.inputs import excerpt
 from herd.replay.distances import DISTANCES
 from herd.replay.elite import (DEFAULT_SCORE_STEPS, ELITE_STRATEGIES, INSERT_STRATEGIES, SAMPLE_STRATEGIES,
                                EliteSampler)
@@ -76,10 +77,10 @@ def is_positive_number(value) -> bool:
 def check_custom_options(where: str, extra: dict) -> None:
     for key, value in extra.items():
         if key not in CUSTOM_KEYS:
-            raise ConfigError(f"{where}: unknown key '{key}' for type 'custom' (known: {', '.join(CUSTOM_KEYS)})")
+            raise ConfigError(f"{where}: unknown key '{excerpt(key)}' for type 'custom' (known: {', '.join(CUSTOM_KEYS)})")
         allowed = CUSTOM_KEYS[key]
         if allowed is not None and value not in allowed:
-            raise ConfigError(f"{where}: {key} '{value}' is not one of {', '.join(allowed)}")
+            raise ConfigError(f"{where}: {key} '{excerpt(value)}' is not one of {', '.join(allowed)}")
     if "dist_function" not in extra:
         raise ConfigError(f"{where}: type 'custom' needs a dist_function ({', '.join(DISTANCES)})")
     checks = (("lambda_batch_multiplier", 1, lambda v: is_int_at_least(v, 1), "an integer >= 1"),
@@ -90,7 +91,7 @@ def check_custom_options(where: str, extra: dict) -> None:
     for key, default, ok, what in checks:
         value = extra.get(key, default)
         if not ok(value):
-            raise ConfigError(f"{where}: {key} must be {what}, got {value!r}")
+            raise ConfigError(f"{where}: {key} must be {what}, got {excerpt(value)}")
 
 
 def build_custom(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
@@ -129,11 +130,11 @@ def is_number(value) -> bool:
 def check_prioritized_options(where: str, extra: dict) -> None:
     for key, value in extra.items():
         if key not in PRIORITIZED_KEYS:
-            raise ConfigError(f"{where}: unknown key '{key}' for type 'prioritized' "
+            raise ConfigError(f"{where}: unknown key '{excerpt(key)}' for type 'prioritized' "
                               f"(known: {', '.join(PRIORITIZED_KEYS)})")
         _, ok, what = PRIORITIZED_KEYS[key]
         if not ok(value):
-            raise ConfigError(f"{where}: {key} must be {what}, got {value!r}")
+            raise ConfigError(f"{where}: {key} must be {what}, got {excerpt(value)}")
 
 
 def build_prioritized(spec, layout: TrajectoryLayout, o: BuildOptions) -> TransitionReplay:
