@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from herd.errors import ConfigError
 from herd.inputs import excerpt
+from herd.replay.device_storage import DeviceTrajectoryStorage
 from herd.replay.distances import DISTANCES
 from herd.replay.elite import (DEFAULT_SCORE_STEPS, ELITE_STRATEGIES, INSERT_STRATEGIES, SAMPLE_STRATEGIES,
                                EliteSampler)
@@ -28,6 +29,10 @@ class BuildOptions:
     anneal_rounds_base: int = 10000  # custom, prioritized: the run's lr_scheduler_steps
     seed: int = 0
     n_step: int = 1                 # prioritized: transitions carry n-step windows (Ape-X's --n_step)
+    # Where queue and uniform replays keep their items: None on the host (numpy), or a
+    # torch device (the learner's GPU: herd/replay/device_storage.py). Elite/attentive and
+    # prioritized replays keep host storage (their scoring and transition reads are numpy).
+    storage_device: Any = None
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,9 @@ def build_queue(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
     # Room for one batch share plus one actor rollout, so fresh trajectories are never
     # overwritten before the learner used them; never compressed (each is read once, soon).
     capacity = max(spec.capacity, o.share + o.rollout_size)
-    return Replay("queue", TrajectoryStorage(layout, capacity), FifoSampler(capacity), on_policy=True)
+    storage = (TrajectoryStorage(layout, capacity) if o.storage_device is None
+               else DeviceTrajectoryStorage(layout, capacity, o.storage_device))
+    return Replay("queue", storage, FifoSampler(capacity), on_policy=True)
 
 
 def off_policy_storage(spec, layout: TrajectoryLayout, o: BuildOptions) -> TrajectoryStorage:
@@ -49,7 +56,9 @@ def off_policy_storage(spec, layout: TrajectoryLayout, o: BuildOptions) -> Traje
 
 
 def build_standard(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
-    return Replay("standard", off_policy_storage(spec, layout, o), UniformSampler(spec.capacity), on_policy=False)
+    storage = (off_policy_storage(spec, layout, o) if o.storage_device is None
+               else DeviceTrajectoryStorage(layout, spec.capacity, o.storage_device))
+    return Replay("standard", storage, UniformSampler(spec.capacity), on_policy=False)
 
 
 # The custom (elite/attentive) type's keys: allowed values, or None for a number checked below.
