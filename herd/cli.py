@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("run", help="the run folder")
     watch.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     watch.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    export = commands.add_parser("export", help="the policy as TorchScript + safetensors + its preprocessing (herd/export.py)")
+    export.add_argument("run", help="run folder or checkpoint file")
+    export.add_argument("--out", help="folder for the files (default: RUN/export)")
     multi = commands.add_parser("multi", help="run experiments from a JSON or YAML file in sequence")
     multi.add_argument("file", help="a list of experiments, each a dict of overridden options")
     add_config_flags(multi)
@@ -130,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if command == "watch":
                 from herd.monitor.watch import watch
                 return watch(namespace.run, namespace.interval, namespace.once)
+            if command == "export":
+                from herd.export import export_command
+                return export_command(namespace.run, namespace.out)
             if command == "multi":
                 return run_multi_file(namespace.file, options)
             return run_experiment(options)

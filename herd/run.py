@@ -15,11 +15,12 @@ import numpy as np
 import torch
 
 from herd import stopping
-from herd.config import Config, ConfigError, resolve
+from herd.config import Config, ConfigError, check_option, resolve
 from herd.errors import UserError
 from herd.evaluate import test_policy
 from herd.files import write_json
-from herd.plan import prepare
+from herd.inputs import check_experiments, describe, excerpt, read_experiments
+from herd.plan import describe_ignored, prepare
 from herd.devices import learner_device, use_deterministic_algorithms
 from herd.learner.distributed import from_primary, leave_group, torchrun_group, torchrun_world_size
 from herd.train import learner_logging, train
@@ -37,7 +38,7 @@ class RunDirError(UserError):
 def make_run_dir(cfg: Config) -> Path:
     """results/<env>_<unix_timestamp>, unique even when two runs start in the same second."""
     base = Path(cfg.general.results_dir)
-    name = cfg.env.env.replace("/", "-")
+    name = cfg.env.env.replace("/", "-").replace(":", "-")   # pkg.module:EnvId-v0 -> pkg.module-EnvId-v0
     stamp = int(time.time())
     while True:
         run_dir = base / f"{name}_{stamp}"
@@ -98,11 +99,17 @@ def run_experiment(options: dict, overrides: dict | None = None) -> int:
     except USER_ERRORS as err:
         print(f"herd: error: {err}", file=sys.stderr)
         return 2
+    return run_plan(plan)[0]
+
+
+def run_plan(plan) -> tuple[int, Path | None]:
+    """Runs a checked plan: (the exit code, the run folder or None when none was made).
+    The Python API (herd/api.py) calls this to learn which folder its run wrote."""
     if stopping.requested():   # Ctrl+C or SIGTERM while checking: nothing was written yet
         print("[herd] stopped before the run started: no run folder was made", file=sys.stderr)
-        return 0
+        return 0, None
     if plan.cfg.general.op_mode != "test" and torchrun_world_size() is not None:
-        return run_under_torchrun(plan)
+        return run_under_torchrun(plan), None
     try:
         run_dir = make_run_dir(plan.cfg)
         setup_logging(run_dir, plan.cfg.general.debug)
@@ -110,17 +117,19 @@ def run_experiment(options: dict, overrides: dict | None = None) -> int:
         write_config(plan, run_dir)
     except OSError as err:
         print(f"herd: error: cannot write the run folder: {' '.join(str(err).split())}", file=sys.stderr)
-        return 1
+        return 1, None
     except RunDirError as err:
         print(f"herd: error: {err}", file=sys.stderr)
-        return 1
+        return 1, None
     log.info("run folder %s", run_dir)
+    if plan.ignored_saved:
+        log.info(describe_ignored(plan.ignored_saved))
     if plan.cfg.general.op_mode != "test" and plan.machine_picks and plan.machine_picks["options"]:
         log.info("picked for this machine (%s): %s", describe_hardware(plan.machine_picks["hardware"]),
                  ", ".join(f"{name}={value}" for name, value in plan.machine_picks["options"].items()))
     if plan.cfg.general.op_mode == "test":
-        return interruptible_test(plan, run_dir)
-    return train(plan, run_dir)
+        return interruptible_test(plan, run_dir), run_dir
+    return train(plan, run_dir), run_dir
 
 
 def interruptible_test(plan, run_dir: Path) -> int:
@@ -147,7 +156,8 @@ def describe_hardware(hardware: dict) -> str:
     """'a GPU' or '2 CPU cores with bf16 units' (herd.config.machine_picks' hardware)."""
     if hardware["device"] == "cuda":
         return "a GPU learner"
-    return f"{hardware['cpu_cores']} CPU cores, {'with' if hardware['bf16_units'] else 'without'} bf16 units"
+    because = f" ({hardware['bf16_because']})" if hardware.get("bf16_because") else ""
+    return f"{hardware['cpu_cores']} CPU cores, {'with' if hardware['bf16_units'] else 'without'} fast bf16{because}"
 
 
 def write_config(plan, run_dir: Path) -> None:
@@ -171,6 +181,8 @@ def run_under_torchrun(plan) -> int:
             setup_logging(run_dir, cfg.general.debug)
             write_config(plan, run_dir)
             log.info("run folder %s (torchrun: %d learners)", run_dir, group.size)
+            if plan.ignored_saved:
+                log.info(describe_ignored(plan.ignored_saved))
         else:
             learner_logging(group.rank, cfg.general.debug)
         seed_everything(cfg)
@@ -180,14 +192,9 @@ def run_under_torchrun(plan) -> int:
 
 
 def load_experiments(path: str) -> list[dict]:
-    text = Path(path).read_text()
-    if path.endswith((".yaml", ".yml")):
-        import yaml
-        experiments = yaml.safe_load(text)
-    else:
-        experiments = json.loads(text)
-    if not isinstance(experiments, list) or not all(isinstance(e, dict) for e in experiments):
-        raise ConfigError(f"{path} must hold a list of experiments, each a dict of options")
+    """The experiments of a JSON or YAML file, size, depth and values checked (herd.inputs)."""
+    experiments = read_experiments(path)
+    check_experiments(experiments, check_option)
     return experiments
 
 
@@ -217,6 +224,11 @@ def run_multi(experiments: list[dict], command_line: dict) -> int:
     """Runs experiments in sequence; a failing one is logged and the rest go on, but a stop
     request (Ctrl+C, SIGTERM) ends the sequence. Returns 0 when all succeeded, 1 when any
     failed, 130 when stopped."""
+    try:
+        check_experiments(experiments, check_option)    # before any is echoed: values are bounded then
+    except ConfigError as err:
+        print(f"herd: error: {err}", file=sys.stderr)
+        return 2
     bad = first_bad_experiment(experiments, command_line)
     if bad:
         print(f"herd: error: {bad}", file=sys.stderr)
@@ -225,7 +237,7 @@ def run_multi(experiments: list[dict], command_line: dict) -> int:
     for index, overrides in enumerate(experiments, start=1):
         if stopping.requested():   # a stop between two experiments ends the sequence too
             return 130
-        print(f"[herd] experiment {index}/{len(experiments)}: {json.dumps(overrides)}", file=sys.stderr)
+        print(f"[herd] experiment {index}/{len(experiments)}: {describe(overrides)}", file=sys.stderr)
         before = summaries(command_line, overrides)
         try:
             code = run_experiment(command_line, overrides)
@@ -238,7 +250,7 @@ def run_multi(experiments: list[dict], command_line: dict) -> int:
             return 130
         if code != 0:
             # Named here too: the experiment's own error line may be far up in a long log.
-            print(f"[herd] experiment {index} failed (exit code {code}): {json.dumps(overrides)}", file=sys.stderr)
+            print(f"[herd] experiment {index} failed (exit code {code}): {describe(overrides)}", file=sys.stderr)
             failed.append(index)
     print(f"[herd] {len(experiments) - len(failed)}/{len(experiments)} experiments succeeded"
           + (f"; failed: {', '.join(map(str, failed))}" if failed else ""), file=sys.stderr)
@@ -253,7 +265,7 @@ def first_bad_experiment(experiments: list[dict], command_line: dict) -> str | N
         try:
             prepare(command_line, overrides)
         except USER_ERRORS as err:
-            return f"experiment {index}/{len(experiments)} {json.dumps(overrides)}: {err} (nothing was run)"
+            return f"experiment {index}/{len(experiments)} {describe(overrides)}: {err} (nothing was run)"
     return None
 
 
@@ -264,6 +276,6 @@ def run_multi_file(path: str, command_line: dict) -> int:
     except ConfigError:
         raise
     except (OSError, ValueError, yaml.YAMLError) as err:  # YAMLError is no ValueError
-        reason = " ".join(str(err).split())                # YAML's messages span lines
-        raise ConfigError(f"cannot read experiments from '{path}': {reason}") from None
+        reason = excerpt(" ".join(str(err).split()), 200)  # YAML's messages span lines and quote the input
+        raise ConfigError(f"cannot read experiments from '{excerpt(path)}': {reason}") from None
     return run_multi(experiments, command_line)

@@ -36,6 +36,7 @@ from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.session import SessionOptions, TrainingSession
 from herd.models import build_model, model_signature, observation_normalizer
 from herd.monitor.hardware import HardwareMonitor
+from herd.monitor.tracking import tracked
 from herd.monitor.metrics import RunMetrics
 from herd.monitor.progress import ProgressLine
 from herd.monitor.stats import EpisodeStats
@@ -55,9 +56,14 @@ def build_mixer(plan: Plan, model: torch.nn.Module | None, device: torch.device,
     specs = cfg.replays
     shares = batch_shares(specs, cfg.train.batch_size // cfg.parallel.learner_count)
     seed = cfg.general.seed + 1000 * rank       # each learner samples its replays its own way
+    # A GPU learner keeps queue and uniform replays in its memory and gathers batches there.
+    storage_device = device if device.type == "cuda" else None
+    if storage_device is not None and any(spec.type in ("queue", "standard") for spec in specs):
+        log.info("replays: queue and standard keep their trajectories in %s memory (uncompressed uint8 frames; "
+                 "--use_replay_compression applies to host replays)", device)
     replays = [build_replay(spec, plan.layout, share, cfg.parallel.envs_per_worker, compress=r.use_replay_compression,
                             compression_level=r.lz4_compression_level, anneal_rounds_base=cfg.train.lr_scheduler_steps,
-                            seed=seed + index, n_step=cfg.train.n_step)
+                            seed=seed + index, n_step=cfg.train.n_step, storage_device=storage_device)
                for index, (spec, share) in enumerate(zip(specs, shares))]
     if model is not None:
         for replay in replays:
@@ -95,6 +101,9 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
     if device.type == "cuda" and group is not None:
         device = torch.device("cuda", group.local_rank % torch.cuda.device_count())  # one GPU per learner
         torch.cuda.set_device(device)
+    if device.type == "cuda":
+        # Fixed input shapes every update: let cudnn time its algorithms once and keep the fastest.
+        torch.backends.cudnn.benchmark = True
     model = build_model(**plan.model_kwargs).to(device)
     optimizer = build_optimizer(cfg.train.optimizer, model.parameters(), cfg.train.lr, cfg.train.rmsprop_eps)
     scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps,
@@ -103,7 +112,12 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
     learner = Learner(model, optimizer, scheduler, algorithm.build_loss(cfg, model),
                       cfg.train.gradient_clip_by_norm_threshold,
                       precision=cfg.train.learner_precision, compile_model=cfg.train.learner_compile,
-                      grad_sync=sync.exchange if sync is not None else None)
+                      grad_sync=sync.exchange if sync is not None else None, capture=cfg.train.learner_capture)
+    log.info("learner: %s on %s, %s, %d intra-op thread(s), %s", algorithm.name, device.type,
+             cfg.train.learner_precision, cfg.train.learner_thread_count,
+             "compiled (torch.compile: measured faster on CPUs)" if cfg.train.learner_compile
+             else "one captured CUDA graph per update after a short eager warm-up" if learner.capture
+             else "eager")
     options = SessionOptions(
         max_env_steps=cfg.train.environment_max_steps, save_model_period=cfg.general.save_model_period,
         log_interval=cfg.stats.verbose_learner_out_int, device=device,
@@ -115,6 +129,7 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
         least_exploring_actor=algorithm.least_exploring_actor(cfg.parallel.worker_count))
     metrics = RunMetrics(run_dir, cfg.stats.tensorboard, options.train_columns(), background=cfg.stats.background_save,
                          episode_columns=options.episode_columns()) if primary else None
+    metrics = tracked(metrics, cfg.to_flat(), run_dir, cfg.stats.wandb_project)   # wandb, TensorBoard HParams
     progress = ProgressLine(cfg.train.environment_max_steps, enabled=cfg.stats.basic_verbose and primary)
     session = TrainingSession(plan.layout, learner, build_batches(plan, model, device, group.rank if group else 0),
                               EpisodeStats(cfg.stats.avg_buff_size), metrics, progress, run_dir, options)

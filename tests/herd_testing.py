@@ -186,6 +186,17 @@ def fixed_action(w, obs) -> int:
     return int(float(np.dot(np.asarray(w, np.float32), np.asarray(obs, np.float32))) > 0)
 
 
+def fixed_policy_run(small_cartpole_run: Path, folder: Path, w) -> Path:
+    """A copy of a real run folder whose checkpoint holds the fixed policy `w` instead of learned weights."""
+    from herd.checkpoint import load_checkpoint, save_checkpoint
+    run = copy_of_run(small_cartpole_run, folder)
+    state, path = load_checkpoint(run)
+    state["model"] = fixed_policy_state(state["model"], w)
+    save_checkpoint({k: v for k, v in state.items() if k not in ("format_version", "checksum")}, run,
+                    state["counters"]["updates"])
+    return run
+
+
 # ---------------------------------------------------------------------------------------
 # The CLI in-process: for refusals (bad input, bad checkpoints), which check only "one line
 # on stderr, exit code 2, nothing written". Starting a subprocess costs ~1.4 s of torch
