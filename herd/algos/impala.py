@@ -52,14 +52,12 @@ class Impala:
 
     @staticmethod
     def read_fields(replay_types: Sequence[str], action_distribution: str = "categorical") -> tuple[str, ...]:
-        """The behaviour policy's parameters always (V-trace's ratios); the behaviour value
-        only with an off-policy replay (CLEAR's value cloning and its metric read it for
-        replayed columns only); feature vectors only with a custom (elite) replay, whose
-        off-policy scorer compares them with the current model's."""
+        """The behaviour policy's parameters (V-trace's ratios) and value (CLEAR's value
+        cloning: the loss computes it over every column and keeps the replayed ones, so
+        it reads the field in every batch) always; feature vectors only with a custom
+        (elite) replay, whose off-policy scorer compares them with the current model's."""
         dist = get_distribution(action_distribution)
-        fields = [f"behaviour_{name}" for name in dist.param_names]
-        if any(kind != "queue" for kind in replay_types):
-            fields.append("behaviour_value")
+        fields = [f"behaviour_{name}" for name in dist.param_names] + ["behaviour_value"]
         if "custom" in replay_types:
             fields.append("features")
         return tuple(fields)

@@ -1,6 +1,5 @@
 """Actors record only the step fields that the loss and the configured replays read
-(issue 27): no feature vectors without an elite (custom) replay, no behaviour values
-without an off-policy replay."""
+(issue 27): no feature vectors without an elite (custom) replay."""
 from __future__ import annotations
 
 import json
@@ -22,7 +21,7 @@ CUSTOM = {"type": "custom", "capacity": 100, "sample_ratio": 0.5, "dist_function
 
 
 @pytest.mark.parametrize("replays, fields", [
-    ([dict(QUEUE, sample_ratio=1)], {"behaviour_logits"}),
+    ([dict(QUEUE, sample_ratio=1)], {"behaviour_logits", "behaviour_value"}),
     ([QUEUE, STANDARD], {"behaviour_logits", "behaviour_value"}),
     ([QUEUE, CUSTOM], {"behaviour_logits", "behaviour_value", "features"}),
 ])
@@ -36,7 +35,7 @@ def test_the_plan_records_what_the_loss_and_replays_read(replays, fields, tmp_pa
 
 
 def test_continuous_policies_record_their_own_parameters():
-    assert IMPALA.read_fields(("queue",), "gaussian") == ("behaviour_mean", "behaviour_log_std")
+    assert IMPALA.read_fields(("queue",), "gaussian") == ("behaviour_mean", "behaviour_log_std", "behaviour_value")
     assert set(APEX.read_fields(("prioritized",))) == {"q_taken", "q_max", "priority"}
 
 
