@@ -82,12 +82,15 @@ def test_a_host_cut_off_mid_run_and_then_killed_does_not_stop_the_run(cluster, t
     """Catches a learner that hangs or fails when a worker host vanishes from the network:
     its cable is pulled (link down) while the run trains, then its raylet and everything
     else on it is killed. The lost actor must be restarted on the host left, and the run
-    must reach its step count and finish normally. (Runs last: the host stays dead.)"""
+    must reach its step count and finish normally. (Runs last: the host stays dead.) Its
+    actors send LZ4-compressed observations (--ray_compress_obs): a packing the learner
+    could not read would fail the run here too."""
     net, ray = cluster
     process = subprocess.Popen(herd_on_head(net, ray, ["train", "--env=CartPole-v1", "--worker_count=2",
                                                        "--envs_per_worker=8", "--r_f_steps=8", "--batch_size=8",
                                                        "--seed=5", "--tensorboard=False", "--multiprocessing_backend=ray",
-                                                       "--environment_max_steps=150000"], tmp_path),
+                                                       "--environment_max_steps=150000", "--ray_compress_obs=True"],
+                                            tmp_path),
                                cwd=ROOT, env=driver_env(ray), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
     try:
