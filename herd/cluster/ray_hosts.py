@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 from herd.cluster.netns import Host, NamespaceError, NetnsCluster
 
@@ -105,11 +104,6 @@ class RayHosts:
         shutil.rmtree(self.temp_root, ignore_errors=True)
 
 
-def run_driver(host: Host, argv: list[str], env: dict, timeout_s: float) -> subprocess.CompletedProcess:
-    """A command on `host` (a driver, herd itself), its output captured, killed after timeout_s."""
-    return host.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
-
-
 def measure_rtt(net: NetnsCluster, a: int, b: int, count: int = 200) -> dict:
     """Round trips of a 1-byte TCP message between hosts a and b: {'p50_ms', 'p90_ms'}."""
     server = net.hosts[b].popen([sys.executable, "-c", ECHO_SERVER, net.hosts[b].address],
@@ -144,11 +138,3 @@ times.sort()
 print(json.dumps({"p50_ms": times[len(times) // 2], "p90_ms": times[int(len(times) * 0.9)]}))
 """
 
-
-def wait_until(predicate, timeout_s: float, interval_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()

@@ -1,12 +1,10 @@
 """The harness itself (herd/cluster/netns.py): hosts that reach each other only over their
 links, a bandwidth limit that holds, nothing left behind when its owner is killed with
 SIGKILL, and one line (not a silent pass) where namespaces cannot be made."""
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 
@@ -93,3 +91,24 @@ def test_where_namespaces_cannot_be_made_the_harness_refuses_in_one_line():
     assert len(lines) == 1 and "network namespaces cannot be made here" in lines[0] and "root" in lines[0], lines
     assert set(namespaces()) <= before
     assert issubclass(NamespaceError, RuntimeError)
+
+
+def test_a_new_cluster_removes_what_dead_runs_left_behind(hosts_or_fail):
+    """Catches leftovers piling up when both an owner and its reaper died (a machine
+    reboot of the process table, a container kill): namespaces named for a run whose
+    owner process is gone are removed, with their processes, by the next cluster."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()                                  # a pid that no longer runs
+    stale = f"herdnet{gone.pid}x000000-h0"
+    subprocess.run(["ip", "netns", "add", stale], check=True)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", stale, "sleep", "1000"])
+    try:
+        assert wait_for(lambda: str(sleeper.pid) in subprocess.run(["ip", "netns", "pids", stale], capture_output=True,
+                                                                   text=True).stdout, 10)
+        with hosts_or_fail(1) as net:
+            assert stale not in namespaces() and net.namespaces()
+        assert wait_for(lambda: sleeper.poll() is not None, 10)
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        subprocess.run(["ip", "netns", "del", stale], capture_output=True)
