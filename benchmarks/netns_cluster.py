@@ -155,7 +155,7 @@ def real_learner(net, ray, hosts: int, args) -> dict:
     import csv
     import tempfile
     results = Path(tempfile.mkdtemp(prefix="netns_learner_"))
-    before = net.hosts[0].link_bytes()["rx"]
+    before = net.hosts[0].link_bytes()
     argv = [sys.executable, "-m", "herd.cli", "train", f"--env={args.env}", "--multiprocessing_backend=ray",
             f"--ray_address={ray.address}", f"--worker_count={hosts * args.actors_per_host}",
             f"--envs_per_worker={args.envs}", f"--r_f_steps={args.unroll}", f"--actor_cpus={args.host_cpus / args.actors_per_host:g}",
@@ -168,7 +168,8 @@ def real_learner(net, ray, hosts: int, args) -> dict:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=300)
-    received = net.hosts[0].link_bytes()["rx"] - before
+    after = net.hosts[0].link_bytes()
+    received, sent = after["rx"] - before["rx"], after["tx"] - before["tx"]
     runs = [p for p in results.iterdir() if p.is_dir()]
     rows = list(csv.DictReader((runs[0] / "train.csv").open())) if runs else []
     summary = json.loads((runs[0] / "summary.json").read_text()) if runs else {}
@@ -179,7 +180,9 @@ def real_learner(net, ray, hosts: int, args) -> dict:
     seconds = float(steady[-1]["wall_time"]) - float(steady[0]["wall_time"])
     return {"frames_per_s": round(frames / seconds, 1), "updates": summary.get("training_steps"),
             "environment_steps": summary.get("environment_steps"),
-            "bytes_per_step": round(received / max(summary.get("environment_steps") or 1, 1), 1)}
+            "bytes_per_step": round(received / max(summary.get("environment_steps") or 1, 1), 1),
+            # what host 0 sent per step: the weights the actors pulled (and Ray's messages)
+            "sent_bytes_per_step": round(sent / max(summary.get("environment_steps") or 1, 1), 1)}
 
 
 def main() -> None:
