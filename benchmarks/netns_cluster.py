@@ -143,13 +143,15 @@ def configuration(hosts: int, bandwidth: float | None, args) -> dict:
                 raise RuntimeError(f"the driver failed: {done.stderr[-2000:]}")
             sinks = json.loads(done.stdout.strip().splitlines()[-1])
             learner = real_learner(net, ray, hosts, args) if args.learner_seconds else None
+            learner_lz4 = real_learner(net, ray, hosts, args, ["--ray_compress_obs=True"]) \
+                if args.learner_seconds and args.lz4 else None
         finally:
             ray.close()
     return {"hosts": hosts, "bandwidth_mbit": bandwidth, "latency_ms": args.latency_ms, "rtt_ms": rtt,
-            **sinks, "learner": learner}
+            **sinks, "learner": learner, "learner_lz4": learner_lz4}
 
 
-def real_learner(net, ray, hosts: int, args) -> dict:
+def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
     """herd train on host 0 with the same actors for --learner_seconds, then Ctrl+C; its
     steady rate from train.csv (the first third of the rows left out: start-up)."""
     import csv
@@ -160,7 +162,7 @@ def real_learner(net, ray, hosts: int, args) -> dict:
             f"--ray_address={ray.address}", f"--worker_count={hosts * args.actors_per_host}",
             f"--envs_per_worker={args.envs}", f"--r_f_steps={args.unroll}", f"--actor_cpus={args.host_cpus / args.actors_per_host:g}",
             "--tensorboard=False", "--environment_max_steps=100000000", "--learner_compile=False",
-            "--verbose_learner_out_int=5", f"--results_dir={results}"]
+            "--verbose_learner_out_int=5", f"--results_dir={results}", *extra]
     process = net.hosts[0].popen(argv, env={**ray.env(), "PYTHONPATH": str(HERE.parent)}, cwd=HERE.parent,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -220,9 +222,11 @@ def main() -> None:
                 if m:
                     rows.append([r["hosts"], r["bandwidth_mbit"] or "-", f"{r['rtt_ms']['p50_ms']:.3f}", name, mode,
                                  m["frames_per_s"], m["p50_ms"], m["p90_ms"], m["p99_ms"], m["bytes_per_step"]])
-        if r["learner"]:
-            rows.append([r["hosts"], r["bandwidth_mbit"] or "-", f"{r['rtt_ms']['p50_ms']:.3f}", "raw", "learner",
-                         r["learner"].get("frames_per_s"), "", "", "", r["learner"].get("bytes_per_step")])
+        for name in ("learner", "learner_lz4"):
+            if r.get(name):
+                rows.append([r["hosts"], r["bandwidth_mbit"] or "-", f"{r['rtt_ms']['p50_ms']:.3f}",
+                             "lz4" if name == "learner_lz4" else "raw", "learner", r[name].get("frames_per_s"), "", "",
+                             "", r[name].get("bytes_per_step")])
     print_table(["hosts", "Mbit/s", "rtt ms", "obs", "sink", "frames/s", "p50 ms", "p90 ms", "p99 ms", "bytes/step"],
                 rows)
     path = record(f"netns_cluster_{args.env.split('-')[0]}{args.record}",

@@ -1,13 +1,17 @@
 """The throughput model of a herd cluster, fitted on one run of benchmarks/netns_cluster.py
 and checked against the runs it was not fitted on; then its prediction for 8 to 64 nodes.
 
-    frames/s = min(actors x per-actor rate,  link bandwidth / bytes per step,  learner rate)
+    frames/s = min(actors x per-actor rate,  link bandwidth / bytes per step,
+                   link bandwidth / weight bytes per step,  learner rate)
 
     per-actor rate   agent steps/s of one actor (fitted: the 1-host unshaped run, free sink)
     bytes per step   bytes the learner's host receives on its link per agent step (fitted:
                      the same run; raw and LZ4-compressed observations each)
     link bandwidth   the learner host's link (every link is shaped alike: the learner's is the
                      one every trajectory crosses); a tbf rate counts the bytes the counters count
+    weight bytes     herd's real learner only (the sinks publish weights once): what the learner's
+      per step       host sends per step, the weights its actors pull (fitted: its 1-host unshaped
+                     run); they go the other way on the links, so they limit on their own
     learner rate     the paced sink's rollouts/s x T x E (known, not fitted); herd's real
                      learner: fitted from its 1-host unshaped run where that run was learner-bound
 
@@ -26,13 +30,58 @@ HERE = Path(__file__).resolve().parent
 
 
 def predict(actors: int, per_actor: float, bandwidth_mbit: float | None, bytes_per_step: float,
-            learner: float = math.inf) -> tuple[float, str]:
+            learner: float = math.inf, weight_bytes_per_step: float = 0.0) -> tuple[float, str]:
     """(frames/s, the term that limits it)."""
-    terms = {"actors": actors * per_actor,
-             "link": math.inf if bandwidth_mbit is None else bandwidth_mbit * 1e6 / 8 / bytes_per_step,
-             "learner": learner}
+    link = math.inf if bandwidth_mbit is None else bandwidth_mbit * 1e6 / 8
+    terms = {"actors": actors * per_actor, "link": link / bytes_per_step,
+             "weights": link / weight_bytes_per_step if weight_bytes_per_step else math.inf, "learner": learner}
     limit = min(terms, key=terms.get)
     return terms[limit], limit
+
+
+# A cluster of GPU-learner Pong (the assumptions of the 8-64 node prediction, each measured):
+NODE_RATE = 11_800        # agent steps/s of one 16-core node of CPU actors: the H100 machine's steady
+                          # rate (benchmarks/results/pong_h100_defaults_3min/train.csv, 14 actors x 8 envs)
+GPU_LEARNER_FLOOR = 11_800   # that H100 learner kept up with it: its own ceiling is higher, not measured
+                             # here (no GPU): the table says what each learner must sustain
+WEIGHT_BYTES = 1_687_719 * 4  # the Nature CNN's float32 weights, pulled once per node per update
+STEPS_PER_UPDATE = 32 * 20    # herd's CUDA Atari defaults: batch 32 x T 20
+
+
+def cluster(nodes: int, link_gbit: float, bytes_per_step: float, learners: int = 1) -> tuple[float, str]:
+    """What `nodes` actor nodes can feed `learners` learners (each on its own machine and
+    link, with nodes/learners of the actors), in agent steps/s, and the term that limits it;
+    each learner must then train at that rate / learners. Weights: each of a learner's nodes
+    pulls them once per update over the learner's link, so that term falls as nodes are added."""
+    link = link_gbit * 1e9 / 8
+    terms = {"actors": nodes * NODE_RATE,
+             "link": learners * link / bytes_per_step,
+             "weights": learners * link * STEPS_PER_UPDATE / (nodes / learners * WEIGHT_BYTES)}
+    limit = min(terms, key=terms.get)
+    return terms[limit], limit
+
+
+def print_cluster_table(params: dict) -> list[dict]:
+    """Per (nodes, link, observations): the rate with one learner, and the fewest learners
+    (1-16) with which the actors become the limit."""
+    rows = []
+    print(f"\n8-64 nodes of 16 cores (x {NODE_RATE} steps/s), Pong, one learner per machine and link:")
+    print(f"{'nodes':>5} {'Gbit/s':>6} {'obs':>4} {'1 learner':>10} {'limit':>8} {'learners for actors':>20} "
+          f"{'steps/s then':>12} {'each learner':>12}")
+    for nodes in (8, 16, 32, 64):
+        for gbit in (10, 25, 100):
+            for obs in ("raw", "lz4"):
+                one, limit = cluster(nodes, gbit, params[f"{obs}_bytes_per_step"])
+                enough = next((k for k in range(1, 17) if cluster(nodes, gbit, params[f"{obs}_bytes_per_step"], k)[1]
+                               == "actors"), None)
+                rate = cluster(nodes, gbit, params[f"{obs}_bytes_per_step"], enough)[0] if enough else None
+                rows.append({"nodes": nodes, "link_gbit": gbit, "obs": obs, "one_learner": round(one),
+                             "limit": limit, "learners_for_actor_bound": enough,
+                             "steps_per_s": round(rate) if rate else None,
+                             "per_learner": round(rate / enough) if rate else None})
+                print(f"{nodes:>5} {gbit:>6} {obs:>4} {one:>10.0f} {limit:>8} {str(enough):>20} "
+                      f"{rate or 0:>12.0f} {(rate or 0) / (enough or 1):>12.0f}")
+    return rows
 
 
 def rows_of(run: dict, args: dict) -> list[dict]:
@@ -45,10 +94,11 @@ def rows_of(run: dict, args: dict) -> list[dict]:
             rows.append({"hosts": run["hosts"], "bandwidth_mbit": run["bandwidth_mbit"], "obs": obs, "sink": sink,
                          "frames_per_s": measured["frames_per_s"], "bytes_per_step": measured["bytes_per_step"],
                          "learner": learner})
-    if run.get("learner") and "frames_per_s" in run["learner"]:
-        rows.append({"hosts": run["hosts"], "bandwidth_mbit": run["bandwidth_mbit"], "obs": "raw", "sink": "herd",
-                     "frames_per_s": run["learner"]["frames_per_s"], "bytes_per_step": run["learner"]["bytes_per_step"],
-                     "learner": None})
+    for name, obs in (("learner", "raw"), ("learner_lz4", "lz4")):
+        if run.get(name) and "frames_per_s" in run[name]:
+            rows.append({"hosts": run["hosts"], "bandwidth_mbit": run["bandwidth_mbit"], "obs": obs, "sink": "herd",
+                         "frames_per_s": run[name]["frames_per_s"], "bytes_per_step": run[name]["bytes_per_step"],
+                         "learner": None, "sent_bytes_per_step": run[name].get("sent_bytes_per_step")})
     return rows
 
 
@@ -62,17 +112,20 @@ def main() -> None:
         sys.exit("no 1-host unshaped run to fit on: run benchmarks/netns_cluster.py --hosts 1 --bandwidths none")
     params = {f"{r['obs']}_per_actor": r["frames_per_s"] / r["actors_per_host"] for r in fit}
     params.update({f"{r['obs']}_bytes_per_step": r["bytes_per_step"] for r in fit})
-    herd_fit = [r for r in rows if r["sink"] == "herd" and r["hosts"] == 1 and r["bandwidth_mbit"] is None]
+    herd_fit = [r for r in rows if r["sink"] == "herd" and r["hosts"] == 1 and r["bandwidth_mbit"] is None
+                and r["obs"] == "raw"]
     actor_bound = params["raw_per_actor"] * (herd_fit[0]["actors_per_host"] if herd_fit else 1)
     # herd's learner: its rate where its unshaped 1-host run stayed clearly below what the actors make.
     params["herd_learner"] = (herd_fit[0]["frames_per_s"] if herd_fit and herd_fit[0]["frames_per_s"] < 0.8 * actor_bound
                               else math.inf)
+    params["herd_weight_bytes_per_step"] = (herd_fit[0].get("sent_bytes_per_step") or 0.0) if herd_fit else 0.0
     table = []
     for r in rows:
         fitted = r in fit or r in herd_fit
         learner = params["herd_learner"] if r["sink"] == "herd" else r["learner"]
+        weights = params["herd_weight_bytes_per_step"] if r["sink"] == "herd" else 0.0
         value, limit = predict(r["hosts"] * r["actors_per_host"], params[f"{r['obs']}_per_actor"], r["bandwidth_mbit"],
-                               params[f"{r['obs']}_bytes_per_step"], learner)
+                               params[f"{r['obs']}_bytes_per_step"], learner, weights)
         error = (value - r["frames_per_s"]) / r["frames_per_s"] if r["frames_per_s"] else math.inf
         table.append({**r, "predicted": round(value, 1), "limit": limit, "error": round(error, 3), "fitted": fitted})
     print(f"fitted on the 1-host unshaped run: {json.dumps({k: round(v, 1) for k, v in params.items()})}")
@@ -84,9 +137,14 @@ def main() -> None:
     checks = [t for t in table if not t["fitted"]]
     within = [t for t in checks if abs(t["error"]) <= 0.2]
     print(f"checks within 20 %: {len(within)} of {len(checks)}")
+    predicted = print_cluster_table(params)
     out = HERE / "results" / "netns_model.json"
     out.write_text(json.dumps({"files": [Path(f).name for f in files], "params": params, "table": table,
-                               "checks_within_20pct": [len(within), len(checks)]}, indent=2, default=str))
+                               "checks_within_20pct": [len(within), len(checks)], "cluster_prediction": predicted,
+                               "cluster_assumptions": {"node_rate": NODE_RATE, "gpu_learner_floor": GPU_LEARNER_FLOOR,
+                                                       "weight_bytes": WEIGHT_BYTES,
+                                                       "steps_per_update": STEPS_PER_UPDATE}},
+                              indent=2, default=str))
     print(f"recorded {out}")
 
 
