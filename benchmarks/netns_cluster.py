@@ -162,7 +162,7 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
             f"--ray_address={ray.address}", f"--worker_count={hosts * args.actors_per_host}",
             f"--envs_per_worker={args.envs}", f"--r_f_steps={args.unroll}", f"--actor_cpus={args.host_cpus / args.actors_per_host:g}",
             "--tensorboard=False", "--environment_max_steps=100000000", "--learner_compile=False",
-            "--verbose_learner_out_int=5", f"--results_dir={results}", *extra]
+            "--verbose_learner_out_int=2", f"--results_dir={results}", *extra]
     process = net.hosts[0].popen(argv, env={**ray.env(), "PYTHONPATH": str(HERE.parent)}, cwd=HERE.parent,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -175,7 +175,7 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
     runs = [p for p in results.iterdir() if p.is_dir()]
     rows = list(csv.DictReader((runs[0] / "train.csv").open())) if runs else []
     summary = json.loads((runs[0] / "summary.json").read_text()) if runs else {}
-    if len(rows) < 6:
+    if len(rows) < 3:
         return {"error": f"too few updates logged ({len(rows)}): {err[-500:]}"}
     steady = rows[len(rows) // 3:]
     frames = float(steady[-1]["env_step"]) - float(steady[0]["env_step"])

@@ -1,19 +1,20 @@
 """The throughput model of a herd cluster, fitted on one run of benchmarks/netns_cluster.py
 and checked against the runs it was not fitted on; then its prediction for 8 to 64 nodes.
 
-    frames/s = min(actors x per-actor rate,  link bandwidth / bytes per step,
-                   link bandwidth / weight bytes per step,  learner rate)
+    frames/s = min(actors term,  link / bytes per step,  link x S / (nodes x W),  learner rate)
 
-    per-actor rate   agent steps/s of one actor (fitted: the 1-host unshaped run, free sink)
-    bytes per step   bytes the learner's host receives on its link per agent step (fitted:
-                     the same run; raw and LZ4-compressed observations each)
-    link bandwidth   the learner host's link (every link is shaped alike: the learner's is the
-                     one every trajectory crosses); a tbf rate counts the bytes the counters count
-    weight bytes     herd's real learner only (the sinks publish weights once): what the learner's
-      per step       host sends per step, the weights its actors pull (fitted: its 1-host unshaped
-                     run); they go the other way on the links, so they limit on their own
-    learner rate     the paced sink's rollouts/s x T x E (known, not fitted); herd's real
-                     learner: fitted from its 1-host unshaped run where that run was learner-bound
+    actors term      actors x per-actor rate r for the sinks (they publish weights once); herd's
+                     actors also wait for the weights once per update: S / (S / (actors x r) + W / link)
+    r                agent steps/s of one actor (fitted: the 1-host unshaped run, free sink)
+    bytes per step   bytes the learner's host receives on its link per agent step (fitted: the
+                     same run; raw and LZ4-compressed observations each)
+    link             bytes/s of the learner host's link (every link is shaped alike; the learner's
+                     is the one every trajectory crosses); tbf counts what the counters count
+    S, W             steps per update (batch x T: 8 x 20, herd's CPU Atari default) and the weights'
+                     bytes (the Nature CNN's 1,687,719 float32): every node pulls them once per
+                     update over the learner's link (not fitted: the model's structure says so)
+    learner rate     the paced sink's rollouts/s x T x E (known, not fitted); herd's real learner:
+                     fitted from its 1-host unshaped run where that run was learner-bound
 
 Usage: python benchmarks/netns_model.py [results/netns_cluster_Pong*_h*_bw*.json ...]
 Prints the check table (measured, predicted, error) and the 8-64 node prediction; records
@@ -29,12 +30,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def predict(actors: int, per_actor: float, bandwidth_mbit: float | None, bytes_per_step: float,
-            learner: float = math.inf, weight_bytes_per_step: float = 0.0) -> tuple[float, str]:
-    """(frames/s, the term that limits it)."""
-    link = math.inf if bandwidth_mbit is None else bandwidth_mbit * 1e6 / 8
-    terms = {"actors": actors * per_actor, "link": link / bytes_per_step,
-             "weights": link / weight_bytes_per_step if weight_bytes_per_step else math.inf, "learner": learner}
+def predict(actors: int, per_actor: float, link_mbit: float | None, bytes_per_step: float,
+            learner: float = math.inf, nodes: int = 1, weight_bytes: float = 0.0,
+            steps_per_update: float = math.inf) -> tuple[float, str]:
+    """(agent steps/s, the term that limits it); the module's docstring says which is which."""
+    link = math.inf if link_mbit is None else link_mbit * 1e6 / 8
+    acting = actors * per_actor
+    if weight_bytes:        # per update each actor acts S/actors steps, then waits for the new weights
+        acting = steps_per_update / (steps_per_update / acting + weight_bytes / link)
+    terms = {"actors": acting, "link": link / bytes_per_step,
+             "weights": link * steps_per_update / (nodes * weight_bytes) if weight_bytes else math.inf,
+             "learner": learner}
     limit = min(terms, key=terms.get)
     return terms[limit], limit
 
@@ -46,19 +52,17 @@ GPU_LEARNER_FLOOR = 11_800   # that H100 learner kept up with it: its own ceilin
                              # here (no GPU): the table says what each learner must sustain
 WEIGHT_BYTES = 1_687_719 * 4  # the Nature CNN's float32 weights, pulled once per node per update
 STEPS_PER_UPDATE = 32 * 20    # herd's CUDA Atari defaults: batch 32 x T 20
+CPU_BATCH = 8                 # herd's CPU Atari default batch (the benchmark's real learner)
+CORES = 16
 
 
 def cluster(nodes: int, link_gbit: float, bytes_per_step: float, learners: int = 1) -> tuple[float, str]:
-    """What `nodes` actor nodes can feed `learners` learners (each on its own machine and
-    link, with nodes/learners of the actors), in agent steps/s, and the term that limits it;
-    each learner must then train at that rate / learners. Weights: each of a learner's nodes
-    pulls them once per update over the learner's link, so that term falls as nodes are added."""
-    link = link_gbit * 1e9 / 8
-    terms = {"actors": nodes * NODE_RATE,
-             "link": learners * link / bytes_per_step,
-             "weights": learners * link * STEPS_PER_UPDATE / (nodes / learners * WEIGHT_BYTES)}
-    limit = min(terms, key=terms.get)
-    return terms[limit], limit
+    """What `nodes` actor nodes of CORES actors can feed `learners` learners (each on its own
+    machine and link, with nodes/learners of the nodes), in agent steps/s, and the term that
+    limits it; each learner must then train at that rate / learners."""
+    value, limit = predict(CORES * nodes // learners, NODE_RATE / CORES, link_gbit * 1000, bytes_per_step,
+                           nodes=nodes / learners, weight_bytes=WEIGHT_BYTES, steps_per_update=STEPS_PER_UPDATE)
+    return learners * value, limit
 
 
 def print_cluster_table(params: dict) -> list[dict]:
@@ -92,11 +96,13 @@ def rows_of(run: dict, args: dict) -> list[dict]:
         for sink, measured in run.get(obs, {}).items():
             learner = args["rate"] * per_rollout if sink == "paced" else math.inf
             rows.append({"hosts": run["hosts"], "bandwidth_mbit": run["bandwidth_mbit"], "obs": obs, "sink": sink,
+                         "unroll": args["unroll"],
                          "frames_per_s": measured["frames_per_s"], "bytes_per_step": measured["bytes_per_step"],
                          "learner": learner})
     for name, obs in (("learner", "raw"), ("learner_lz4", "lz4")):
         if run.get(name) and "frames_per_s" in run[name]:
             rows.append({"hosts": run["hosts"], "bandwidth_mbit": run["bandwidth_mbit"], "obs": obs, "sink": "herd",
+                         "unroll": args["unroll"],
                          "frames_per_s": run[name]["frames_per_s"], "bytes_per_step": run[name]["bytes_per_step"],
                          "learner": None, "sent_bytes_per_step": run[name].get("sent_bytes_per_step")})
     return rows
@@ -118,22 +124,28 @@ def main() -> None:
     # herd's learner: its rate where its unshaped 1-host run stayed clearly below what the actors make.
     params["herd_learner"] = (herd_fit[0]["frames_per_s"] if herd_fit and herd_fit[0]["frames_per_s"] < 0.8 * actor_bound
                               else math.inf)
-    params["herd_weight_bytes_per_step"] = (herd_fit[0].get("sent_bytes_per_step") or 0.0) if herd_fit else 0.0
     table = []
     for r in rows:
         fitted = r in fit or r in herd_fit
         learner = params["herd_learner"] if r["sink"] == "herd" else r["learner"]
-        weights = params["herd_weight_bytes_per_step"] if r["sink"] == "herd" else 0.0
+        herd = r["sink"] == "herd"
         value, limit = predict(r["hosts"] * r["actors_per_host"], params[f"{r['obs']}_per_actor"], r["bandwidth_mbit"],
-                               params[f"{r['obs']}_bytes_per_step"], learner, weights)
+                               params[f"{r['obs']}_bytes_per_step"], learner, nodes=r["hosts"],
+                               weight_bytes=WEIGHT_BYTES if herd else 0.0,
+                               steps_per_update=CPU_BATCH * r["unroll"] if herd else math.inf)
+        # herd's actors pull the weights once per node and update: what host 0 sent says whether they did
+        expected_sent = r["hosts"] * WEIGHT_BYTES / (CPU_BATCH * r["unroll"]) if herd else None
         error = (value - r["frames_per_s"]) / r["frames_per_s"] if r["frames_per_s"] else math.inf
-        table.append({**r, "predicted": round(value, 1), "limit": limit, "error": round(error, 3), "fitted": fitted})
+        table.append({**r, "predicted": round(value, 1), "limit": limit, "error": round(error, 3), "fitted": fitted,
+                      "expected_sent_bytes_per_step": expected_sent and round(expected_sent)})
     print(f"fitted on the 1-host unshaped run: {json.dumps({k: round(v, 1) for k, v in params.items()})}")
     print(f"{'hosts':>5} {'Mbit/s':>7} {'obs':>4} {'sink':>6} {'measured':>9} {'predicted':>9} {'limit':>8} "
           f"{'error':>7}  role")
     for t in table:
         print(f"{t['hosts']:>5} {t['bandwidth_mbit'] or '-':>7} {t['obs']:>4} {t['sink']:>6} {t['frames_per_s']:>9} "
-              f"{t['predicted']:>9} {t['limit']:>8} {100 * t['error']:>6.1f}%  {'fit' if t['fitted'] else 'check'}")
+              f"{t['predicted']:>9} {t['limit']:>8} {100 * t['error']:>6.1f}%  {'fit' if t['fitted'] else 'check'}"
+              + (f"  sent/step {t['sent_bytes_per_step']} (one pull per node and update: "
+                 f"{t['expected_sent_bytes_per_step']})" if t["sink"] == "herd" else ""))
     checks = [t for t in table if not t["fitted"]]
     within = [t for t in checks if abs(t["error"]) <= 0.2]
     print(f"checks within 20 %: {len(within)} of {len(checks)}")
