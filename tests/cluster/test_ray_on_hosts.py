@@ -59,7 +59,9 @@ def test_cartpole_learns_with_every_actor_on_the_other_hosts(cluster, tmp_path):
     """Catches a multi-host path that only works on loopback (addresses, token, object
     transfer between nodes), actors placed on the learner's host, and trajectories that
     never cross the link. The quick start's CartPole (2 actors x 16 envs), seed 2: the same
-    run as tests/integration/test_ray_backend.py (which passed 1 of 1 at 300,000 steps)."""
+    run as tests/integration/test_ray_backend.py (2 of 3 loopback runs reached 200 at 200,000
+    steps, 1 of 1 at 300,000); on these hosts it passed 1 of 1 (load 4-8). A failure is worth a
+    look, not a rerun."""
     net, ray = cluster
     before = net.hosts[0].link_bytes()["rx"]
     done = subprocess.run(herd_on_head(net, ray, ["train", "--env=CartPole-v1", "--seed=2",
