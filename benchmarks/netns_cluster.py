@@ -49,26 +49,21 @@ def rx_bytes() -> int:
 def inner(options: dict) -> dict:
     """Runs on host 0: the actors on the worker nodes, then each sink; returns the numbers."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"    # hosts' own addresses (ray_scaling sets 0: loopback)
-    import lz4.frame
     import numpy as np
     import ray
     from ray_scaling import StampedWorker, spec_and_layout
     from herd.actors.actor import ActorSpec
     from herd.backends.ray_actors import WeightsBoard
+    from herd.backends.ray_wire import pack_obs, unpack_obs
     from herd.models import build_model
 
     class CompressingWorker(StampedWorker):
-        """herd's actor, its observations LZ4-compressed before they leave the node."""
+        """herd's actor, its observations LZ4-compressed before they leave the node (what
+        --ray_compress_obs does: herd/backends/ray_wire.py)."""
 
         def next_rollout(self):
             rollout, arrays, stamp = super().next_rollout()
-            obs = arrays["obs"]                                    # [T+1, E, ...] a view of the slot
-            packed = {**arrays, "obs": (lz4.frame.compress(obs.tobytes()), obs.dtype.str, obs.shape)}
-            return rollout, packed, stamp
-
-    def unpack(arrays: dict) -> dict:
-        data, dtype, shape = arrays["obs"]
-        return {**arrays, "obs": np.frombuffer(lz4.frame.decompress(data), dtype=dtype).reshape(shape)}
+            return rollout, pack_obs(arrays), stamp
 
     def sink(actors, rate, seconds, compressed):
         """Takes rollouts as they come (rate None) or one every 1/rate s, for `seconds`."""
@@ -84,8 +79,8 @@ def inner(options: dict) -> dict:
                 continue
             rollout, arrays, stamp = ray.get(ready[0])
             if compressed:
-                packed += len(arrays["obs"][0])
-                arrays = unpack(arrays)
+                packed += len(arrays["obs"].data)
+                arrays = unpack_obs(arrays)
                 raw += arrays["obs"].nbytes
             latencies.append(time.time() - stamp)
             steps += rollout.steps
