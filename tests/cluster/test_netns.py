@@ -112,3 +112,23 @@ def test_a_new_cluster_removes_what_dead_runs_left_behind(hosts_or_fail):
         if sleeper.poll() is None:
             sleeper.kill()
         subprocess.run(["ip", "netns", "del", stale], capture_output=True)
+
+
+def test_link_latency_is_added_or_refused_in_one_line_leaving_nothing_behind():
+    """Catches a latency that is silently not applied. Where the kernel has tc netem, 5 ms
+    one-way on every link must make a round trip between two hosts take >= 10 ms; where it
+    has none (this machine's kernel), the cluster must refuse in one line naming netem and
+    remove the namespaces it had already made."""
+    from herd.cluster.netns import NetnsCluster
+    from herd.cluster.ray_hosts import measure_rtt
+    net = NetnsCluster(2, LinkShape(latency_ms=5))
+    try:
+        net.open()
+    except NamespaceError as err:
+        assert "netem" in str(err) and "\n" not in str(err), err
+        assert not any(ns.startswith(net.run + "-") for ns in namespaces())
+        return
+    try:
+        assert measure_rtt(net, 0, 1, count=20)["p50_ms"] >= 10.0
+    finally:
+        net.close()
