@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -170,6 +171,7 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
     runs = [p for p in results.iterdir() if p.is_dir()]
     rows = list(csv.DictReader((runs[0] / "train.csv").open())) if runs else []
     summary = json.loads((runs[0] / "summary.json").read_text()) if runs else {}
+    shutil.rmtree(results, ignore_errors=True)          # its checkpoints: nothing the record needs
     if len(rows) < 3:
         return {"error": f"too few updates logged ({len(rows)}): {err[-500:]}"}
     steady = rows[len(rows) // 3:]
