@@ -392,7 +392,8 @@ def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
         names.append("learner_thread_count")        # from the cores and the precision
     if kind == "atari":
         names.append("learner_compile")             # long Atari runs (apply_profile)
-    names.append("learner_capture")                 # a CUDA learner (apply_profile)
+    if device.type == "cuda":
+        names.append("learner_capture")             # one CUDA graph per update (apply_profile)
     bf16, why = bf16_choice(device)
     return {"hardware": {"device": device.type, "cpu_cores": os.cpu_count() or 1, "bf16_units": bf16,
                          "bf16_because": why},
