@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ class Plan:
     checkpoint_path: Path | None = None
     # What the hardware decided (config.machine_picks): logged and written to config.json.
     machine_picks: dict[str, Any] | None = None
+    # What made the run (herd.provenance, set by run.py): written to config.json and summary.json.
+    provenance: dict[str, Any] = field(default_factory=dict)
 
 
 def env_kwargs(cfg: Config) -> dict[str, Any]:
