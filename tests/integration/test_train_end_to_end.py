@@ -82,7 +82,7 @@ def test_cartpole_run_fills_its_folder_and_cleans_up(cartpole_run):
     train_rows = (run / "train.csv").read_text().splitlines()
     assert len(train_rows) > 1 and "policy_lag" in train_rows[0]
     hardware = (run / "hardware.csv").read_text()
-    assert hardware.startswith("wall_time,source,pid") and ",actor-1," in hardware and ",learner," in hardware
+    assert hardware.startswith("time,source,metric,value,unit") and ",actor-1,cpu," in hardware and ",learner,rss," in hardware
     # No leaked shared memory and no orphaned actor processes.
     assert not leaked_shm(cartpole_run["shm_before"])
     assert wait_for(lambda: not any_alive(children), 5)
