@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from herd import stopping
+from herd.backends.start import start_fork_server
 from herd.checkpoint import CHECKPOINT_DIR
 from herd.config import Config, ConfigError, resolve
 from herd.errors import UserError
@@ -152,6 +153,8 @@ def run_experiment(options: dict, overrides: dict | None = None, argv: list[str]
         print("[herd] stopped before the run started: no run folder was made", file=sys.stderr)
         return 0
     plan.provenance = provenance(sys.argv if argv is None else argv)
+    if plan.cfg.general.op_mode != "test" and plan.cfg.parallel.multiprocessing_backend == "python_native":
+        start_fork_server()    # the actors' fork server imports torch while the learner sets up
     if plan.cfg.general.op_mode != "test" and torchrun_world_size() is not None:
         return run_under_torchrun(plan)
     try:

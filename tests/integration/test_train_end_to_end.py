@@ -54,7 +54,9 @@ def cartpole_run(tmp_path_factory):
                          "--envs_per_worker=4", "--batch_size=4", "--r_f_steps=16", "--save_model_period=20",
                          "--max_policy_lag=0", "--seed=3", "--hardware_interval=0.25"], results)
     children = []
-    wait_for(lambda: len(children.extend(psutil.Process(process.pid).children()) or children) >= 2, 30, 0.05)
+    # Recursive: the actors are forked by a fork server, the herd process's child.
+    wait_for(lambda: len(children.extend(psutil.Process(process.pid).children(recursive=True)) or children) >= 4, 30,
+             0.05)
     _, err = process.communicate(timeout=120)
     return {"returncode": process.returncode, "stderr": err, "children": children, "shm_before": before,
             "results": results}
