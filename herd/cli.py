@@ -208,8 +208,11 @@ def parse_herd_args(argv: Sequence[str]) -> tuple[str, dict[str, Any], argparse.
     argv = list(argv)
     parser = build_parser()
     name = argv[0] if argv else ""
-    if name.startswith("-") or not argv:
-        parser.parse_args(argv)            # --help, --version (both exit), or argparse's own one line
+    if name in ("-h", "--help", "--version"):
+        parser.parse_args(argv)            # prints, then exits 0
+    if name.startswith("-"):
+        raise ConfigError(f"unknown option {name}: herd takes --help and --version; other options follow a "
+                          f"command (herd COMMAND --help; the commands: {', '.join(COMMANDS)})")
     if name not in COMMANDS:
         close = difflib.get_close_matches(name, COMMANDS, n=1)
         raise ConfigError(f"unknown command '{name}'" + (f" (did you mean {close[0]}?)" if close else "")

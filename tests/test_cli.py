@@ -101,6 +101,7 @@ def test_every_config_option_belongs_to_a_command():
     (["trian", "--env=CartPole-v1"], "unknown command 'trian' (did you mean train?)"),
     (["train", "--env=CartPole-v1", "--no-lr"], "--lr is not a boolean option"),
     (["train"], "herd train needs --env"),
+    (["--env=CartPole-v1", "train"], "unknown option --env=CartPole-v1: herd takes --help and --version"),
 ])
 def test_bad_command_lines_get_one_line_that_says_what_was_meant(argv, words):
     """Catches unknown options without a suggestion, abbreviations silently taken for
