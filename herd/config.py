@@ -57,6 +57,10 @@ class GeneralConfig:
     save_replay: bool = opt(True, "save the replays' contents (LZ4-packed) with every checkpoint; turn off for very large buffers")
     device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda", ("cpu", "auto", "cuda"))
     algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER) or apex (Ape-X: prioritized replay, n-step double dueling DQN; its own defaults, see README)", tuple(ALGORITHMS))
+    # -- run names (issue 29) --
+    name: Optional[str] = opt(None, "a name for the run: its folder is <results_dir>/<name>_<env>_<algorithm>_<date-time>")
+    tag: Optional[str] = opt(None, "labels for the run, comma-separated (kept in config.json; the folder name carries them after the name; herd plot ignores both when grouping)")
+    # -- end run names
     actor_inference: str = opt("auto", "who chooses the actors' actions: local (each actor runs the model on its CPU), server (one batched inference server on --device for all actors), auto (server when the device is cuda)", ("auto", "local", "server"))
 
 

@@ -123,7 +123,8 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
                           "model_signature": model_signature(model), "run_dir": str(run_dir)},
         max_bad_updates=cfg.train.max_bad_updates, save_replay=cfg.general.save_replay,
         max_policy_lag=cfg.train.max_policy_lag, metric_names=algorithm.metric_names,
-        description={"algorithm": algorithm.name, **algorithm.describe_optimization(cfg)}, primary=primary,
+        description={"algorithm": algorithm.name, **algorithm.describe_optimization(cfg),
+                     "provenance": plan.provenance}, primary=primary,
         least_exploring_actor=algorithm.least_exploring_actor(cfg.parallel.worker_count))
     metrics = RunMetrics(run_dir, cfg.stats.tensorboard, options.train_columns(), background=cfg.stats.background_save,
                          episode_columns=options.episode_columns()) if primary else None

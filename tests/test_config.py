@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from herd.cli import build_seed_parser, explicit_options, parse_herd_args
+from herd.cli import parse_herd_args, parse_seed_args
 from herd.config import (ConfigError, Config, apply_profile, batch_shares, parse_replay_parameters, resolve)
 
 
@@ -20,7 +20,7 @@ def test_seed_flags_parse_verbatim():
             "--r_f_steps=10", "--worker_count=2", "--envs_per_worker=2",
             '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
             '{"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]', "--c-const=0.9", "--use_kl_mask=true"]
-    cfg = resolve(explicit_options(build_seed_parser().parse_args(argv)), env_kind=kind_of)
+    cfg = resolve(parse_seed_args(argv), env_kind=kind_of)
     cfg.validate()
     assert cfg.train.batch_size == 10 and cfg.parallel.envs_per_worker == 2
     assert cfg.loss.c_const == 0.9 and cfg.loss.use_kl_mask is True

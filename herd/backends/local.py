@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-import torch.multiprocessing as mp
 
 from herd.actors.actor import ActorSpec, run_actor
+from herd.backends.start import actor_context
 from herd.stopping import sigint_blocked
 from herd.errors import ActorFailure
 from herd.inference import InferenceChannels, run_inference_server
@@ -37,7 +37,7 @@ log = logging.getLogger("herd")
 
 
 # Seconds an actor may take to deliver its first rollout, or --actor_timeout if longer.
-# Its start (a spawned Python importing torch, then making its environments) is no hang:
+# Its start (importing herd, then making its environments) is no hang:
 # under load it took over 3 s, and a timeout counted from the launch restarted every actor
 # until --max_actor_restarts ended the run (tests/integration/test_lifecycle.py, hung actor).
 START_GRACE = 60.0
@@ -178,7 +178,7 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     """Runs actors and the learner until the step budget or a stop request; returns why it ended.
     inference_device: run a batched inference server there ("cpu", "cuda") instead of a
     model in every actor."""
-    context = mp.get_context("spawn")
+    context = actor_context()          # forked from a server that imported torch already (backends/start.py)
     slots = TrajectorySlots(session.layout, worker_count * slots_per_actor, spec.envs_per_worker)
     weights = SharedWeights(session.learner.model, context)
     weights.publish(session.learner.model, version=session.counters.updates)
