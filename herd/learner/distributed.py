@@ -18,7 +18,11 @@ that round's gradients. We measured this against DistributedDataParallel
 (benchmarks/learners.py --grad_sync): see the README.
 
 A learner that dies breaks the round for the others: gloo notices the closed connection
-at once, a hung learner after --learner_timeout; the survivors raise LearnerFailure."""
+at once, a hung learner after --learner_timeout; the survivors raise LearnerFailure.
+
+The learners of one machine meet through a file in a private folder and talk over the
+loopback interface; what they hand each other besides tensors of numbers (host, pid, the
+run folder) is JSON in a tensor, never a pickle (docs/security-clusters.md)."""
 from __future__ import annotations
 
 import json
