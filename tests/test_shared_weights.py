@@ -89,3 +89,37 @@ def test_a_reader_killed_mid_pull_does_not_block_publish():
     fresh.start()
     fresh.join(60)
     assert fresh.exitcode == 0 and seen.value == 1, (fresh.exitcode, seen.value)
+
+
+def publish_and_die(weights: SharedWeights) -> None:
+    """Publishes, and is killed (kill -9) inside the copy: the sequence stays odd."""
+    def killed(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+    torch.Tensor.copy_ = killed         # this process only: it exists for this
+    weights.publish(uniform_model(2.0))
+
+
+def test_a_reader_gives_up_on_a_publisher_killed_mid_publish(monkeypatch):
+    """Catches a reader spinning forever (an orphaned actor burning a core) after the
+    learner died inside its copy and left the sequence odd."""
+    import herd.weights
+    monkeypatch.setattr(herd.weights, "PUBLISH_DEADLINE_S", 2.0)
+    context = multiprocessing.get_context("spawn")
+    weights = SharedWeights(uniform_model(1.0), context)
+    publisher = context.Process(target=publish_and_die, args=(weights,))
+    publisher.start()
+    publisher.join(60)
+    assert publisher.exitcode == -signal.SIGKILL
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(catch(weights.snapshot)), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert outcome and isinstance(outcome[0], RuntimeError), outcome   # not still spinning
+    assert "stopped inside a publish" in str(outcome[0])
+
+
+def catch(function):
+    try:
+        return function()
+    except Exception as err:
+        return err
