@@ -233,7 +233,8 @@ def run_under_torchrun(plan) -> int:
     group = torchrun_group(learner_device(cfg.general.device).type, cfg.parallel.learner_timeout)
     try:
         run_dir = make_run_dir(cfg) if group.primary else None
-        run_dir, cfg.general.seed = from_primary([run_dir, cfg.general.seed])
+        folder, cfg.general.seed = from_primary([None if run_dir is None else str(run_dir), cfg.general.seed])
+        run_dir = Path(folder)      # JSON, never a pickle, crosses between the learners
         if group.primary:
             setup_logging(run_dir, cfg.general.debug)
             write_config(plan, run_dir)
