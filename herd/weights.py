@@ -42,6 +42,11 @@ class SharedWeights:
         publishes into a given SharedWeights (the learner, or the primary of several)."""
         with torch.no_grad():
             vector = parameters_to_vector(model.parameters()).detach().cpu()  # off the GPU first
+        return self.publish_vector(vector, version)
+
+    def publish_vector(self, vector: torch.Tensor, version: int | None = None) -> int:
+        """publish() from the flat parameters already on the host (herd/learner/publisher.py
+        copies them off a GPU without blocking the learner)."""
         self._sequence.value += 1
         self.flat.copy_(vector)
         self._version.value = self._version.value + 1 if version is None else version

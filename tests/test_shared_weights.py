@@ -123,3 +123,30 @@ def catch(function):
         return function()
     except Exception as err:
         return err
+
+
+def test_the_publisher_writes_the_weights_of_each_version_it_is_given():
+    """The learner publishes through herd/learner/publisher.py (on a CPU learner in place,
+    on a GPU from a pinned copy in a thread): the store holds exactly the model's current
+    parameters under the version given. Catches a publisher that copies the parameters in
+    the wrong order, misses one, or writes a stale copy."""
+    import torch
+
+    from herd.learner.publisher import WeightPublisher
+    from herd.models import build_model
+    from herd.weights import SharedWeights
+
+    torch.manual_seed(0)
+    model = build_model("mlp", (4,), "float32", 2, 8, hidden_sizes=(16,))
+    store = SharedWeights(model)
+    publish = WeightPublisher(model, store.publish_vector)
+    for version in (3, 4):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        publish(version)
+        twin = build_model("mlp", (4,), "float32", 2, 8, hidden_sizes=(16,))
+        assert store.pull(twin, have_version=0) == version
+        for a, b in zip(model.parameters(), twin.parameters()):
+            assert torch.equal(a, b)
+    publish.close()

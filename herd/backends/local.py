@@ -29,6 +29,7 @@ from herd.backends.start import actor_context
 from herd.stopping import sigint_blocked
 from herd.errors import ActorFailure
 from herd.inference import InferenceChannels, run_inference_server
+from herd.learner.publisher import WeightPublisher
 from herd.learner.session import TrainingSession
 from herd.trajectory import TrajectorySlots
 from herd.weights import SharedWeights
@@ -195,7 +196,8 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     if not session.done:
         pool.start()
     session.summary_extra["actor_restarts"] = lambda: pool.restarts   # summary.json: dead or hung actors replaced
-    publish = lambda version: weights.publish(session.learner.model, version)  # noqa: E731
+    # After every update; on a GPU learner the copy off the device does not block the update.
+    publish = WeightPublisher(session.learner.model, weights.publish_vector)
     last_health_check = time.monotonic()
     try:
         while not session.done and not stop_requested.is_set():
@@ -218,6 +220,7 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
                 last_health_check = time.monotonic()
                 session.show_progress()
     finally:
+        publish.close()
         pool.stop()
         if server is not None:
             server.join(5.0)
