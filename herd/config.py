@@ -58,6 +58,10 @@ class GeneralConfig:
     save_replay: bool = opt(True, "save the replays' contents (LZ4-packed) with every checkpoint; turn off for very large buffers")
     device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda", ("cpu", "auto", "cuda"))
     algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER) or apex (Ape-X: prioritized replay, n-step double dueling DQN; its own defaults, see README)", tuple(ALGORITHMS))
+    # -- run names (issue 29) --
+    name: Optional[str] = opt(None, "a name for the run: its folder is <results_dir>/<name>_<env>_<algorithm>_<date-time>")
+    tag: Optional[str] = opt(None, "labels for the run, comma-separated (kept in config.json; the folder name carries them after the name; herd plot ignores both when grouping)")
+    # -- end run names
     actor_inference: str = opt("auto", "who chooses the actors' actions: local (each actor runs the model on its CPU), server (one batched inference server on --device for all actors), auto (server when the device is cuda)", ("auto", "local", "server"))
 
 
@@ -124,6 +128,7 @@ class ParallelConfig:
     ray_address: str = opt("local", "Ray backend: where the actors run. local: a private Ray started on this machine (loopback only, no dashboard, token auth, shut down at the end); auto: the cluster started on this machine with `ray start --head`; host:port: the head of a Ray cluster (its GCS port, 6379 unless changed)")
     actor_cpus: float = opt(1.0, "Ray backend: CPUs each actor reserves on its node (below 1: several actors share a core; above 1: a whole number); actors spread over the nodes that have room")
     replay_server: bool = opt(False, "Ray backend, Ape-X: keep the replay in its own Ray actor (a replay server) instead of in the learner process: actors' rollouts go to it without passing through the learner, which only receives sampled batches and sends priorities back; checkpoints still hold the replay")
+    ray_compress_obs: bool = opt(False, "Ray backend: actors LZ4-compress observations before they leave their node, the learner (or replay server) decompresses: on Pong 12x fewer bytes on the network per step at no measured cost in actor frames/s; pays where the learner's network link limits throughput (docs/netns-cluster.md)")
     replay_server_node: str = opt("learner", "Ray backend, --replay_server: the node it runs on. learner: the learner's node (it reserves no Ray CPU there, as the learner does not); or a node id (hex, as `ray list nodes` and summary.json show): it then reserves 1 CPU there, which no actor gets")
     # --- the inference servers (issue 27, herd/inference, docs/inference.md) ---
     inference_servers: Optional[int] = opt(None, "with --actor_inference=server: batched inference servers on --device, actor i served by server i mod N; unset: from the machine (one per 8 actors on a GPU, one on a CPU)")
@@ -406,7 +411,8 @@ def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
         names.append("learner_thread_count")        # from the cores and the precision
     if kind == "atari":
         names.append("learner_compile")             # long Atari runs (apply_profile)
-    names.append("learner_capture")                 # a CUDA learner (apply_profile)
+    if device.type == "cuda":
+        names.append("learner_capture")             # one CUDA graph per update (apply_profile)
     bf16, why = bf16_choice(device)
     return {"hardware": {"device": device.type, "cpu_cores": os.cpu_count() or 1, "bf16_units": bf16,
                          "bf16_because": why},

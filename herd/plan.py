@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,8 @@ def ignored_placement(placement: dict[str, Any], cfg: Config) -> dict[str, Any]:
     flat = cfg.to_flat()
     return {name: value for name, value in placement.items()
             if not isinstance(value, (str, int, float, bool, type(None))) or value != flat[name]}
+    # What made the run (herd.provenance, set by run.py): written to config.json and summary.json.
+    provenance: dict[str, Any] = field(default_factory=dict)
 
 
 def env_kwargs(cfg: Config) -> dict[str, Any]:

@@ -30,8 +30,8 @@ from herd.errors import ActorFailure, LearnerFailure, ReplayLost, SaveFailed, Tr
 from herd.eval_worker import EvalSpec, Evaluator
 from herd.inference import ServerOptions
 from herd.learner.batches import DirectBatches, PrefetchedBatches, ReplayElsewhere
-from herd.learner.distributed import (GroupSync, LearnerGroup, broadcast_state, free_port, join_group, leave_group,
-                                      share_of, short_reason)
+from herd.learner.distributed import (GroupSync, LearnerGroup, broadcast_state, join_group, leave_group,
+                                      private_rendezvous, share_of, short_reason)
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.session import SessionOptions, TrainingSession
 from herd.models import build_model, model_signature, observation_normalizer
@@ -125,7 +125,8 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
                           "model_signature": model_signature(model), "run_dir": str(run_dir)},
         max_bad_updates=cfg.train.max_bad_updates, save_replay=cfg.general.save_replay,
         max_policy_lag=cfg.train.max_policy_lag, metric_names=algorithm.metric_names,
-        description={"algorithm": algorithm.name, **algorithm.describe_optimization(cfg)}, primary=primary,
+        description={"algorithm": algorithm.name, **algorithm.describe_optimization(cfg),
+                     "provenance": plan.provenance}, primary=primary,
         least_exploring_actor=algorithm.least_exploring_actor(cfg.parallel.worker_count))
     metrics = RunMetrics(run_dir, cfg.stats.tensorboard, options.train_columns(), background=cfg.stats.background_save,
                          episode_columns=options.episode_columns()) if primary else None
@@ -300,17 +301,22 @@ def one_line(err: BaseException) -> str:
 
 
 def launch_learners(plan: Plan, run_dir: Path) -> int:
-    """Learner 0 runs here; learners 1..N-1 in spawned processes, all on 127.0.0.1:<free port>.
-    Returns 1 when any learner failed."""
+    """Learner 0 runs here; learners 1..N-1 in spawned processes; they meet through a file in
+    a private folder and talk over the loopback interface. Returns 1 when any learner failed."""
+    with private_rendezvous() as rendezvous:
+        return run_learners(plan, run_dir, rendezvous)
+
+
+def run_learners(plan: Plan, run_dir: Path, rendezvous: str) -> int:
     cfg = plan.cfg
-    count, port = cfg.parallel.learner_count, free_port()
+    count = cfg.parallel.learner_count
     context = mp.get_context("spawn")
     # The others never load the replay (only the primary's is saved): don't pickle it to them.
     light = Plan(**{**plan.__dict__, "checkpoint": None if plan.checkpoint is None else
                     {k: v for k, v in plan.checkpoint.items() if k != "replay"}})
     # Not daemonic: a learner starts actor processes of its own.
     others = [context.Process(target=learner_process, name=f"herd-learner-{rank}",
-                              args=(rank, count, port, light, run_dir)) for rank in range(1, count)]
+                              args=(rank, count, rendezvous, light, run_dir)) for rank in range(1, count)]
     for process in others:
         process.start()
     log.info("%d learners (pids %s); each trains on %d of every %d trajectories", count,
@@ -319,7 +325,8 @@ def launch_learners(plan: Plan, run_dir: Path) -> int:
     code = 1
     try:
         try:
-            group = join_group(0, count, learner_device(cfg.general.device).type, cfg.parallel.learner_timeout, port)
+            group = join_group(0, count, learner_device(cfg.general.device).type, cfg.parallel.learner_timeout,
+                               rendezvous)
         except Exception as err:  # the store or gloo: a learner that never came
             log.error("the %d learners did not all start within --learner_timeout=%g s (%s): nothing was trained",
                       count, cfg.parallel.learner_timeout, short_reason(err))
@@ -338,7 +345,7 @@ def launch_learners(plan: Plan, run_dir: Path) -> int:
     return code
 
 
-def learner_process(rank: int, count: int, port: int, plan: Plan, run_dir: Path) -> None:
+def learner_process(rank: int, count: int, rendezvous: str, plan: Plan, run_dir: Path) -> None:
     """A learner other than the primary, in its own process (launch_learners)."""
     learner_logging(rank, plan.cfg.general.debug)
     seed = plan.cfg.general.seed + rank
@@ -348,7 +355,7 @@ def learner_process(rank: int, count: int, port: int, plan: Plan, run_dir: Path)
     use_deterministic_algorithms(plan.cfg.general.reproducible)
     try:
         group = join_group(rank, count, learner_device(plan.cfg.general.device).type,
-                           plan.cfg.parallel.learner_timeout, port)
+                           plan.cfg.parallel.learner_timeout, rendezvous)
         code = train_learner(plan, run_dir, group)
     finally:
         leave_group()

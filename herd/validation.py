@@ -303,6 +303,9 @@ def validate_ray(cfg: Config) -> None:
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"--ray_address must be local, auto or host:port (e.g. 10.0.0.5:6379), got '{excerpt(address)}'")
     check_replay_server(cfg)
+    if p.ray_compress_obs and p.multiprocessing_backend != "ray":
+        raise ConfigError("--ray_compress_obs=True compresses what Ray actors send between nodes: it needs "
+                          "--multiprocessing_backend=ray (local actors share memory with the learner: drop it)")
     if p.multiprocessing_backend != "ray":
         return
     if (p.learner_count or 1) > 1:

@@ -86,9 +86,17 @@ def log_text(results: Path) -> str:
 
 
 def actor_pids(process) -> set[int]:
-    """The herd process's children other than multiprocessing's resource tracker."""
+    """The herd process's child processes other than multiprocessing's resource tracker,
+    counting those its actors' fork server (herd/backends/start.py) forked as its own."""
     import psutil
-    return {c.pid for c in psutil.Process(process.pid).children() if "resource_tracker" not in " ".join(c.cmdline())}
+    pids = set()
+    for child in psutil.Process(process.pid).children():
+        command = " ".join(child.cmdline())
+        if "multiprocessing.forkserver" in command:
+            pids.update(grandchild.pid for grandchild in child.children())
+        elif "resource_tracker" not in command:
+            pids.add(child.pid)
+    return pids
 
 
 def sigint_blocked_in(pid: int) -> bool:

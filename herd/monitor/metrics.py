@@ -109,9 +109,9 @@ def dashboard_layout(train_columns: list[str]) -> dict:
                      "policy lag (updates)": ["Multiline", ["train/policy_lag"]]},
         "learner": {"losses": ["Multiline", [f"train/{c}" for c in losses]],
                     "gradient norm and learning rate": ["Multiline", ["train/grad_norm", "train/lr"]]},
-        "hardware": {"CPU % per process": ["Multiline", [r"hardware/.*/cpu_percent"]],
-                     "memory MiB per process": ["Multiline", [r"hardware/.*/rss_mib"]],
-                     "replay MiB, GPU watts": ["Multiline", [r"hardware/.*/value"]]},
+        "hardware": {"CPU % per process": ["Multiline", [r"hardware/.*/cpu"]],
+                     "memory MiB per process": ["Multiline", [r"hardware/.*/(rss|memory_used)"]],
+                     "replay MiB, GPU watts": ["Multiline", [r"hardware/replay/stored", r"hardware/gpu.*/power"]]},
     }
 
 
