@@ -4,15 +4,12 @@ import json
 import pytest
 
 from herd.cli import build_seed_parser, explicit_options, parse_herd_args
+from herd_testing import kind_of
 from herd.config import (ConfigError, Config, apply_profile, batch_shares, parse_replay_parameters, resolve)
 
 
 MIXED = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
          '{"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]')      # the seed's replays
-
-
-def kind_of(env_id):
-    return "atari" if env_id.endswith("NoFrameskip-v4") else "vector"
 
 
 def test_seed_flags_parse_verbatim():

@@ -1,7 +1,6 @@
 """Ape-X end to end on the local backend: a short CartPole run (marks of the least exploring
 actor, Ape-X's metrics, target network and priorities in the checkpoint), an exact resume,
 a greedy `herd test`; and a Pong smoke run stopped with Ctrl+C and resumed."""
-import csv
 import json
 import os
 import signal
@@ -9,18 +8,13 @@ import signal
 import numpy as np
 import torch
 
-from herd_testing import cli, killed_at_exit, only_run, run_cli, start_cli, wait_for  # noqa: F401 (cli: a fixture)
+from herd_testing import killed_at_exit, only_run, read_rows, run_cli, start_cli, wait_for
 from herd.checkpoint import list_checkpoints, load_checkpoint
 
 CARTPOLE = ["--env=CartPole-v1", "--algorithm=apex", "--worker_count=2", "--envs_per_worker=4", "--r_f_steps=8",
             "--batch_size=32", "--training_fill_in_factor=0.1", "--seed=3", "--save_model_period=40",
             "--target_update_period=25", "--replay_ratio=4",
             '--replay_parameters=[{"type": "prioritized", "capacity": 100, "sample_ratio": 1}]']
-
-
-def read_rows(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def test_cartpole_run_resume_and_greedy_test(cli, tmp_path):

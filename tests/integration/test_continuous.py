@@ -5,14 +5,13 @@ video; and a MuJoCo video rendered headless with the OpenGL platform herd picks.
 import csv
 import json
 import math
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from herd_testing import ROOT, only_run, run_cli
+from herd_testing import ROOT, no_display_env, only_run, run_cli
 from herd.checkpoint import load_checkpoint
 
 ELITE = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "custom", "capacity": 64, '
@@ -20,11 +19,6 @@ ELITE = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "cust
          '"lambda_batch_multiplier": 4}]')
 SMALL = ["--worker_count=1", "--envs_per_worker=4", "--batch_size=4", "--r_f_steps=16", "--save_model_period=25",
          "--tensorboard=False", "--hardware_interval=0", "--basic_verbose=False"]
-
-
-def no_display_env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL")}
-    return {**env, **extra}
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from herd_testing import ROOT, cli, killed_at_exit, start_cli, wait_for  # noqa: F401 (cli: a fixture)
+from herd_testing import ROOT, killed_at_exit, start_cli, wait_for
 
 TINY = {"env": "CartPole-v1", "environment_max_steps": 2000, "tensorboard": False}
 

@@ -14,8 +14,9 @@ import psutil
 import pytest
 from ray.cluster_utils import Cluster
 
-from herd_testing import RAY_NODE, ROOT, killed_at_exit, loopback_ray_cluster, only_run, run_cli, start_cli, wait_for
-from herd.checkpoint import list_checkpoints, load_checkpoint
+from herd_testing import (RAY_NODE, ROOT, killed_at_exit, log_text, loopback_ray_cluster, newest_update, only_run, run_cli,
+                          start_cli, wait_for)
+from herd.checkpoint import load_checkpoint
 
 WORKER_CPUS = 2
 # Small CartPole runs: 2 actors x 8 envs x 8 steps, batch 8.
@@ -73,17 +74,6 @@ def test_cartpole_learns_with_every_actor_on_the_worker_nodes(cluster, tmp_path)
     assert summary["actor_nodes"] and set(summary["actor_nodes"]) <= worker_ids(cluster), summary["actor_nodes"]
     assert sum(summary["actor_nodes"].values()) == 2 and summary["actor_restarts"] == 0
     assert summary["learner_node"] == cluster.head_node.node_id
-
-
-def log_text(results) -> str:
-    logs = list(results.glob("*/log.txt"))
-    return logs[0].read_text() if logs else ""
-
-
-def newest_update(results) -> int:
-    runs = list(results.glob("*/checkpoints"))
-    found = list_checkpoints(runs[0]) if runs else []
-    return int(found[0].stem.split("_")[1]) if found else 0
 
 
 @pytest.fixture(scope="module")

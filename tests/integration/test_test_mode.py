@@ -6,7 +6,6 @@ import hashlib
 import importlib.util
 import io
 import json
-import os
 import subprocess
 import sys
 
@@ -14,10 +13,9 @@ import gymnasium as gym
 import imageio.v2 as imageio
 import numpy as np
 import pytest
-import torch
 
-from herd_testing import (ANGLE_ONLY, BALANCER, ROOT, copy_of_run, fixed_action, fixed_policy_state, only_run,
-                          run_cli)
+from herd_testing import (ANGLE_ONLY, BALANCER, ROOT, copy_of_run, fixed_action, fixed_policy_state, no_display_env,
+                          only_run, run_cli)
 from herd.checkpoint import load_checkpoint, save_checkpoint
 from herd.evaluate import MAX_TEST_ENVS, VIDEO_EPISODES, ProgressBar, split_episodes
 
@@ -27,10 +25,6 @@ QUEUE_ONLY = '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_rati
 
 def folder_hashes(folder):
     return {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
-
-
-def no_display_env():
-    return {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
 
 
 def fixed_policy_run(small_cartpole_run, folder, w):
