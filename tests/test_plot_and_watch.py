@@ -2,6 +2,7 @@
 import csv
 import io
 import json
+import os
 
 import numpy as np
 import pytest
@@ -63,11 +64,49 @@ def test_replay_lists_that_differ_late_get_different_short_labels(tmp_path):
                               "replays: queue 0.5 + standard 0.5 (1 run)"]
 
 
-def test_plot_writes_figures_per_configuration_or_compared(tmp_path):
-    runs = [make_run(tmp_path, n, s, r, [1, 2, 3]) for n, s, r in (("a1", 1, "u"), ("a2", 2, "u"), ("b", 1, "e"))]
+def recorded_figures(monkeypatch) -> dict:
+    """file name -> the matplotlib Figure saved under it (still written to disk as well)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    figures, save = {}, Figure.savefig
+
+    def recording(self, fname, *args, **kwargs):
+        figures[os.path.basename(str(fname))] = self
+        return save(self, fname, *args, **kwargs)
+    monkeypatch.setattr(Figure, "savefig", recording)
+    return figures
+
+
+def test_plot_writes_figures_per_configuration_or_compared(tmp_path, monkeypatch):
+    """Catches figures that are written but wrong (empty axes, one run's curve in place of
+    the group's mean, no spread band, a train.csv column on the wrong panel or against the
+    wrong axis): the saved figures' lines are read back and compared with the numbers the
+    synthetic runs hold, not just their PNG bytes."""
+    figures = recorded_figures(monkeypatch)
+    scores = {"a1": [1, 2, 3], "a2": [3, 4, 5], "b": [10, 10, 10]}
+    runs = [make_run(tmp_path, n, s, r, scores[n]) for n, s, r in (("a1", 1, "u"), ("a2", 2, "u"), ("b", 1, "e"))]
     compared = plot_runs([str(r) for r in runs], str(tmp_path / "cmp"), compare=True)
     assert sorted(p.name for p in compared) == ["score_vs_steps.png", "score_vs_time.png", "training.png"]
-    assert all(p.read_bytes().startswith(b"\x89PNG") and p.stat().st_size > 5000 for p in compared)
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in compared)
+    ax = figures["score_vs_steps.png"].axes[0]
+    assert ax.get_xlabel() == "environment steps"
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    uniform = next(line for label, line in lines.items() if "=u (2 runs)" in label)
+    elite = next(line for label, line in lines.items() if "=e (1 run)" in label)
+    # Moving averages over 2 games: a1 1, 1.5, 2.5 and a2 3, 3.5, 4.5 at steps 10, 20, 30.
+    x, y = uniform.get_data()
+    assert x[0] == 10 and x[-1] == 30 and y[0] == pytest.approx(2.0) and y[-1] == pytest.approx(3.5)
+    assert np.allclose(elite.get_ydata(), 10.0)
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]        # the min..max band of the 2-run group
+    assert len(ax.collections) == 1 and band.min() == pytest.approx(1.0) and band.max() == pytest.approx(4.5)
+    assert figures["score_vs_time.png"].axes[0].get_xlabel() == "seconds of training"
+    panels = {panel.get_title(): panel for panel in figures["training.png"].axes}
+    loss = panels["loss"].get_lines()
+    assert len(loss) == 3 and all(np.allclose(line.get_xdata(), [10, 20, 30]) for line in loss)
+    assert all(np.allclose(line.get_ydata(), [1.0, 0.5, 1 / 3]) for line in loss)
+    assert all(np.allclose(line.get_ydata(), 1234.0) for line in panels["frames per second"].get_lines())
+    assert panels["policy-gradient loss"].get_lines() == []          # not in these train.csv files
     separate = plot_runs([str(r) for r in runs], str(tmp_path / "sep"))
     assert len(separate) == 6 and len({p.parent for p in separate}) == 2
     with pytest.raises(UserError, match="not a herd run folder"):
