@@ -6,10 +6,18 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 
+from herd_testing import wait_for
+
 from herd.monitor.hardware import COLUMNS, HardwareMonitor, nvml_gpus
+
+
+def cpu_seconds(process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def test_a_busy_process_shows_its_cpu_and_an_ended_one_disappears(tmp_path):
@@ -18,10 +26,16 @@ def test_a_busy_process_shows_its_cpu_and_an_ended_one_disappears(tmp_path):
     try:
         processes = {"learner": os.getpid(), "actor-0": busy.pid, "actor-1": idle.pid}
         monitor = HardwareMonitor(tmp_path, lambda: dict(processes), lambda: 3 * 2**20, interval=60)
+        spinner = psutil.Process(busy.pid)
+        used, started = cpu_seconds(spinner), time.monotonic()
         monitor.sample()                                   # the baseline reading of each process
-        time.sleep(1.0)
+        # Wait for CPU time used, not for wall time: on a loaded machine the spinning child
+        # gets a fraction of a core, so a fixed sleep gave it too little to tell from idle.
+        assert wait_for(lambda: cpu_seconds(spinner) - used >= 0.5, 120), "the spinning child got no CPU in 120 s"
         rows = {row["source"]: row for row in monitor.sample()}
-        assert rows["actor-0"]["cpu_percent"] > 40 and rows["actor-1"]["cpu_percent"] < 20
+        share = 100 * (cpu_seconds(spinner) - used) / (time.monotonic() - started)   # % of one core, measured here
+        assert rows["actor-0"]["cpu_percent"] == pytest.approx(share, rel=0.3)
+        assert rows["actor-1"]["cpu_percent"] < rows["actor-0"]["cpu_percent"] / 5
         assert rows["learner"]["rss_mib"] > 10 and rows["actor-0"]["pid"] == busy.pid
         assert 0 <= rows["system"]["cpu_percent"] <= 100 and rows["system"]["rss_mib"] > 0
         assert rows["replay"]["value"] == 3.0

@@ -103,7 +103,7 @@ def test_kill_9_while_checkpointing_leaves_a_loadable_checkpoint(tmp_path):
 
 def test_start_up_slower_than_the_actor_timeout_is_not_a_hang(stopped_run):
     # Actors take seconds to import torch and build their envs (the first ones, and the
-    # replacement of the killed one); the 2 s timeout applies only once an actor has
+    # replacement of the killed one); the 15 s timeout applies only once an actor has
     # delivered its first rollout. Only the actor that was made to hang was called hung.
     log = (stopped_run["run"] / "log.txt").read_text().splitlines()
     died = [line for line in log if " died " in line]

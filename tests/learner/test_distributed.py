@@ -116,13 +116,11 @@ def run_scenario(rank: int, group, scenario: str, out: str) -> dict | None:
                 time.sleep(0.1)
             os._exit(0)
         learner = new_learner(model, "adam", sync.exchange)
-        started = time.monotonic()
         try:
             learner.step(impala_batch(T, B, A, seed=0))
             result["error"] = None
         except LearnerFailure as err:
             result["error"] = str(err)
-        result["seconds"] = time.monotonic() - started
         open(released, "w").close()
     result["final"] = params(model)
     return result
@@ -214,7 +212,8 @@ def test_a_stop_vote_means_nobody_applies_the_round(shared):
 def test_a_learner_that_dies_is_noticed_at_once_not_after_the_timeout(shared):
     (first,) = shared["dies"]
     assert first["error"] is not None and "lost the other learners" in first["error"], first["error"]
-    assert first["seconds"] < 30           # the group's timeout is 120 s
+    # Noticed by the closed connection, not by the group's 120 s timeout running out.
+    assert "Timed out" not in first["error"] and "closed" in first["error"], first["error"]
 
 
 def test_learner_group_saver_is_the_first_survivor():
@@ -229,7 +228,8 @@ def test_learner_group_saver_is_the_first_survivor():
 def test_a_learner_that_hangs_is_given_up_after_the_timeout(tmp_path):
     (first,) = run_pair(tmp_path, "hangs")
     assert first["error"] is not None and "lost the other learners" in first["error"], first["error"]
-    assert HANG_TIMEOUT - 1 <= first["seconds"] < 4 * HANG_TIMEOUT, first["seconds"]
+    # Given up by the group's own timeout (gloo names it), not by a closed connection.
+    assert f"Timed out waiting {HANG_TIMEOUT * 1000:.0f}ms" in first["error"], first["error"]
 
 
 def test_one_learner_without_a_group_skips_a_non_finite_loss_as_before():
