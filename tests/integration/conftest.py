@@ -39,18 +39,18 @@ def stopped_run(tmp_path_factory):
         blocked = {"first actors": all(sigint_blocked_in(pid) for pid in (killed, hung))}
         assert wait_for(lambda: newest_update(results) > 0, 60), "no checkpoint: the run does not train"
         psutil.Process(killed).kill()
-        assert wait_for(lambda: "died" in log_text(results), 30)
-        assert wait_for(lambda: actor_pids(process) - {killed, hung}, 30), "the killed actor was not replaced"
+        assert wait_for(lambda: "died" in log_text(results), 20)
+        assert wait_for(lambda: actor_pids(process) - {killed, hung}, 20), "the killed actor was not replaced"
         replacement = (actor_pids(process) - {killed, hung}).pop()
         blocked["replacement"] = sigint_blocked_in(replacement)
         psutil.Process(hung).suspend()
-        assert wait_for(lambda: "delivered nothing" in log_text(results), 120), "the stopped actor was not called hung"
-        assert wait_for(lambda: hung not in actor_pids(process), 60), "the hung actor was kept"
+        assert wait_for(lambda: "delivered nothing" in log_text(results), 60), "the stopped actor was not called hung"
+        assert wait_for(lambda: hung not in actor_pids(process), 20), "the hung actor was kept"
         updates_after_both = newest_update(results)
-        assert wait_for(lambda: newest_update(results) > updates_after_both, 60), "no training after the replacements"
+        assert wait_for(lambda: newest_update(results) > updates_after_both, 30), "no training after the replacements"
         children = psutil.Process(process.pid).children(recursive=True)
         os.killpg(process.pid, signal.SIGINT)          # Ctrl+C in a terminal signals the whole group
-        _, err = process.communicate(timeout=30)
+        _, err = process.communicate(timeout=20)
     return {"run": only_run(results), "returncode": process.returncode, "stderr": err, "children": children,
             "killed": killed, "hung": hung, "replacement": replacement, "updates_after_both": updates_after_both,
             "sigint_blocked": blocked}

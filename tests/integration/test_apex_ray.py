@@ -116,6 +116,7 @@ def assert_same(saved, loaded, where="replay"):
         assert saved == loaded, where
 
 
+@pytest.mark.timeout(540)   # the sum of its inner budgets (120 + 120 + 60 + 120 + 60 s), and a margin
 def test_ctrl_c_saves_the_servers_replay_which_resumes_in_the_server_or_the_learner(cluster, tmp_path):
     address = f"--ray_address={cluster.address}"
     first = tmp_path / "first"

@@ -22,6 +22,7 @@ def custom_sampler_state(state: dict) -> dict:
     return state["replay"]["replays"][0]["sampler"]
 
 
+@pytest.mark.timeout(660)   # the sum of its inner budgets (60 + 240 + 60 + 240 s), and a margin
 def test_seed_elite_command_runs_verbatim_and_resumes_its_replay(tmp_path):
     # Verbatim: no flag added; the run folder lands in results/ under the working directory.
     process = subprocess.Popen([sys.executable, str(ROOT / "main.py"), *SEED_ELITE], cwd=tmp_path,

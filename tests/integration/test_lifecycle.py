@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import psutil
+import pytest
 
 from herd_testing import SMALL_RUN as SMALL, any_alive, newest_update, only_run, run_cli, start_cli, wait_for
 from herd.checkpoint import load_checkpoint
@@ -25,6 +26,7 @@ def test_a_hung_actor_is_replaced_and_training_goes_on(stopped_run):
     assert state["counters"]["updates"] > stopped_run["updates_after_both"]
 
 
+@pytest.mark.timeout(560)   # the sum of its inner budgets (10 + 240 + 240 s), and a margin
 def test_ctrl_c_saves_and_resume_continues(stopped_run, tmp_path):
     assert stopped_run["returncode"] == 0, stopped_run["stderr"][-2000:]
     assert wait_for(lambda: not any_alive(stopped_run["children"]), 10)

@@ -88,13 +88,13 @@ def stopped_ray_run(cluster, tmp_path_factory):
                                    "--environment_max_steps=100000000", "--save_model_period=20"],
                                   results)) as process:
         try:
-            assert wait_for(lambda: "first update" in log_text(results), 90), "no update within 90 s"
+            assert wait_for(lambda: "first update" in log_text(results), 75), "no update within 75 s"
             victims = rollout_workers(cluster)
             assert victims
             victims[0].kill()                               # an actor's process dies (kill -9)
-            assert wait_for(lambda: "died" in log_text(results), 30)
+            assert wait_for(lambda: "died" in log_text(results), 20)
             # A node that runs an actor now (the restarted actor may have joined the other one).
-            assert wait_for(lambda: any(rollout_workers(cluster, [n]) for n in cluster.worker_nodes), 30)
+            assert wait_for(lambda: any(rollout_workers(cluster, [n]) for n in cluster.worker_nodes), 20)
             lost = next(n for n in cluster.worker_nodes if rollout_workers(cluster, [n]))
             cluster.remove_node(lost, allow_graceful=False)  # a whole node: its raylet and its actors
 
@@ -110,11 +110,11 @@ def stopped_ray_run(cluster, tmp_path_factory):
                 return restarts >= 2 and latest == {"actor 0 ": "runs", "actor 1 ": "runs"}
             assert wait_for(restarted_and_running, 60), log_text(results)
             updates = newest_update(results)
-            assert wait_for(lambda: newest_update(results) > updates, 60), "no training after the node was lost"
+            assert wait_for(lambda: newest_update(results) > updates, 45), "no training after the node was lost"
             working = rollout_workers(cluster)
             os.killpg(process.pid, signal.SIGINT)          # Ctrl+C in a terminal signals the whole group
-            _, err = process.communicate(timeout=60)
-            gone = wait_for(lambda: not rollout_workers(cluster), 20)
+            _, err = process.communicate(timeout=45)
+            gone = wait_for(lambda: not rollout_workers(cluster), 15)
         finally:
             cluster.add_node(num_cpus=WORKER_CPUS, **RAY_NODE)
     return {"run": only_run(results), "returncode": process.returncode, "stderr": err, "working": working,
