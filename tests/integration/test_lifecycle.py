@@ -10,7 +10,8 @@ import numpy as np
 import psutil
 import pytest
 
-from herd_testing import SMALL_RUN as SMALL, any_alive, newest_update, only_run, run_cli, start_cli, wait_for
+from herd_testing import (SMALL_RUN as SMALL, actor_pids, any_alive, killed_at_exit, log_text, newest_update, only_run,
+                          run_cli, start_cli, wait_for)
 from herd.checkpoint import load_checkpoint
 
 def test_a_killed_actor_is_replaced(stopped_run):
@@ -124,3 +125,30 @@ def test_a_diverging_run_stops_with_a_clear_message_and_finite_weights(tmp_path)
     assert json.loads((run / "summary.json").read_text())["ended"] == "diverged"
     state, _ = load_checkpoint(run)
     assert all(np.isfinite(v.numpy()).all() for v in state["model"].values())
+
+
+def test_actors_failing_past_the_restart_budget_end_the_run(tmp_path):
+    """--max_actor_restarts=1: the first killed actor is replaced, the second failure ends
+    the run with an error, its summary saying why, and the actors gone. Catches a budget
+    that is never checked (a run whose actors crash at start would restart them forever)
+    or one that ends the run at the first restart."""
+    results = tmp_path / "budget"
+    process = start_cli(["train", *SMALL, "--environment_max_steps=100000000", "--max_actor_restarts=1",
+                         "--actor_timeout=60", "--tensorboard=False"], results)
+    with killed_at_exit(process):
+        assert wait_for(lambda: len(actor_pids(process)) >= 2, 60), "the actors never started"
+        assert wait_for(lambda: "first update" in log_text(results), 90), "no update within 90 s"
+        first = min(actor_pids(process))
+        psutil.Process(first).kill()
+        assert wait_for(lambda: "died" in log_text(results), 30)
+        assert wait_for(lambda: len(actor_pids(process) - {first}) >= 2, 30), "the first killed actor was not replaced"
+        assert process.poll() is None, "one restart (within the budget of 1) ended the run"
+        second = min(actor_pids(process) - {first})
+        children = psutil.Process(process.pid).children(recursive=True)
+        psutil.Process(second).kill()
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 1, err[-2000:]
+    assert "actors failed 2 times (more than --max_actor_restarts=1)" in err
+    summary = json.loads((only_run(results) / "summary.json").read_text())
+    assert summary["ended"] == "actors failed" and summary["actor_restarts"] == 2
+    assert wait_for(lambda: not any_alive(children), 30), "actors outlived the run"
