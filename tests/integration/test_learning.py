@@ -62,8 +62,8 @@ def test_apex_learns_cartpole_on_the_local_backend(tmp_path):
     """Ape-X (prioritized replay, n-step double dueling DQN, per-actor epsilon) with its
     CartPole defaults on the local backend. Random play averages about 22. Threshold: a
     best 100-game average of 200 over all actors (the exploring ones included) at 100,000
-    steps. Measured on the loaded 2-core Xeon (load 14-24, 2026-11-25): seeds 1 and 2
-    reached 408 and 412 in 334-395 s: 2 of 2 pass; this test runs seed 1.
+    steps. Measured on the loaded 2-core Xeon (load 14-24, 2026-11-25): seeds 1, 2, 3
+    reached 408, 412, 393 in 245-395 s: 3 of 3 pass; this test runs seed 1.
     (benchmarks/results/apex_cartpole.json: 5 of 5 seeds solve it greedily at 170,000.)
     Catches broken priorities, targets, n-step returns or epsilon schedule."""
     summary = learned(tmp_path, ["--env=CartPole-v1", "--algorithm=apex", "--seed=1"], 100_000, timeout=600)
