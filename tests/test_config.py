@@ -5,7 +5,8 @@ import pytest
 
 from herd.cli import build_seed_parser, explicit_options, parse_herd_args
 from herd_testing import kind_of
-from herd.config import (ConfigError, Config, apply_profile, batch_shares, parse_replay_parameters, resolve)
+from herd.config import (ConfigError, Config, apply_profile, batch_shares, parse_eval_interval, parse_replay_parameters,
+                         resolve)
 
 
 MIXED = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
@@ -203,3 +204,10 @@ def test_apex_has_its_own_defaults_per_kind_and_the_command_line_still_wins():
     assert impala.train.replay_ratio is None and impala.train.target_update_period is None
     cartpole.validate()
     pong.validate()
+
+
+def test_interval_in_updates_or_seconds():
+    assert parse_eval_interval("500") == (500, None) and parse_eval_interval("60s") == (None, 60.0)
+    for bad in ("0", "-5", "1.5", "fast", "infs", "nans"):
+        with pytest.raises(ConfigError, match="--eval_interval"):
+            parse_eval_interval(bad)

@@ -2,17 +2,7 @@
 import csv
 import os
 
-import pytest
-
 from herd_testing import only_run, read_rows, run_cli
-from herd.config import ConfigError, parse_eval_interval
-
-
-def test_interval_in_updates_or_seconds():
-    assert parse_eval_interval("500") == (500, None) and parse_eval_interval("60s") == (None, 60.0)
-    for bad in ("0", "-5", "1.5", "fast", "infs", "nans"):
-        with pytest.raises(ConfigError, match="--eval_interval"):
-            parse_eval_interval(bad)
 
 
 def test_a_run_evaluates_every_n_updates_and_records_a_video(tmp_path):
