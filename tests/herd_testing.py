@@ -1,5 +1,7 @@
 """Run herd as a user would: in a subprocess, from the repository root; and, for refusals
-that write nothing, the same CLI in this process (the `cli` fixture)."""
+that write nothing, the same CLI in this process (cli_in_process_runner, behind the `cli`
+fixture of tests/conftest.py). One home for the helpers tests share: run folders, metric
+rows, log text, environments without a display."""
 from __future__ import annotations
 
 import os
@@ -10,7 +12,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,6 +78,27 @@ def newest_update(results: Path) -> int:
     runs = [p for p in results.iterdir() if p.is_dir()] if results.exists() else []
     found = list_checkpoints(runs[0] / "checkpoints") if runs else []
     return int(found[0].stem.split("_")[1]) if found else 0
+
+
+def read_rows(path: Path) -> list[dict]:
+    """A metric file's rows (csv with a header) as dicts of strings; [] while it does not exist."""
+    import csv
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def kind_of(env_id: str) -> str:
+    """The env kind config.resolve asks for, without probing the environment."""
+    return "atari" if env_id.endswith("NoFrameskip-v4") else "vector"
+
+
+def no_display_env(**extra) -> dict:
+    """This process's environment without a display (nor MuJoCo's GL choice), plus `extra`:
+    a child sees what a headless server would give it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL")}
+    return {**env, **extra}
 
 
 def log_text(results: Path) -> str:
@@ -307,19 +329,3 @@ def cli_in_process_runner(capfd):
         return CliResult(code, out, err + "".join(line + "\n" for line in extra))
 
     return run, lambda: _restore_process_state(saved)
-
-
-@pytest.fixture
-def cli(capfd):
-    """The CLI in this process (cli_in_process_runner); afterwards the CLI must have given
-    back the signal handlers and cleared its stop event (herd/cli.py promises that to
-    in-process callers), and everything else a run may touch is put back as it was."""
-    run, restore = cli_in_process_runner(capfd)
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    yield run
-    from herd import stopping
-    leaked = {sig: signal.getsignal(sig) for sig in before if signal.getsignal(sig) is not before[sig]}
-    stopped = stopping.STOP.is_set()
-    restore()
-    assert not leaked, f"the CLI left its signal handlers installed: {leaked}"
-    assert not stopped, "the CLI left its stop event set"

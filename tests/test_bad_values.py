@@ -2,13 +2,10 @@
 now refused by validate() with one line naming the option (no process, nothing written)."""
 import pytest
 
+from herd_testing import kind_of
 from herd.config import ConfigError, resolve
 from herd.validation import max_worker_count
 from herd.plan import check_results_dir
-
-
-def kind_of(env_id):
-    return "atari" if env_id.endswith("NoFrameskip-v4") else "vector"
 
 
 def validated(**options):

@@ -93,3 +93,43 @@ def test_a_save_removes_the_temp_files_of_killed_saves_only(tmp_path):
     assert not any(path.exists() for path in stale)
     assert in_progress.exists() and unrelated.exists()
     assert sorted(p.name for p in folder.iterdir()) == sorted([saved.name, in_progress.name, unrelated.name])
+
+
+def test_a_save_keeps_the_newest_checkpoints_by_update_not_by_name(tmp_path):
+    """Catches retention that keeps every checkpoint (the disk fills in a long run), deletes
+    the newest, or orders by file name or time instead of update, and a foreign file in
+    the checkpoint folder taken for a checkpoint or deleted."""
+    folder = tmp_path / CHECKPOINT_DIR
+    folder.mkdir()
+    (folder / "notes.txt").write_text("the user's")                    # not ours: never read nor deleted
+    (folder / "ckpt_best.pt").write_bytes(b"x")
+    for update in (9, 10, 100, 11, 2):                                  # out of order on purpose
+        save_checkpoint({**small_state(), "counters": {"updates": update}}, tmp_path, update=update, keep=3)
+    assert [p.name for p in list_checkpoints(folder)] == [f"ckpt_{u:010d}.pt" for u in (100, 11, 10)]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["notes.txt", "ckpt_best.pt"] + [f"ckpt_{u:010d}.pt" for u in (10, 11, 100)])
+    state, path = load_checkpoint(tmp_path)
+    assert path.name == f"ckpt_{100:010d}.pt" and state["counters"]["updates"] == 100
+
+
+def test_a_checkpoint_of_an_unknown_format_version_is_refused(tmp_path):
+    """Catches a loader that reads a format it does not know (a newer herd's file, whose
+    keys may mean other things) instead of refusing it in one line."""
+    path = save_checkpoint(small_state(), tmp_path, update=1)
+    state = torch.load(path, weights_only=True)
+    state["format_version"] = 3
+    state.pop("checksum")
+    state["checksum"] = checksum(state)                                # a well-formed file, only newer
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="has format version 3, this herd reads versions 1 and 2"):
+        load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("content", [{"model": {"w": torch.zeros(2)}}, [1, 2, 3], torch.zeros(3)])
+def test_a_torch_file_that_is_no_herd_checkpoint_is_refused(tmp_path, content):
+    """Catches a foreign torch file (someone else's weights, a tensor) loaded as a herd
+    checkpoint and failing later with a KeyError instead of one line."""
+    path = tmp_path / "foreign.pt"
+    torch.save(content, path)
+    with pytest.raises(CheckpointError, match="is not a herd checkpoint"):
+        load_checkpoint(path)

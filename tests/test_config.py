@@ -4,15 +4,13 @@ import json
 import pytest
 
 from herd.cli import parse_herd_args, parse_seed_args
-from herd.config import (ConfigError, Config, apply_profile, batch_shares, parse_replay_parameters, resolve)
+from herd_testing import kind_of
+from herd.config import (ConfigError, Config, apply_profile, batch_shares, parse_eval_interval, parse_replay_parameters,
+                         resolve)
 
 
 MIXED = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
          '{"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]')      # the seed's replays
-
-
-def kind_of(env_id):
-    return "atari" if env_id.endswith("NoFrameskip-v4") else "vector"
 
 
 def test_seed_flags_parse_verbatim():
@@ -211,3 +209,10 @@ def test_apex_has_its_own_defaults_per_kind_and_the_command_line_still_wins():
     assert impala.train.replay_ratio is None and impala.train.target_update_period is None
     cartpole.validate()
     pong.validate()
+
+
+def test_interval_in_updates_or_seconds():
+    assert parse_eval_interval("500") == (500, None) and parse_eval_interval("60s") == (None, 60.0)
+    for bad in ("0", "-5", "1.5", "fast", "infs", "nans"):
+        with pytest.raises(ConfigError, match="--eval_interval"):
+            parse_eval_interval(bad)

@@ -6,10 +6,18 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 
+from herd_testing import wait_for
+
 from herd.monitor.hardware import COLUMNS, HardwareMonitor, nvml_gpus
+
+
+def cpu_seconds(process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def test_a_busy_process_shows_its_cpu_and_an_ended_one_disappears(tmp_path):
@@ -18,14 +26,18 @@ def test_a_busy_process_shows_its_cpu_and_an_ended_one_disappears(tmp_path):
     try:
         processes = {"learner": os.getpid(), "actor-0": busy.pid, "actor-1": idle.pid}
         monitor = HardwareMonitor(tmp_path, lambda: dict(processes), lambda: 3 * 2**20, interval=60)
+        spinner = psutil.Process(busy.pid)
+        used, started = cpu_seconds(spinner), time.monotonic()
         monitor.sample()                                   # the baseline reading of each process
-        time.sleep(1.0)
+        # Wait for CPU time used, not for wall time: on a loaded machine the spinning child
+        # gets a fraction of a core, so a fixed sleep gave it too little to tell from idle.
+        assert wait_for(lambda: cpu_seconds(spinner) - used >= 0.5, 120), "the spinning child got no CPU in 120 s"
         sample = monitor.sample()
+        share = 100 * (cpu_seconds(spinner) - used) / (time.monotonic() - started)   # % of one core, measured here
         rows = {(row["source"], row["metric"]): (row["value"], row["unit"]) for row in sample}
-        # The busy loop gets what a loaded machine leaves it (16% at load 12 on 2 cores),
-        # the sleeping one next to nothing.
         busy_cpu, idle_cpu = rows["actor-0", "cpu"][0], rows["actor-1", "cpu"][0]
-        assert busy_cpu >= 10 and idle_cpu < busy_cpu / 5 and rows["actor-0", "cpu"][1] == "%"
+        assert busy_cpu == pytest.approx(share, rel=0.3) and rows["actor-0", "cpu"][1] == "%"
+        assert idle_cpu < busy_cpu / 5
         assert rows["learner", "rss"][0] > 10 and rows["learner", "rss"][1] == "MiB"
         assert 0 <= rows["system", "cpu"][0] <= 100 and rows["system", "memory_used"][0] > 0
         assert rows["replay", "stored"] == (3.0, "MiB")

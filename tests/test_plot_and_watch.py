@@ -2,6 +2,7 @@
 import csv
 import io
 import json
+import os
 
 import numpy as np
 import pytest
@@ -64,8 +65,28 @@ def test_replay_lists_that_differ_late_get_different_short_labels(tmp_path):
                               "replays: queue 0.5 + standard 0.5 (1 run)"]
 
 
-def test_plot_writes_figures_per_configuration_or_compared(tmp_path):
-    runs = [make_run(tmp_path, n, s, r, [1, 2, 3]) for n, s, r in (("a1", 1, "u"), ("a2", 2, "u"), ("b", 1, "e"))]
+def recorded_figures(monkeypatch) -> dict:
+    """file name -> the matplotlib Figure saved under it (still written to disk as well)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    figures, save = {}, Figure.savefig
+
+    def recording(self, fname, *args, **kwargs):
+        figures[os.path.basename(str(fname))] = self
+        return save(self, fname, *args, **kwargs)
+    monkeypatch.setattr(Figure, "savefig", recording)
+    return figures
+
+
+def test_plot_writes_figures_per_configuration_or_compared(tmp_path, monkeypatch):
+    """Catches figures that are written but wrong (empty axes, one run's curve in place of
+    the group's mean, no spread band, a train.csv column on the wrong panel or against the
+    wrong axis): the saved figures' lines are read back and compared with the numbers the
+    synthetic runs hold, not just their PNG bytes."""
+    figures = recorded_figures(monkeypatch)
+    scores = {"a1": [1, 2, 3], "a2": [3, 4, 5], "b": [10, 10, 10]}
+    runs = [make_run(tmp_path, n, s, r, scores[n]) for n, s, r in (("a1", 1, "u"), ("a2", 2, "u"), ("b", 1, "e"))]
     compared = plot_runs([str(r) for r in runs], str(tmp_path / "cmp"), compare=True)
     assert sorted(p.name for p in compared) == ["score_vs_steps.png", "score_vs_time.png", "training.png"]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in compared)

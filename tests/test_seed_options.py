@@ -4,6 +4,7 @@ thread (background_save)."""
 import io
 import threading
 
+from herd_testing import wait_for
 from herd.actors.actor import ActorProgress
 from herd.monitor.metrics import CsvTable
 
@@ -42,8 +43,9 @@ def test_background_save_writes_from_its_own_thread(tmp_path, monkeypatch):
     table = CsvTable(tmp_path / "t.csv", ["a", "b"], flush_seconds=0.05, background=True)
     for i in range(50):
         table.add(a=i, b=2 * i)           # never writes itself
-    deadline = threading.Event()
-    deadline.wait(0.5)
+    # The background thread's flush is the event waited for (no fixed sleep: a loaded
+    # machine may not run the thread within any given time).
+    assert wait_for(lambda: bool(writers), 120), "the background thread never flushed"
     table.add(a=50, b=100)
     table.close()                         # the rest, at close
     rows = (tmp_path / "t.csv").read_text().splitlines()

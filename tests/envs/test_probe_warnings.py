@@ -5,7 +5,6 @@ import warnings
 import gymnasium as gym
 
 from herd.envs import EnvError, env_kind
-from herd_testing import cli  # noqa: F401 (cli: a fixture)
 
 
 def missing_dependency(**kwargs):

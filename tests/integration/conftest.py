@@ -26,30 +26,31 @@ def stopped_run(tmp_path_factory):
     """One run that meets what a long run meets, each step waited for in the run's own
     files: it trains (a first checkpoint), one actor is killed (kill -9) and replaced, the
     other hangs (SIGSTOP: alive, delivering nothing) and is replaced after --actor_timeout
-    (2 s, the least allowed), training goes on with both replacements (a newer
+    (15 s: a healthy actor starved of CPU on a loaded machine must not pass for hung; with
+    the least allowed, 2 s, one did and failed six tests), training goes on with both replacements (a newer
     checkpoint), then Ctrl+C. Tests of the lifecycle, of start-up signals and of resuming
     with several learners each check their part of it."""
     results = tmp_path_factory.mktemp("lifecycle") / "first"
     process = start_cli(["train", *SMALL_RUN, "--environment_max_steps=100000000", "--verbose_learner_out_int=1",
-                         "--save_model_period=50", "--actor_timeout=2"], results)
+                         "--save_model_period=50", "--actor_timeout=15"], results)
     with killed_at_exit(process):
         assert wait_for(lambda: len(actor_pids(process)) >= 2, 60)
         killed, hung = sorted(actor_pids(process))
         blocked = {"first actors": all(sigint_blocked_in(pid) for pid in (killed, hung))}
         assert wait_for(lambda: newest_update(results) > 0, 60), "no checkpoint: the run does not train"
         psutil.Process(killed).kill()
-        assert wait_for(lambda: "died" in log_text(results), 30)
-        assert wait_for(lambda: actor_pids(process) - {killed, hung}, 30), "the killed actor was not replaced"
+        assert wait_for(lambda: "died" in log_text(results), 20)
+        assert wait_for(lambda: actor_pids(process) - {killed, hung}, 20), "the killed actor was not replaced"
         replacement = (actor_pids(process) - {killed, hung}).pop()
         blocked["replacement"] = sigint_blocked_in(replacement)
         psutil.Process(hung).suspend()
-        assert wait_for(lambda: "delivered nothing" in log_text(results), 30)
-        assert wait_for(lambda: hung not in actor_pids(process), 30), "the hung actor was kept"
+        assert wait_for(lambda: "delivered nothing" in log_text(results), 60), "the stopped actor was not called hung"
+        assert wait_for(lambda: hung not in actor_pids(process), 20), "the hung actor was kept"
         updates_after_both = newest_update(results)
-        assert wait_for(lambda: newest_update(results) > updates_after_both, 60), "no training after the replacements"
+        assert wait_for(lambda: newest_update(results) > updates_after_both, 30), "no training after the replacements"
         children = psutil.Process(process.pid).children(recursive=True)
         os.killpg(process.pid, signal.SIGINT)          # Ctrl+C in a terminal signals the whole group
-        _, err = process.communicate(timeout=30)
+        _, err = process.communicate(timeout=20)
     return {"run": only_run(results), "returncode": process.returncode, "stderr": err, "children": children,
             "killed": killed, "hung": hung, "replacement": replacement, "updates_after_both": updates_after_both,
             "sigint_blocked": blocked}

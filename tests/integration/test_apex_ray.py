@@ -3,7 +3,6 @@
 nodes, loopback addresses only, token auth), with the replay in a replay server actor
 (--replay_server=True) and in the learner. One cluster and one trained run serve several
 tests (each herd run costs seconds to start)."""
-import csv
 import json
 import os
 import re
@@ -14,7 +13,7 @@ import psutil
 import pytest
 import torch
 
-from herd_testing import killed_at_exit, loopback_ray_cluster, only_run, run_cli, start_cli, wait_for
+from herd_testing import killed_at_exit, loopback_ray_cluster, only_run, read_rows, run_cli, start_cli, wait_for
 from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints, load_checkpoint
 
 WORKER_CPUS = 2
@@ -47,11 +46,6 @@ def trained(cluster, tmp_path_factory):
     assert result.returncode == 0, result.stderr[-3000:]
     run = only_run(results)
     return run, json.loads((run / "summary.json").read_text())
-
-
-def read_rows(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def test_actors_on_the_worker_nodes_feed_the_replay_server(cluster, trained):
@@ -122,6 +116,7 @@ def assert_same(saved, loaded, where="replay"):
         assert saved == loaded, where
 
 
+@pytest.mark.timeout(540)   # the sum of its inner budgets (120 + 120 + 60 + 120 + 60 s), and a margin
 def test_ctrl_c_saves_the_servers_replay_which_resumes_in_the_server_or_the_learner(cluster, tmp_path):
     address = f"--ray_address={cluster.address}"
     first = tmp_path / "first"

@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from herd_testing import cli, copy_of_run, corrupt_first_weight, run_cli  # noqa: F401 (cli: a fixture)
+from herd_testing import copy_of_run, corrupt_first_weight, run_cli
 from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints
 
 

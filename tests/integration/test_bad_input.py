@@ -7,7 +7,7 @@ library, the memory check), also run as real `herd` and `python main.py` process
 the exit code, the single line and the absence of a traceback are the process's own."""
 import pytest
 
-from herd_testing import cli, run_cli  # noqa: F401 (cli: a fixture)
+from herd_testing import run_cli
 
 CASES = [
     (["--env=CartPole-v1", "--replay_parameters=[{\"type\": \"queue\""], "not valid JSON"),

@@ -5,14 +5,13 @@ video; and a MuJoCo video rendered headless with the OpenGL platform herd picks.
 import csv
 import json
 import math
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from herd_testing import ROOT, only_run, run_cli
+from herd_testing import ROOT, no_display_env, only_run, read_rows, run_cli
 from herd.checkpoint import load_checkpoint
 
 ELITE = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "custom", "capacity": 64, '
@@ -20,11 +19,6 @@ ELITE = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "cust
          '"lambda_batch_multiplier": 4}]')
 SMALL = ["--worker_count=1", "--envs_per_worker=4", "--batch_size=4", "--r_f_steps=16", "--save_model_period=25",
          "--tensorboard=False", "--hardware_interval=0", "--basic_verbose=False"]
-
-
-def no_display_env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL")}
-    return {**env, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +39,12 @@ def test_training_with_gaussian_actions_normalisation_and_elite_replay(pendulum_
     assert config["normalize_observations"] is True and config["reward_scale"] == 0.1      # the profile
     summary = json.loads((pendulum_run / "summary.json").read_text())
     assert summary["training_steps"] > 0 and summary["environment_steps"] >= 2048
-    assert -2000 < summary["last_average_score"] < 0                                      # raw Pendulum scores
+    # The summary's score is the raw game score (not the 0.1-scaled reward the learner sees):
+    # the mean of the last avg_buff_size games of episodes.csv, each a 200-step Pendulum game.
+    games = read_rows(pendulum_run / "episodes.csv")
+    assert games and all(int(g["length"]) == 200 for g in games)
+    last = [float(g["score"]) for g in games[-int(config["avg_buff_size"]):]]
+    assert summary["last_average_score"] == pytest.approx(sum(last) / len(last), abs=0.01)
     state, _ = load_checkpoint(pendulum_run)
     # The learner counted every observation of every rollout it ingested, exactly once.
     assert normaliser_count(state) == summary["environment_steps"]

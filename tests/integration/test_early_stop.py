@@ -4,13 +4,11 @@ with SIGINT blocked, so a Ctrl+C to the group cannot kill them mid-import."""
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import torch.multiprocessing as mp
 
-from herd_testing import ROOT, cli, killed_at_exit, only_run, run_cli, start_cli, wait_for  # noqa: F401
+from herd_testing import killed_at_exit, only_run, run_cli, start_cli, wait_for
 
 from herd.checkpoint import load_checkpoint
 from herd.stopping import sigint_blocked

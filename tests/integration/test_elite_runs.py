@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from herd_testing import ROOT, killed_at_exit, only_run, run_cli, wait_for
+from herd_testing import ROOT, killed_at_exit, log_text, only_run, run_cli, wait_for
 from herd.checkpoint import load_checkpoint
 
 SEED_ELITE = ["--op_mode=train", "--env=PongNoFrameskip-v4", "--environment_max_steps=1000000",
@@ -18,15 +18,11 @@ SEED_ELITE = ["--op_mode=train", "--env=PongNoFrameskip-v4", "--environment_max_
               '{"type": "queue", "capacity": 1, "sample_ratio": 0.5}]']
 
 
-def log_text(run) -> str:
-    path = run / "log.txt"
-    return path.read_text() if path.exists() else ""
-
-
 def custom_sampler_state(state: dict) -> dict:
     return state["replay"]["replays"][0]["sampler"]
 
 
+@pytest.mark.timeout(660)   # the sum of its inner budgets (60 + 240 + 60 + 240 s), and a margin
 def test_seed_elite_command_runs_verbatim_and_resumes_its_replay(tmp_path):
     # Verbatim: no flag added; the run folder lands in results/ under the working directory.
     process = subprocess.Popen([sys.executable, str(ROOT / "main.py"), *SEED_ELITE], cwd=tmp_path,
@@ -36,12 +32,12 @@ def test_seed_elite_command_runs_verbatim_and_resumes_its_replay(tmp_path):
         assert wait_for(lambda: results.exists() and any(results.iterdir()), 60)
         # Start-up, 2,000 steps of warm-up (200 trajectories), then updates: the first one
         # is logged at once (train.csv would show one only at update 50, 25,000 steps later).
-        assert wait_for(lambda: "first update" in log_text(only_run(results)), 240), "no update within 240 s"
+        assert wait_for(lambda: "first update" in log_text(results), 240), "no update within 240 s"
         os.killpg(process.pid, signal.SIGINT)
         _, err = process.communicate(timeout=60)
     assert process.returncode == 0, err[-2000:]
     run = only_run(results)
-    first = next(line for line in log_text(run).splitlines() if "first update" in line)
+    first = next(line for line in log_text(results).splitlines() if "first update" in line)
     assert int(first.split(" after ")[1].split()[0]) >= 2000          # not before the warm-up was done
     state, _ = load_checkpoint(run)
     updates = state["counters"]["updates"]

@@ -2,17 +2,7 @@
 import csv
 import os
 
-import pytest
-
-from herd_testing import only_run, run_cli
-from herd.config import ConfigError, parse_eval_interval
-
-
-def test_interval_in_updates_or_seconds():
-    assert parse_eval_interval("500") == (500, None) and parse_eval_interval("60s") == (None, 60.0)
-    for bad in ("0", "-5", "1.5", "fast", "infs", "nans"):
-        with pytest.raises(ConfigError, match="--eval_interval"):
-            parse_eval_interval(bad)
+from herd_testing import only_run, read_rows, run_cli
 
 
 def test_a_run_evaluates_every_n_updates_and_records_a_video(tmp_path):
@@ -30,13 +20,6 @@ def test_a_run_evaluates_every_n_updates_and_records_a_video(tmp_path):
     assert all(int(r["episodes"]) == 3 and 1 <= float(r["min"]) <= float(r["mean"]) <= float(r["max"]) <= 500
                for r in rows)
     assert (run / "eval_videos" / f"eval_{updates[0]:08d}.mp4").stat().st_size > 1000
-
-
-def read_rows(path):
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def cartpole_evaluator(tmp_path, model_kwargs):

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from herd_testing import ROOT, cli  # noqa: F401 (cli: a fixture)
+from herd_testing import ROOT
 
 from herd.checkpoint import list_checkpoints, load_checkpoint
 

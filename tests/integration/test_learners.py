@@ -10,7 +10,7 @@ import sys
 import psutil
 import pytest
 
-from herd_testing import ROOT, any_alive, cli, killed_at_exit, only_run, run_cli, start_cli, wait_for  # noqa: F401
+from herd_testing import ROOT, any_alive, killed_at_exit, only_run, run_cli, start_cli, wait_for
 from herd.checkpoint import list_checkpoints, load_checkpoint
 from herd.monitor.metrics import EPISODE_COLUMNS
 

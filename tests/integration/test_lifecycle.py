@@ -8,8 +8,10 @@ import time
 
 import numpy as np
 import psutil
+import pytest
 
-from herd_testing import SMALL_RUN as SMALL, any_alive, newest_update, only_run, run_cli, start_cli, wait_for
+from herd_testing import (SMALL_RUN as SMALL, actor_pids, any_alive, killed_at_exit, log_text, newest_update, only_run,
+                          run_cli, start_cli, wait_for)
 from herd.checkpoint import load_checkpoint
 
 def test_a_killed_actor_is_replaced(stopped_run):
@@ -25,6 +27,7 @@ def test_a_hung_actor_is_replaced_and_training_goes_on(stopped_run):
     assert state["counters"]["updates"] > stopped_run["updates_after_both"]
 
 
+@pytest.mark.timeout(560)   # the sum of its inner budgets (10 + 240 + 240 s), and a margin
 def test_ctrl_c_saves_and_resume_continues(stopped_run, tmp_path):
     assert stopped_run["returncode"] == 0, stopped_run["stderr"][-2000:]
     assert wait_for(lambda: not any_alive(stopped_run["children"]), 10)
@@ -103,7 +106,7 @@ def test_kill_9_while_checkpointing_leaves_a_loadable_checkpoint(tmp_path):
 
 def test_start_up_slower_than_the_actor_timeout_is_not_a_hang(stopped_run):
     # Actors take seconds to import torch and build their envs (the first ones, and the
-    # replacement of the killed one); the 2 s timeout applies only once an actor has
+    # replacement of the killed one); the 15 s timeout applies only once an actor has
     # delivered its first rollout. Only the actor that was made to hang was called hung.
     log = (stopped_run["run"] / "log.txt").read_text().splitlines()
     died = [line for line in log if " died " in line]
@@ -122,3 +125,30 @@ def test_a_diverging_run_stops_with_a_clear_message_and_finite_weights(tmp_path)
     assert json.loads((run / "summary.json").read_text())["ended"] == "diverged"
     state, _ = load_checkpoint(run)
     assert all(np.isfinite(v.numpy()).all() for v in state["model"].values())
+
+
+def test_actors_failing_past_the_restart_budget_end_the_run(tmp_path):
+    """--max_actor_restarts=1: the first killed actor is replaced, the second failure ends
+    the run with an error, its summary saying why, and the actors gone. Catches a budget
+    that is never checked (a run whose actors crash at start would restart them forever)
+    or one that ends the run at the first restart."""
+    results = tmp_path / "budget"
+    process = start_cli(["train", *SMALL, "--environment_max_steps=100000000", "--max_actor_restarts=1",
+                         "--actor_timeout=60", "--tensorboard=False"], results)
+    with killed_at_exit(process):
+        assert wait_for(lambda: len(actor_pids(process)) >= 2, 60), "the actors never started"
+        assert wait_for(lambda: "first update" in log_text(results), 90), "no update within 90 s"
+        first = min(actor_pids(process))
+        psutil.Process(first).kill()
+        assert wait_for(lambda: "died" in log_text(results), 30)
+        assert wait_for(lambda: len(actor_pids(process) - {first}) >= 2, 30), "the first killed actor was not replaced"
+        assert process.poll() is None, "one restart (within the budget of 1) ended the run"
+        second = min(actor_pids(process) - {first})
+        children = psutil.Process(process.pid).children(recursive=True)
+        psutil.Process(second).kill()
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 1, err[-2000:]
+    assert "actors failed 2 times (more than --max_actor_restarts=1)" in err
+    summary = json.loads((only_run(results) / "summary.json").read_text())
+    assert summary["ended"] == "actors failed" and summary["actor_restarts"] == 2
+    assert wait_for(lambda: not any_alive(children), 30), "actors outlived the run"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from herd_testing import cli, only_run, run_cli  # noqa: F401 (cli: a fixture)
+from herd_testing import only_run, run_cli
 from herd.checkpoint import load_checkpoint
 
 ELITE = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "custom", "capacity": 40, '

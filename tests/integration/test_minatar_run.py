@@ -7,11 +7,13 @@ import subprocess
 import sys
 
 import imageio.v2 as imageio
+import pytest
 
 from herd_testing import ROOT, only_run, run_cli
 from herd.checkpoint import load_checkpoint
 
 
+@pytest.mark.timeout(480)   # the sum of its inner budgets (240 + 180 s), and a margin
 def test_minatar_trains_and_tests_with_a_video(tmp_path):
     result = run_cli(["train", "--env=MinAtar/Breakout-v1", "--environment_max_steps=1000", "--seed=1",
                       "--worker_count=1", "--envs_per_worker=4", "--batch_size=4", "--tensorboard=False"],

@@ -14,8 +14,9 @@ import psutil
 import pytest
 from ray.cluster_utils import Cluster
 
-from herd_testing import RAY_NODE, ROOT, killed_at_exit, loopback_ray_cluster, only_run, run_cli, start_cli, wait_for
-from herd.checkpoint import list_checkpoints, load_checkpoint
+from herd_testing import (RAY_NODE, ROOT, killed_at_exit, log_text, loopback_ray_cluster, newest_update, only_run, run_cli,
+                          start_cli, wait_for)
+from herd.checkpoint import load_checkpoint
 
 WORKER_CPUS = 2
 # Small CartPole runs: 2 actors x 8 envs x 8 steps, batch 8.
@@ -75,17 +76,6 @@ def test_cartpole_learns_with_every_actor_on_the_worker_nodes(cluster, tmp_path)
     assert summary["learner_node"] == cluster.head_node.node_id
 
 
-def log_text(results) -> str:
-    logs = list(results.glob("*/log.txt"))
-    return logs[0].read_text() if logs else ""
-
-
-def newest_update(results) -> int:
-    runs = list(results.glob("*/checkpoints"))
-    found = list_checkpoints(runs[0]) if runs else []
-    return int(found[0].stem.split("_")[1]) if found else 0
-
-
 @pytest.fixture(scope="module")
 def stopped_ray_run(cluster, tmp_path_factory):
     """One Ray run that meets failures, then Ctrl+C, each step waited for in the run's own
@@ -131,6 +121,8 @@ def stopped_ray_run(cluster, tmp_path_factory):
             "actors_gone": gone, "lost": lost, "updates_after_loss": updates}
 
 
+# The stopped_ray_run fixture (its waits: 350 s at most) runs inside the first test that asks for it.
+@pytest.mark.timeout(660)   # the fixture and its own budgets (2 x 120 s), and a margin
 def test_ctrl_c_saves_and_the_run_resumes_on_either_backend(stopped_ray_run, tmp_path):
     assert stopped_ray_run["returncode"] == 0, stopped_ray_run["stderr"][-3000:]
     # The cluster-side work stopped with the run: its actors are gone from the worker nodes.
@@ -163,6 +155,7 @@ def test_ctrl_c_saves_and_the_run_resumes_on_either_backend(stopped_ray_run, tmp
     assert "private cluster on 127.0.0.1" in (only_run(again) / "log.txt").read_text()
 
 
+@pytest.mark.timeout(420)   # the stopped_ray_run fixture's waits (350 s), and a margin
 def test_a_killed_actor_and_a_lost_node_do_not_end_the_run(stopped_ray_run):
     state, _ = load_checkpoint(stopped_ray_run["run"])
     assert state["counters"]["updates"] > stopped_ray_run["updates_after_loss"]      # it trained on after both

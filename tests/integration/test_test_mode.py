@@ -4,9 +4,7 @@ same games played without herd; the progress bar, and the MP4 recorded when ther
 display."""
 import hashlib
 import importlib.util
-import io
 import json
-import os
 import subprocess
 import sys
 
@@ -14,10 +12,9 @@ import gymnasium as gym
 import imageio.v2 as imageio
 import numpy as np
 import pytest
-import torch
 
-from herd_testing import ANGLE_ONLY, BALANCER, ROOT, fixed_action, fixed_policy_run, only_run, run_cli
-from herd.evaluate import MAX_TEST_ENVS, VIDEO_EPISODES, ProgressBar, split_episodes
+from herd_testing import ANGLE_ONLY, BALANCER, ROOT, fixed_action, fixed_policy_run, no_display_env, only_run, run_cli
+from herd.evaluate import MAX_TEST_ENVS, VIDEO_EPISODES, split_episodes
 
 SOLVED = 475
 QUEUE_ONLY = '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 1}]'
@@ -27,8 +24,6 @@ def folder_hashes(folder):
     return {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
 
 
-def no_display_env():
-    return {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
 
 
 @pytest.fixture(scope="module")
@@ -155,27 +150,3 @@ def test_render_records_an_mp4_when_there_is_no_display(pong_run, tmp_path):
     assert len(frames) == 1 + VIDEO_EPISODES * 200
     # Full-size RGB screens, not the agent's 84x84 grayscale input.
     assert frames[0].shape == (210, 160, 3)
-
-
-def test_progress_bar_redraws_on_a_terminal_and_prints_lines_otherwise():
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-
-    log_file, terminal = io.StringIO(), Terminal()
-    for stream in (log_file, terminal):
-        bar = ProgressBar(4, stream)
-        bar.last = 0.0                                     # as if the last line were long ago
-        bar.update([10.0])
-        bar.update([10.0, 20.0])                           # too soon after the previous line: skipped
-        bar.update([10.0, 20.0, 30.0, 40.0], force=True)
-    assert log_file.getvalue().count("\n") == 2 and "\r" not in log_file.getvalue()
-    assert "1/4 episodes, mean 10.0" in log_file.getvalue() and "4/4 episodes, mean 25.0" in log_file.getvalue()
-    assert terminal.getvalue().startswith("\r") and terminal.getvalue().count("\r") == 2
-    assert terminal.getvalue().endswith("\n") and "2/4" not in terminal.getvalue()
-
-
-def test_each_env_plays_a_fixed_share_of_the_games():
-    assert split_episodes(100, 8) == [13, 13, 13, 13, 12, 12, 12, 12]
-    assert split_episodes(3, 8) == [1, 1, 1]
-    assert sum(split_episodes(1001, 7)) == 1001

@@ -7,21 +7,12 @@ import functools
 import pytest
 import torch
 
+from impala_testing import impala_batch
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
 
 T, B, A = 5, 4, 6
-
-
-def batch(obs_shape, obs_dtype) -> dict:
-    g = torch.Generator().manual_seed(0)
-    obs = (torch.randint(0, 255, (T + 1, B, *obs_shape), dtype=torch.uint8, generator=g) if obs_dtype == "uint8"
-           else torch.randn(T + 1, B, *obs_shape, generator=g))
-    return {"obs": obs, "action": torch.randint(0, A, (T, B), generator=g), "reward": torch.randn(T, B, generator=g),
-            "done": torch.zeros(T, B, dtype=torch.bool), "trunc_value": torch.zeros(T, B),
-            "behaviour_logits": torch.randn(T, B, A, generator=g), "behaviour_value": torch.randn(T, B, generator=g),
-            "replayed": torch.zeros(B, dtype=torch.bool)}
 
 
 def learner(model, **options) -> Learner:
@@ -39,7 +30,7 @@ def gradient(l: Learner, data) -> torch.Tensor:
 def test_bf16_update_follows_the_float32_update():
     torch.manual_seed(0)
     model = build_model("nature_cnn", (4, 84, 84), "uint8", A, None)
-    data = batch((4, 84, 84), "uint8")
+    data = impala_batch(T, B, A, (4, 84, 84), "uint8")
     fp32 = gradient(learner(copy.deepcopy(model)), data)
     bf16 = learner(copy.deepcopy(model), precision="bf16")
     step16 = gradient(bf16, data)
@@ -51,7 +42,7 @@ def test_bf16_update_follows_the_float32_update():
 def test_compiled_learner_gives_the_same_update_and_plain_checkpoint_keys():
     torch.manual_seed(0)
     model = build_model("mlp", (4,), "float32", A, 8, hidden_sizes=(16,))
-    data = batch((4,), "float32")
+    data = impala_batch(T, B, A, (4,), "float32")
     eager, compiled = learner(copy.deepcopy(model)), learner(copy.deepcopy(model), compile_model=True)
     for _ in range(2):
         metrics_eager, metrics_compiled = eager.step(data), compiled.step(data)

@@ -5,19 +5,12 @@ import functools
 
 import torch
 
+from impala_testing import impala_batch
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
 
 T, B, A, OBS = 5, 4, 3, (6,)
-
-
-def batch() -> dict:
-    g = torch.Generator().manual_seed(1)
-    return {"obs": torch.randn(T + 1, B, *OBS, generator=g), "action": torch.randint(0, A, (T, B), generator=g),
-            "reward": torch.randn(T, B, generator=g), "done": torch.zeros(T, B, dtype=torch.bool),
-            "trunc_value": torch.zeros(T, B), "behaviour_logits": torch.randn(T, B, A, generator=g),
-            "behaviour_value": torch.randn(T, B, generator=g), "replayed": torch.zeros(B, dtype=torch.bool)}
 
 
 def make_learner(lr: float, optimizer: str = "adam") -> Learner:
@@ -33,7 +26,7 @@ def test_an_update_that_overflows_the_weights_is_undone():
     # RMSprop's first step is lr * g / (0.1 |g|): 1e39, beyond float32, from a finite lr.
     learner = make_learner(lr=1e38, optimizer="rmsprop")
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
-    metrics = learner.step(batch())
+    metrics = learner.step(impala_batch(T, B, A, OBS, seed=1))
     assert metrics["skipped"] == 1.0 and torch.isfinite(torch.tensor(metrics["grad_norm"]))
     after = learner.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -46,7 +39,7 @@ def test_an_update_that_overflows_the_weights_is_undone():
 def test_a_normal_update_is_kept():
     learner = make_learner(lr=1e-3)
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
-    metrics = learner.step(batch())
+    metrics = learner.step(impala_batch(T, B, A, OBS, seed=1))
     assert metrics["skipped"] == 0.0 and learner.scheduler.last_epoch == 1
     after = learner.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)

@@ -190,11 +190,36 @@ def test_kl_mask_off_keeps_everything_and_all_masked_is_finite():
 
 
 def test_single_step_single_column():
+    """One replayed step with every term on, against the loss written out by hand in plain
+    floats: catches a term with the wrong sign, weight, clipping or bootstrap, a cloning KL
+    the wrong way round, or a value gradient that flows through the target (a finite loss,
+    which was all this checked before, is what each of those defects still gives)."""
     batch, out = make_case(T=1, B=1, A=3, replayed=[True])
     w = ImpalaLossWeights(use_policy_cloning=True, use_value_cloning=True, use_kl_mask=True, kl_div_threshold=5.0)
     loss, metrics = impala_loss(batch, out, w)
     loss.backward()
-    assert math.isfinite(metrics["loss"]) and out.logits.grad is not None
+
+    pi = [float(p) for p in torch.softmax(out.logits.detach()[0, 0], -1)]
+    mu = [float(p) for p in torch.softmax(batch["behaviour_logits"][0, 0], -1)]
+    a, r = int(batch["action"][0, 0]), float(batch["reward"][0, 0])
+    value = out.value.detach()
+    v0, v1, v_mu = float(value[0, 0]), float(value[1, 0]), float(batch["behaviour_value"][0, 0])
+    discount = 0.0 if bool(batch["done"][0, 0]) else w.gamma
+    assert sum(p * math.log(p / m) for p, m in zip(pi, mu)) <= 5.0       # the LASER mask keeps the step
+    rho = min(1.0, pi[a] / mu[a])
+    advantage = rho * (r + discount * v1 - v0)                          # = vs - V(x_0) for one step
+    expected = {"pg_loss": -math.log(pi[a]) * advantage, "value_loss": 0.5 * advantage ** 2,
+                "entropy": -sum(p * math.log(p) for p in pi),
+                "policy_cloning_loss": sum(m * math.log(m / p) for p, m in zip(pi, mu)),   # KL(mu || pi)
+                "value_cloning_loss": (v0 - v_mu) ** 2}
+    expected["loss"] = (expected["pg_loss"] + 0.5 * expected["value_loss"] - 0.01 * expected["entropy"]
+                        + 0.05 * expected["policy_cloning_loss"] + 0.005 * expected["value_cloning_loss"])
+    for name, value in expected.items():
+        assert float(metrics[name]) == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    assert float(loss.detach()) == pytest.approx(expected["loss"], rel=1e-5)
+    # d/dV0 of 0.5 * 0.5 (vs - V0)^2 (vs a target) + 0.005 (V0 - V_mu)^2; V(x_1) is a bootstrap.
+    assert float(out.value.grad[0, 0]) == pytest.approx(-0.5 * advantage + 0.01 * (v0 - v_mu), rel=1e-5, abs=1e-6)
+    assert float(out.value.grad[1, 0]) == 0.0
 
 
 def test_rejects_wrong_output_length():

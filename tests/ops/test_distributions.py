@@ -1,14 +1,12 @@
 """The action distributions against torch.distributions and closed forms: the Gaussian's
-log-probability, entropy and KL, sampling, and the categorical object being exactly the
-functions discrete IMPALA used before it existed."""
+log-probability, entropy and KL, sampling, and the categorical one against torch.distributions and its softmax."""
 import math
 
 import pytest
 import torch
 from torch.distributions import Independent, Normal, kl_divergence as torch_kl
 
-from herd.ops.distributions import (Categorical, DiagGaussian, action_log_probs, entropy, get_distribution,
-                                    kl_divergence)
+from herd.ops.distributions import Categorical, DiagGaussian, get_distribution
 
 T, B, A = 5, 3, 4
 
@@ -56,17 +54,34 @@ def test_split_and_join_are_inverse():
     assert DiagGaussian.param_size(A) == 2 * A and DiagGaussian.action_shape(A) == (A,)
 
 
-def test_categorical_is_the_old_functions_bit_for_bit():
+def test_categorical_matches_torch_distributions():
+    """Catches a wrong log-probability, entropy or KL (a sign, a missing log-softmax, the
+    KL's arguments swapped): each is compared with torch.distributions' own Categorical,
+    not with the functions herd's Categorical calls."""
+    from torch.distributions import Categorical as TorchCategorical
     g = torch.Generator().manual_seed(4)
-    logits, other = torch.randn(T, B, A, generator=g), torch.randn(T, B, A, generator=g)
+    logits, other = torch.randn(T, B, A, generator=g) * 2, torch.randn(T, B, A, generator=g) * 2
     actions = torch.randint(A, (T, B), generator=g)
-    assert torch.equal(Categorical.log_prob(logits, actions), action_log_probs(logits, actions))
-    assert torch.equal(Categorical.entropy(logits), entropy(logits))
-    assert torch.equal(Categorical.kl(logits, other), kl_divergence(logits, other))
-    flat = logits[0]
-    expected = torch.multinomial(torch.softmax(flat, -1), 1, generator=torch.Generator().manual_seed(5)).squeeze(1)
-    assert torch.equal(Categorical.sample(flat, torch.Generator().manual_seed(5)), expected)
+    p, q = TorchCategorical(logits=logits), TorchCategorical(logits=other)
+    torch.testing.assert_close(Categorical.log_prob(logits, actions), p.log_prob(actions))
+    torch.testing.assert_close(Categorical.entropy(logits), p.entropy())
+    torch.testing.assert_close(Categorical.kl(logits, other), torch_kl(p, q))
+    assert torch.all(Categorical.kl(logits, logits).abs() < 1e-6)
     assert Categorical.join(*Categorical.split(logits)) is logits
+
+
+def test_categorical_sampling_frequencies_follow_the_softmax():
+    """Catches a sampler that ignores the logits, samples from the logits themselves or
+    from the wrong axis: 40,000 draws per row, each action's frequency within 0.015 of its
+    softmax probability (6 standard deviations: sqrt(p (1 - p) / N) <= 0.0025), and the
+    generator decides the draws."""
+    logits = torch.tensor([[2.0, 0.0, -1.0, 0.5], [-3.0, 1.0, 1.0, 0.0]])
+    rows = logits.repeat_interleave(40000, 0)                                  # [2 N, A]
+    drawn = Categorical.sample(rows, torch.Generator().manual_seed(5))         # [2 N]
+    assert drawn.shape == (80000,) and torch.equal(drawn, Categorical.sample(rows, torch.Generator().manual_seed(5)))
+    for row in range(2):
+        counts = torch.bincount(drawn[row * 40000:(row + 1) * 40000], minlength=A).double()
+        torch.testing.assert_close(counts / 40000, torch.softmax(logits[row].double(), -1), atol=0.015, rtol=0)
 
 
 def test_unknown_distribution_is_one_line():

@@ -124,3 +124,33 @@ def test_mixer_state_round_trip():
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
     np.testing.assert_array_equal(va, vb)
+
+
+def test_a_state_loaded_without_its_fresh_data_keeps_the_replays_and_starts_the_queue_empty():
+    """load_state_dict(fresh=False), as a resume with another --learner_count does (the
+    queue's capacity follows the batch share): catches a load that restores the saved
+    queue anyway (old fresh data trained as fresh), or drops the off-policy replays too.
+    Every field of trajectory `tag` holds `tag`, so a batch says where each column came from."""
+    text = '[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "standard", "capacity": 8, "sample_ratio": 0.5}]'
+    mixer = make_mixer(text, batch_size=2)
+    for tag in range(5):
+        mixer.add(trajectory(tag), version=tag)
+    assert mixer.replays[0].available() > 0                  # saved with unused fresh data waiting
+    state = mixer.state_dict()
+
+    same = make_mixer(text, batch_size=2)
+    same.load_state_dict(state)                               # fresh=True: the waiting data come back
+    assert same.replays[0].available() == mixer.replays[0].available()
+
+    other = make_mixer(text, batch_size=4)                    # another batch share
+    other.load_state_dict(state, fresh=False)
+    assert other.replays[0].available() == 0 and not other.ready()
+    assert other.replays[1].available() == mixer.replays[1].available() == 5
+    for tag in (7, 8):
+        other.add(trajectory(tag), version=tag)
+    assert other.ready()
+    mixed = other.sample()
+    fresh, replayed = mixed.data["action"][0, :2], mixed.data["action"][0, 2:]      # [B] columns by share
+    assert list(mixed.replayed) == [False, False, True, True]
+    assert list(fresh) == [7, 8]                              # only what arrived after the load
+    assert set(replayed.tolist()) <= {0, 1, 2, 3, 4, 7, 8}    # the saved replay (and the new writes to it)

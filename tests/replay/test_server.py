@@ -71,13 +71,24 @@ def test_sample_waits_for_the_pacing_and_wakes_on_a_write_from_another_thread():
 
 
 def test_priorities_of_overwritten_trajectories_are_dropped():
+    """Catches a server that applies a priority to whatever now sits in an overwritten
+    slot (stale 0) or drops every update (stale 8): which rows are stale is read from the
+    batch's own observations (100 * column id + t), not from the server's counters."""
     service = ReplayService(mixer())
     service.add_rollout(rollout(0), 0)
     service.add_rollout(rollout(1), 1)
     _, batch, _ = service.sample(timeout=0.0)
-    service.add_rollout(rollout(2), 2)                              # capacity 6: the oldest 3 go
-    applied = service.update(batch.keys, np.full(8, 9.0))
-    assert applied + service.stats()["stale_priority_updates"] == 8
+    assert service.update(batch.keys, np.full(8, 2.0)) == 8          # nothing overwritten yet: all apply
+    assert service.stats()["stale_priority_updates"] == 0
+    service.add_rollout(rollout(2), 2)                              # capacity 6: rollout 0's columns 0-2 go
+    column_ids = batch.data["obs"][0, :, 0] // 100                  # [B]: the column each row came from
+    overwritten = int(np.sum(column_ids < E))
+    assert 0 < overwritten < 8, column_ids                          # seed 0 draws from both rollouts
+    assert service.update(batch.keys, np.full(8, 9.0)) == 8 - overwritten
+    assert service.stats()["stale_priority_updates"] == overwritten
+    service.add_rollout(rollout(3), 3)                              # now rollout 1's columns go too: all stale
+    assert service.update(batch.keys, np.full(8, 9.0)) == 0
+    assert service.stats()["stale_priority_updates"] == overwritten + 8
 
 
 def test_a_saved_state_continues_exactly_in_a_fresh_server():

@@ -1,0 +1,22 @@
+"""Fixtures every test folder may use, found by pytest by name (never imported)."""
+import signal
+
+import pytest
+
+from herd_testing import cli_in_process_runner
+
+
+@pytest.fixture
+def cli(capfd):
+    """The CLI in this process (cli_in_process_runner); afterwards the CLI must have given
+    back the signal handlers and cleared its stop event (herd/cli.py promises that to
+    in-process callers), and everything else a run may touch is put back as it was."""
+    run, restore = cli_in_process_runner(capfd)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield run
+    from herd import stopping
+    leaked = {sig: signal.getsignal(sig) for sig in before if signal.getsignal(sig) is not before[sig]}
+    stopped = stopping.STOP.is_set()
+    restore()
+    assert not leaked, f"the CLI left its signal handlers installed: {leaked}"
+    assert not stopped, "the CLI left its stop event set"
