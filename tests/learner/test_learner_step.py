@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from impala_testing import impala_batch
-from herd.learner.learner import Learner
+from herd.learner.learner import Learner, build_scheduler
+from herd.learner.optim import GuardedSGD
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
 
@@ -24,8 +25,8 @@ def new_model():
 
 def sgd_learner(model, clip: float, **options) -> Learner:
     """Plain SGD at lr 1 with a constant schedule: a parameter moves by exactly -gradient."""
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    return Learner(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), LOSS, clip, **options)
+    opt = GuardedSGD(model.parameters(), lr=1.0)
+    return Learner(model, opt, build_scheduler(opt, 1.0, 1.0, 1), LOSS, clip, **options)
 
 
 def reference_gradient(model, batch) -> dict:
