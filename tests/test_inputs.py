@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-from herd_testing import cli  # noqa: F401 (a fixture: the CLI in this process)
 from herd.config import ConfigError, resolve
 from herd.inputs import MAX_DEPTH, MAX_FILE_BYTES, MAX_OPTION_CHARS, excerpt, nesting_depth
 from herd.replay.spec import parse_replay_parameters
