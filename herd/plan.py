@@ -39,6 +39,8 @@ class Plan:
     # The checkpoint's saved placement options that differ from this run's and were not
     # applied (PLACEMENT_OPTIONS): {name: saved value}, for the run's log.
     ignored_saved: dict[str, Any] | None = None
+    # What made the run (herd.provenance, set by run.py): written to config.json and summary.json.
+    provenance: dict[str, Any] = field(default_factory=dict)
 
 
 # Where a run connects, computes and writes. A checkpoint's saved config never sets these
@@ -81,8 +83,6 @@ def ignored_placement(placement: dict[str, Any], cfg: Config) -> dict[str, Any]:
     flat = cfg.to_flat()
     return {name: value for name, value in placement.items()
             if not isinstance(value, (str, int, float, bool, type(None))) or value != flat[name]}
-    # What made the run (herd.provenance, set by run.py): written to config.json and summary.json.
-    provenance: dict[str, Any] = field(default_factory=dict)
 
 
 def env_kwargs(cfg: Config) -> dict[str, Any]:
