@@ -221,7 +221,8 @@ class PolynomialSchedule:
         return int(self.applied)
 
     def state_dict(self) -> dict:
-        return {"last_epoch": self.last_epoch}
+        """LambdaLR's keys: the applied updates, and the rate for the next one."""
+        return {"last_epoch": self.last_epoch, "_last_lr": [float(self.lr)]}
 
     def load_state_dict(self, state: dict) -> None:
         self.applied.fill_(int(state["last_epoch"]))

@@ -16,6 +16,9 @@ import torch
 from herd.learner.distributed import GroupSync, broadcast_state, join_group, leave_group
 
 rank, address, port, out, updates = int(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4]), int(sys.argv[5])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))    # tests/: the helpers test_distributed.py imports
+from impala_testing import impala_batch  # noqa: E402  (tests/ is on the path from here on)
+
 spec = importlib.util.spec_from_file_location(
     "distributed_helpers", Path(__file__).resolve().parents[1] / "learner" / "test_distributed.py")
 helpers = importlib.util.module_from_spec(spec)
@@ -24,14 +27,14 @@ spec.loader.exec_module(helpers)
 # The rendezvous and every collective over the host's one link, as on a real machine
 # (gloo would otherwise pick the interface its hostname resolves to, absent in a namespace).
 os.environ.update(MASTER_ADDR=address, MASTER_PORT=port, GLOO_SOCKET_IFNAME="eth0")
-group = join_group(rank, 2, "cpu", timeout_s=120, port=None)
+group = join_group(rank, 2, "cpu", timeout_s=120)     # no rendezvous file: MASTER_ADDR/PORT, as torchrun
 try:
     model = helpers.new_model(seed=rank + 1)       # different on purpose: broadcast_state makes them equal
     broadcast_state(model)
     initial = helpers.params(model)
     learner = helpers.new_learner(model, "adam", GroupSync(group, model.parameters()).exchange)
     for k in range(updates):
-        learner.step(helpers.make_batch(100 * k + rank))
+        learner.step(impala_batch(helpers.T, helpers.B, helpers.A, seed=100 * k + rank))
     torch.save({"initial": initial, "final": helpers.params(model)}, out / f"rank{rank}.pt")
 finally:
     leave_group()

@@ -80,14 +80,18 @@ def test_resume_takes_neither_backend_nor_address_nor_results_folder_from_the_ch
 
 def test_test_mode_writes_where_the_command_line_says(small_cartpole_run, tmp_path, head):
     """Fails on the code before issue 28: herd test made its folder in the results folder
-    the checkpoint named."""
+    the checkpoint named. (Where the command line names no --results_dir, herd test writes
+    inside the run it tests, issue 29.)"""
     elsewhere = tmp_path / "elsewhere"
     run, _ = redirected_run(small_cartpole_run, tmp_path / "source", head, elsewhere)
-    results = tmp_path / "results"
     result = herd_in(tmp_path, ["test", str(run), "--test_episode_count=1", "--render=False"])
     assert result.returncode == 0, result.stderr[-2000:]
     assert not elsewhere.exists()
-    assert (only_run(results) / "test_results.json").exists()
+    assert (only_run(run / "tests") / "test_results.json").exists()
+    typed = tmp_path / "typed"
+    result = herd_in(tmp_path, ["test", str(run), "--test_episode_count=1", "--render=False", f"--results_dir={typed}"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not elsewhere.exists() and (only_run(typed) / "test_results.json").exists()
     assert connections(head) == 0
 
 
