@@ -27,7 +27,7 @@ from herd.learner.distributed import torchrun_world_size
 from herd.errors import ConfigError
 from herd.models import NETWORKS
 from herd.profiles import ALGORITHM_PROFILES, COMPILE_FROM_STEPS, MACHINE_PROFILES, PROFILES, machine_profile
-from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters
+from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters, passes_per_batch
 from herd.replay.writer import DISCARDING_STRATEGIES
 from herd.validation import parse_eval_interval, transition_items, validate
 
@@ -55,7 +55,7 @@ class GeneralConfig:
     results_dir: str = opt("results", "folder that holds one sub-folder per run")
     save_replay: bool = opt(True, "save the replays' contents (LZ4-packed) with every checkpoint; turn off for very large buffers")
     device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda", ("cpu", "auto", "cuda"))
-    algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER) or apex (Ape-X: prioritized replay, n-step double dueling DQN; its own defaults, see README)", tuple(ALGORITHMS))
+    algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER), apex (Ape-X: prioritized replay, n-step double dueling DQN; its own defaults, see README) or impact (IMPACT: a target network, a clipped surrogate and a circular buffer that trains on each batch several times; docs/impact.md)", tuple(ALGORITHMS))
     actor_inference: str = opt("auto", "who chooses the actors' actions: local (each actor runs the model on its CPU), server (one batched inference server on --device for all actors), auto (server when the device is cuda)", ("auto", "local", "server"))
 
 
@@ -78,7 +78,7 @@ class TrainingConfig:
     learner_precision: Optional[str] = opt(None, "learner arithmetic: fp32, bf16 (autocast: about 2x faster on CPUs with AMX and on GPUs with bf16), or auto (bf16 where the hardware has it, else fp32)", ("auto", "fp32", "bf16"))
     replay_ratio: Optional[float] = opt(None, "without a queue replay: items the learner samples per item added (trajectories, or transitions for Ape-X), held both ways (actors wait while the learner lags); unset: 1")
     n_step: int = opt(3, "Ape-X: steps of the n-step return (the last steps of a trajectory bootstrap from its final observation with fewer)")
-    target_update_period: Optional[int] = opt(None, "Ape-X: learner updates between syncs of the target network")
+    target_update_period: Optional[int] = opt(None, "Ape-X and IMPACT: learner updates between syncs (hard copies) of the target network")
     apex_epsilon: float = opt(0.4, "Ape-X: actor i of N explores with epsilon^(1 + apex_alpha * i / (N - 1))")
     apex_alpha: float = opt(7.0, "Ape-X: the exponent spread of the actors' epsilons")
     # --- learning-rate schedule (issue 16) ---
@@ -186,6 +186,13 @@ class LossConfig:
     value_cloning_loss_weight: float = opt(0.005, "weight of the value cloning loss")
     use_kl_mask: bool = opt(False, "LASER: mask transitions whose KL(target||behaviour) exceeds the threshold")
     kl_div_threshold: float = opt(0.3, "LASER KL threshold")
+    # --- IMPACT (issue 26) ---
+    clip_param: float = opt(0.4, "IMPACT: epsilon of the clipped surrogate, which keeps the learner's policy within 1 +- epsilon of the target network's")
+    importance_weight_clip: float = opt(2.0, "IMPACT: truncation (rho-bar) of the target-to-behaviour importance weights in the surrogate")
+    use_kl_loss: bool = opt(False, "IMPACT: add a KL(target || learner) penalty with an adaptive coefficient")
+    kl_coeff: float = opt(1.0, "IMPACT: the KL penalty's initial coefficient (x1.5 when the KL exceeds 2 x kl_target, x0.5 below half of it)")
+    kl_target: float = opt(0.01, "IMPACT: the KL the adaptive coefficient aims at")
+    # --- end IMPACT ---
 
 
 # -- continuous control (issue 13) ------------------------------------------------------
@@ -337,7 +344,7 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         cores = max(1, os.cpu_count() or 1)
         cfg.train.learner_thread_count = max(1, cores // 2) if cfg.train.learner_precision == "bf16" else cores
     if cfg.train.learner_compile is None:
-        cfg.train.learner_compile = (kind == "atari" and cfg.general.algorithm == "impala"
+        cfg.train.learner_compile = (kind == "atari" and cfg.general.algorithm in ("impala", "impact")
                                      and cfg.train.environment_max_steps >= COMPILE_FROM_STEPS)
     specs = cfg.replays
     off_policy = any(not spec.on_policy for spec in specs)
@@ -347,7 +354,8 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         fresh = sum(s for spec, s in zip(specs, shares) if spec.on_policy) or cfg.train.batch_size / (
             cfg.train.replay_ratio or 1.0)
         # A transition replay's items are steps; every other replay's are trajectories.
-        per_update = max(1, round(fresh * (1 if transition_items(specs) else cfg.train.r_f_steps)))
+        per_update = max(1, round(fresh * (1 if transition_items(specs) else cfg.train.r_f_steps)
+                                  / passes_per_batch(specs)))     # a circular buffer trains each batch K times
         cfg.train.lr_scheduler_steps = max(1, math.ceil(cfg.train.environment_max_steps / per_update))
     if cfg.loss.use_policy_cloning_loss is None:
         cfg.loss.use_policy_cloning_loss = off_policy

@@ -85,7 +85,14 @@ COMPILE_FROM_STEPS = 1_000_000
 
 # Ape-X's defaults per environment kind, applied before (so over) the kind's own profile
 # where --algorithm=apex. Transitions, not trajectories, are its batch items (README, Ape-X).
+# IMPACT (Luo et al. 2020; docs/impact.md): the paper's Atari circular buffer (N = 4 batches,
+# each trained on K = 2 times) on every kind, and a target network synced once per N x K
+# updates (a full turn of the buffer). The rest is IMPALA's profile for the kind.
+CIRCULAR = '[{"type": "circular", "capacity": 4, "sample_ratio": 1, "iterations_per_batch": 2}]'
+IMPACT_PROFILE: dict[str, Any] = dict(replay_parameters=CIRCULAR, target_update_period=8)
+
 ALGORITHM_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    "impact": {kind: dict(IMPACT_PROFILE) for kind in ("atari", "vector", "continuous", "minatar")},
     "apex": {
         # Horgan et al.: Adam-like small steps (the paper: RMSprop 0.00025/4), n=3, target sync
         # every 2500 updates, a replay ratio near 1; batch 128 instead of 512 on a CPU.

@@ -212,7 +212,7 @@ class TrainingSession:
         lag = float(np.mean(self.recent_lag)) if self.recent_lag else float("nan")
         self.recent_lag.clear()
         wanted = (*self.options.metric_names, *LEARNER_METRICS)
-        values = {k: round(v, 6) for k, v in self.last_metrics.items() if k in wanted}
+        values = {k: round(float(v), 6) for k, v in self.last_metrics.items() if k in wanted}   # 0-dim tensors too
         values.update(update=self.counters.updates, wall_time=round(self.elapsed, 3), policy_lag=round(lag, 3),
                       fps=round(self.fps, 1), average_score=round(self.stats.average, 3))
         if self.marked_stats is not None:
