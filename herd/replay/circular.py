@@ -11,8 +11,9 @@ batch is evicted after its K-th use, or when it is the oldest and its slot is ne
 a new batch (its unused passes are then lost, and counted in `evicted_unused`).
 
 The buffer is on-policy in the mixer's sense (herd/replay/mixer.py): a batch is ready when
-one batch with uses waits, and a full buffer makes the actors wait (`available()` counts
-the positions of the batches with uses left, so a replay's room() is the free part).
+one batch with uses waits (`available()` counts the positions of the batches with uses
+left), and `room()` (how many trajectories can come before a batch with uses would be
+overwritten) makes a prefetching writer, and so the actors, wait rather than evict.
 Every sample must ask for exactly one batch (`share` positions): the registry builds it
 with the replay's share of the batch."""
 from __future__ import annotations
@@ -53,6 +54,20 @@ class CircularSampler:
 
     def available(self) -> int:
         return int(np.count_nonzero(self.uses_left)) * self.share
+
+    def room(self) -> int:
+        """Trajectories that can be written before a batch with uses left is overwritten:
+        the rest of the slot being filled, then every following slot with none left."""
+        free = 0
+        for k in range(self.num_batches):
+            slot = (self.filling + k) % self.num_batches
+            if k == 0 and self.written[slot] > 0:
+                free += self.share - int(self.written[slot])
+            elif self.uses_left[slot] > 0:
+                break
+            else:
+                free += self.share
+        return free
 
     def stored(self) -> int:
         return self.filled_slots * self.share
