@@ -17,6 +17,7 @@ MinAtar and Pong have no target here unless --target), the final average, and th
 curve (average over the last 100 games against seconds from launch and env steps).
 
 Usage: python benchmarks/impact.py --task cartpole --seeds 1 2 3 --seconds 60
+       python benchmarks/impact.py --task cartpole --seeds 1 2 --seconds 240 --steps 100000   (a loaded machine)
        python benchmarks/impact.py --task minatar --seeds 1 2 3 4 5 --seconds 1800
        python benchmarks/impact.py --task pong --seeds 1 --seconds 2400"""
 from __future__ import annotations
@@ -76,6 +77,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--seconds", type=float, default=60, help="wall seconds from launch every run gets")
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=["impala", "impact", "impala_replay"])
+    parser.add_argument("--steps", type=int, help="environment steps a run may take at most (default: the task's); "
+                        "on a loaded machine a step budget compares like with like where seconds do not")
     parser.add_argument("--target", type=float, help="the average whose time is measured (default: the task's)")
     parser.add_argument("--extra", default="", help="herd flags every configuration gets, in one string")
     parser.add_argument("--label", help="names the results file (default impact_<task>)")
@@ -87,7 +90,7 @@ def main() -> None:
         for seed in args.seeds:
             for name in args.configs:       # interleaved: a change in the machine's load hits every config
                 flags = ["train", "--env", task["env"], f"--seed={seed}", "--basic_verbose=False",
-                         f"--environment_max_steps={task['steps']}", *config_args(name, args.task),
+                         f"--environment_max_steps={args.steps or task['steps']}", *config_args(name, args.task),
                          *shlex.split(args.extra)]
                 run_dir, launch, code = run_herd(flags, Path(tmp) / name, stop_after=args.seconds,
                                                  timeout=args.seconds + 300)
@@ -122,6 +125,7 @@ def main() -> None:
     out = record(args.label or f"impact_{args.task}",
                  {"command": "python benchmarks/impact.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                   "task": args.task, "env": task["env"], "seconds_per_run": args.seconds, "target": target,
+                  "max_env_steps": args.steps or task["steps"],
                   "configs": {name: config_args(name, args.task) for name in args.configs}, "summary": summaries,
                   "runs": runs})
     print(f"recorded {out}")

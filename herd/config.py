@@ -170,7 +170,7 @@ class NetworkConfig:
     hidden_sizes: tuple = opt((64, 64), "MLP hidden layer sizes")
     # -- LSTM core (issue 13) --
     use_lstm: bool = opt(False, "an LSTM core between the torso (any network) and the policy/value heads; actors carry its state across trajectories, the learner unrolls it over T with resets at episode ends (IMPALA only)")
-    lstm_size: int = opt(256, "hidden units of the LSTM core (--use_lstm)")
+    lstm_size: Optional[int] = opt(None, "hidden units of the LSTM core (--use_lstm; default 64 on vector tasks, the MLP's width, 256 on frames)")
 
 
 @dataclass
