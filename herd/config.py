@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from herd.algos import ALGORITHMS
 from herd.backends import BACKEND_CHOICES
-from herd.devices import fast_bf16, learner_device
+from herd.devices import bf16_choice, fast_bf16, learner_device
 from herd.envs.actor_envs import ENV_BACKENDS
 from herd.envs.wrappers import REWARD_CLIPPING_METHODS
 from herd.learner.distributed import torchrun_world_size
@@ -75,6 +75,7 @@ class TrainingConfig:
     max_bad_updates: int = opt(10, "non-finite losses in a row after which the run stops (each one skips its update)")
     max_policy_lag: Optional[int] = opt(None, "drop fresh rollouts made by a policy more than N updates older than the learner's (default: no bound; train.csv logs the lag)")
     learner_compile: Optional[bool] = opt(None, "compile the learner's forward and backward with torch.compile (about 1.5-2x faster on a CPU; the first update then takes 20-40 s longer; unset: on for Atari IMPALA runs of 1M steps or more, off otherwise)")
+    learner_capture: Optional[bool] = opt(None, "capture the whole learner update (forward, losses, backward, clipping, optimizer) as one CUDA graph on a GPU learner, replayed every update; a capture that fails falls back to eager updates, with a log line (unset: on for a CUDA learner whose loss allows it, one learner, not compiled)")
     learner_precision: Optional[str] = opt(None, "learner arithmetic: fp32, bf16 (autocast: about 2x faster on CPUs with AMX and on GPUs with bf16), or auto (bf16 where the hardware has it, else fp32)", ("auto", "fp32", "bf16"))
     replay_ratio: Optional[float] = opt(None, "without a queue replay: items the learner samples per item added (trajectories, or transitions for Ape-X), held both ways (actors wait while the learner lags); unset: 1")
     n_step: int = opt(3, "Ape-X: steps of the n-step return (the last steps of a trajectory bootstrap from its final observation with fewer)")
@@ -338,14 +339,23 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         cfg.parallel.learner_count = torchrun_world_size() or 1
     if cfg.train.learner_precision == "auto":
         cfg.train.learner_precision = "bf16" if fast_bf16(learner_device(cfg.general.device)) else "fp32"
+    on_gpu = learner_device(cfg.general.device).type == "cuda"
     if cfg.train.learner_thread_count is None:
         # Measured on 2 cores (benchmarks/throughput.py): a bf16 learner is fast enough that
         # a second thread gains less than it takes from the actors; an fp32 one needs them all.
+        # A GPU learner's host work is launching kernels: on an H100 with 16 cores, 8
+        # threads took 4 cores for the throughput of 1 (shared/gpu/README.md).
         cores = max(1, os.cpu_count() or 1)
-        cfg.train.learner_thread_count = max(1, cores // 2) if cfg.train.learner_precision == "bf16" else cores
+        cfg.train.learner_thread_count = (1 if on_gpu else max(1, cores // 2) if cfg.train.learner_precision == "bf16"
+                                          else cores)
     if cfg.train.learner_compile is None:
-        cfg.train.learner_compile = (kind == "atari" and cfg.general.algorithm in ("impala", "impact")
+        # On a CPU compiling measured 1.0-1.1x faster for long Atari runs; on an H100 it was
+        # slower than eager (13.2 against 9.4 ms at batch 32), where the captured graph wins.
+        cfg.train.learner_compile = (not on_gpu and kind == "atari" and cfg.general.algorithm in ("impala", "impact")
                                      and cfg.train.environment_max_steps >= COMPILE_FROM_STEPS)
+    if cfg.train.learner_capture is None:
+        cfg.train.learner_capture = (on_gpu and getattr(ALGORITHMS[cfg.general.algorithm], "capturable_loss", False)
+                                     and cfg.parallel.learner_count == 1 and not cfg.train.learner_compile)
     specs = cfg.replays
     off_policy = any(not spec.on_policy for spec in specs)
     if cfg.train.lr_scheduler_steps is None:
@@ -378,7 +388,10 @@ def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
         names.append("learner_thread_count")        # from the cores and the precision
     if kind == "atari":
         names.append("learner_compile")             # long Atari runs (apply_profile)
-    return {"hardware": {"device": device.type, "cpu_cores": os.cpu_count() or 1, "bf16_units": fast_bf16(device)},
+    names.append("learner_capture")                 # a CUDA learner (apply_profile)
+    bf16, why = bf16_choice(device)
+    return {"hardware": {"device": device.type, "cpu_cores": os.cpu_count() or 1, "bf16_units": bf16,
+                         "bf16_because": why},
             "options": {name: flat[name] for name in names if name not in given}}
 
 

@@ -147,7 +147,8 @@ def describe_hardware(hardware: dict) -> str:
     """'a GPU' or '2 CPU cores with bf16 units' (herd.config.machine_picks' hardware)."""
     if hardware["device"] == "cuda":
         return "a GPU learner"
-    return f"{hardware['cpu_cores']} CPU cores, {'with' if hardware['bf16_units'] else 'without'} bf16 units"
+    because = f" ({hardware['bf16_because']})" if hardware.get("bf16_because") else ""
+    return f"{hardware['cpu_cores']} CPU cores, {'with' if hardware['bf16_units'] else 'without'} fast bf16{because}"
 
 
 def write_config(plan, run_dir: Path) -> None:

@@ -93,6 +93,9 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
     if device.type == "cuda" and group is not None:
         device = torch.device("cuda", group.local_rank % torch.cuda.device_count())  # one GPU per learner
         torch.cuda.set_device(device)
+    if device.type == "cuda":
+        # Fixed input shapes every update: let cudnn time its algorithms once and keep the fastest.
+        torch.backends.cudnn.benchmark = True
     model = build_model(**plan.model_kwargs).to(device)
     optimizer = build_optimizer(cfg.train.optimizer, model.parameters(), cfg.train.lr, cfg.train.rmsprop_eps)
     scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps,
@@ -101,7 +104,12 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
     learner = Learner(model, optimizer, scheduler, algorithm.build_loss(cfg, model),
                       cfg.train.gradient_clip_by_norm_threshold,
                       precision=cfg.train.learner_precision, compile_model=cfg.train.learner_compile,
-                      grad_sync=sync.exchange if sync is not None else None)
+                      grad_sync=sync.exchange if sync is not None else None, capture=cfg.train.learner_capture)
+    log.info("learner: %s on %s, %s, %d intra-op thread(s), %s", algorithm.name, device.type,
+             cfg.train.learner_precision, cfg.train.learner_thread_count,
+             "compiled (torch.compile: measured faster on CPUs)" if cfg.train.learner_compile
+             else "one captured CUDA graph per update after a short eager warm-up" if learner.capture
+             else "eager")
     options = SessionOptions(
         max_env_steps=cfg.train.environment_max_steps, save_model_period=cfg.general.save_model_period,
         log_interval=cfg.stats.verbose_learner_out_int, device=device,

@@ -164,6 +164,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--max_episode_steps must be >= 1, got {cfg.env.max_episode_steps}")
     if cfg.general.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device=cuda but no CUDA GPU is visible: use --device=cpu or auto")
+    if t.learner_capture and learner_device(cfg.general.device).type != "cuda":
+        raise ConfigError("--learner_capture=True captures the update as a CUDA graph: it needs a CUDA learner "
+                          "(--device=cuda or auto on a GPU machine); give --learner_capture=False on a CPU")
     if cfg.general.op_mode in ("train_w_load", "test") and not cfg.general.load_model_url:
         raise ConfigError(f"--op_mode={cfg.general.op_mode} needs --load_model_url=<run folder or checkpoint file>")
     check_backend(p.multiprocessing_backend)

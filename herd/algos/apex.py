@@ -36,6 +36,7 @@ class Apex:
     metric_names = ("loss", "td_error", "q_mean", "mean_weight")
     replay_types = ("prioritized",)
     inference_server = False        # actors need their own network for the initial priorities
+    capturable_loss = False         # the target network syncs on a host-side count of calls
     model_options = {"head": "dueling_q"}
     action_kinds = ("discrete",)    # Q-learning over an enumerable action set
 

@@ -25,6 +25,8 @@ supplies only what differs:
                                             learner minimises; a loss with state_dict() /
                                             load_state_dict() (a target network) is saved
                                             with every checkpoint
+    capturable_loss                         True when the loss has no host-side logic, so a CUDA
+                                            learner may capture the whole update as one graph
     metric_names                            the loss metrics written to train.csv and
                                             TensorBoard (the learner adds grad_norm and lr)
     describe_optimization(cfg)              the optimizer and schedule, for summary.json
@@ -50,6 +52,7 @@ class Algorithm(Protocol):
     metric_names: tuple[str, ...]
     replay_types: tuple[str, ...]
     inference_server: bool          # the batched inference server can act for it
+    capturable_loss: bool           # the update can be captured as one CUDA graph
     model_options: dict
     finish_rollout: Callable[[dict, torch.nn.Module, dict], None] | None
     action_kinds: tuple[str, ...]   # "discrete", "continuous"

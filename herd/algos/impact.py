@@ -28,6 +28,9 @@ class Impact:
                     "mean_rho", "mean_ratio")
     replay_types = ("circular", "queue")    # the queue alone: one pass per batch, still against the target
     inference_server = True
+    # The target network syncs, and the KL coefficient is kept, on a host-side count of
+    # calls: a captured CUDA graph would replay neither (herd/learner/learner.py).
+    capturable_loss = False
     model_options: dict = {}
     finish_rollout = None
     action_kinds = IMPALA.action_kinds

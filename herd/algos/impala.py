@@ -30,6 +30,7 @@ class Impala:
                     "kl_mask_fraction", "mean_rho")
     replay_types = ("queue", "standard", "custom")
     inference_server = True
+    capturable_loss = True          # no host-side logic in the loss: the update can be one CUDA graph
     model_options: dict = {}        # the default actor-critic heads
     finish_rollout = None           # nothing to add to a finished rollout
     action_kinds = ("discrete", "continuous")   # a categorical or a diagonal Gaussian policy

@@ -1,13 +1,20 @@
 """The learner step: batch -> model -> the algorithm's loss -> clipped gradient ->
-optimizer and LR-scheduler step. Publishing weights and pacing live in the backend."""
+optimizer and learning-rate step. Publishing weights and pacing live in the backend.
+
+An update makes no host read (design.md, rule 12): the loss's metrics stay on the device
+(herd/learner/step_metrics.py sums them), whether the update is applied is a device flag
+(a non-finite loss, gradient norm or resulting weight skips it, changing no weight and no
+optimizer or schedule state: herd/learner/optim.py), and the learning rate is a device
+tensor. So on a GPU the whole update can be captured once as a CUDA graph and replayed
+(`capture`), one launch instead of hundreds; on a CPU the same code runs eagerly."""
 from __future__ import annotations
 
 import logging
-import math
 
 import numpy as np
 import torch
 
+from herd.learner.optim import build_optimizer, build_scheduler  # noqa: F401  (re-exported: callers build both here)
 from herd.models import ModelOutput
 from herd.models.core import core_input_from_batch
 
@@ -15,28 +22,9 @@ log = logging.getLogger("herd")
 
 # The metrics the learner adds to the loss's own (train.csv, TensorBoard).
 LEARNER_METRICS = ("grad_norm", "lr")
-
-
-def build_optimizer(name: str, params, lr: float, rmsprop_eps: float) -> torch.optim.Optimizer:
-    if name == "rmsprop":
-        # IMPALA's RMSprop: decay 0.99, no momentum, a large epsilon for stability.
-        return torch.optim.RMSprop(params, lr=lr, alpha=0.99, eps=rmsprop_eps, momentum=0.0)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    raise ValueError(f"unknown optimizer '{name}' (use rmsprop or adam)")
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, lr: float, lr_end: float, steps: int, power: float = 1.0):
-    """Polynomial decay from lr to lr_end over `steps` updates, then flat:
-    lr_end + (lr - lr_end) * (1 - update / steps) ** power. Power 1 is linear; the seed's
-    (TensorFlow's polynomial_decay) is 2."""
-    end_fraction = min(lr_end / lr, 1.0)
-
-    def factor(update: int) -> float:
-        progress = min(update, steps) / steps
-        return end_fraction + (1.0 - end_fraction) * (1.0 - progress) ** power
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+# Eager updates before a capture: the optimizer's state, cudnn's algorithm choice and the
+# allocator settle first (PyTorch's whole-network capture recipe warms up on a side stream).
+CAPTURE_WARMUP = 3
 
 
 def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch.device,
@@ -55,22 +43,27 @@ def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch
 
 class Learner:
     def __init__(self, model: torch.nn.Module, optimizer, scheduler, loss_fn, grad_clip_norm: float,
-                 precision: str = "fp32", compile_model: bool = False, grad_sync=None):
-        """loss_fn(batch, out) -> (scalar loss, metrics): the algorithm's (herd/algos); a
-        metric "priorities" [B] (a tensor) comes back as numpy for the replays.
-        precision "bf16": the forward pass runs under bfloat16 autocast (the backward
-        follows it); parameters, optimizer state and the loss stay float32.
+                 precision: str = "fp32", compile_model: bool = False, grad_sync=None, capture: bool = False):
+        """loss_fn(batch, out) -> (scalar loss, metrics): the algorithm's (herd/algos);
+        metrics are detached 0-dim tensors, and "priorities" [B] a tensor for the replays.
+        optimizer, scheduler: herd/learner/optim.py's (a guarded step and a device
+        learning rate). precision "bf16": the forward pass runs under bfloat16 autocast
+        (the backward follows it); parameters, optimizer state and the loss stay float32.
         compile_model: the training forward pass goes through torch.compile (compiled at
         the first update; `model` itself stays a plain module, so checkpoints, weight
         publishing and elite scoring see the usual parameter names).
         grad_sync(): with several learners, averages the gradients in place across them
         (herd.learner.distributed.GroupSync.exchange); False means the learners stopped
-        and this update must not be applied. None: one learner."""
+        and this update must not be applied. None: one learner.
+        capture: on a CUDA device, capture the whole update as one CUDA graph after
+        CAPTURE_WARMUP eager updates (one learner, fixed batch shapes); if capturing
+        fails the learner goes on eagerly and says so in the log."""
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"unknown learner precision '{precision}' (use fp32 or bf16)")
         self.model = model
         self.bf16 = precision == "bf16"
-        self.device_type = next(model.parameters()).device.type
+        self.device = next(model.parameters()).device
+        self.device_type = self.device.type
         self.forward = torch.compile(model) if compile_model else model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -78,6 +71,11 @@ class Learner:
         self.grad_clip_norm = grad_clip_norm
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.grad_sync = grad_sync
+        self.capture = capture and self.device_type == "cuda" and grad_sync is None
+        self.graph = None           # torch.cuda.CUDAGraph once captured
+        self.static_batch: dict[str, torch.Tensor] | None = None
+        self.static_metrics: dict[str, torch.Tensor] | None = None
+        self.eager_updates = 0
 
     def run_model(self, obs: torch.Tensor, core=None):
         """The training forward pass; a torch.compile that fails (no C compiler, an
@@ -94,67 +92,84 @@ class Learner:
             self.forward = self.model
             return self.model(*args)
 
-    def step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """One update. batch["obs"] is [T+1, B, ...]; returns metrics (floats).
-        A non-finite loss skips the update and reports `skipped` = 1."""
+    def step(self, batch: dict[str, torch.Tensor]) -> dict:
+        """One update. batch["obs"] is [T+1, B, ...]. Returns metrics as 0-dim device
+        tensors (no host read): the loss's, grad_norm, lr (for the next update) and
+        skipped (1.0 when the update was not applied: a non-finite loss, gradient or
+        resulting weight), "priorities" [B] when the loss gives them, and, with several
+        learners, {"stopped": True} when the group stopped (this update is not applied).
+        On a captured step the tensors are the graph's outputs: read them (or add them
+        to a MetricSums) before the next step overwrites them."""
+        if self.graph is not None:
+            for name, tensor in self.static_batch.items():
+                tensor.copy_(batch[name], non_blocking=True)
+            self.graph.replay()
+            return self.static_metrics
+        if self.capture and self.eager_updates >= CAPTURE_WARMUP:
+            captured = self.capture_update(batch)
+            if captured is not None:
+                return captured
+        self.eager_updates += 1
+        return self.update(batch)
+
+    def update(self, batch: dict[str, torch.Tensor]) -> dict:
+        """The update itself, the same code eager and captured."""
         self.model.train()
-        with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
+        # autocast's weight-cast cache must be off under capture (it would hold tensors
+        # from the capturing pass); eager, the cache changes nothing within one forward.
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
             # A recurrent model unrolls from each column's stored start state, reset after
             # every done flag (None for a feed-forward model).
             out = self.run_model(batch["obs"], core_input_from_batch(batch))   # logits [T+1, B, A]
-        out = ModelOutput(*(field.float() for field in out))              # the loss in float32
+        # The loss in float32; the features are left as they are (only elite scoring reads
+        # them, from its own forward pass).
+        out = out._replace(logits=out.logits.float(), value=out.value.float()) if isinstance(out, ModelOutput) else out
         loss, metrics = self.loss_fn(batch, out)
-        if "priorities" in metrics:
-            metrics["priorities"] = metrics["priorities"].detach().float().cpu().numpy()
-        finite = math.isfinite(metrics["loss"])
-        if not finite and self.grad_sync is None:
-            self.optimizer.zero_grad(set_to_none=True)
-            return {**metrics, "skipped": 1.0}
         self.optimizer.zero_grad(set_to_none=True)
-        if finite:
-            loss.backward()
-        else:
-            # The others are waiting for our gradients: send NaN, so that every learner sees
-            # a non-finite average below and skips this update together with us.
-            for p in self.trainable:
-                p.grad = torch.full_like(p, float("nan"))
-        if self.grad_sync is not None and not self.grad_sync():
-            self.optimizer.zero_grad(set_to_none=True)
-            return {**metrics, "skipped": 0.0, "stopped": 1.0}
+        loss.backward()
+        loss_finite = torch.isfinite(loss.detach())
+        if self.grad_sync is not None:
+            # The others average our gradients into theirs: a non-finite loss must make
+            # every learner skip this update, so its gradients are poisoned with NaN
+            # (adding 0 where the loss is finite); the average is then NaN everywhere.
+            grads = [p.grad for p in self.trainable if p.grad is not None]
+            torch._foreach_add_(grads, torch.where(loss_finite, 0.0, float("nan")))
+            if not self.grad_sync():
+                self.optimizer.zero_grad(set_to_none=True)
+                return {**metrics, "stopped": True}
         max_norm = self.grad_clip_norm if self.grad_clip_norm > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, max_norm))
-        if not math.isfinite(grad_norm):
-            # A finite loss can still overflow in the backward pass: never apply such a step.
-            self.optimizer.zero_grad(set_to_none=True)
-            return {**metrics, "grad_norm": grad_norm, "skipped": 1.0}
-        if not self.apply_step():
-            return {**metrics, "grad_norm": grad_norm, "skipped": 1.0}
-        self.scheduler.step()
-        metrics["grad_norm"] = grad_norm
-        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
-        metrics["skipped"] = 0.0
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, max_norm, foreach=True)
+        ok = loss_finite & torch.isfinite(grad_norm)
+        applied = self.optimizer.step(ok, self.scheduler.lr)      # also False if a weight would overflow
+        self.scheduler.step(applied)
+        metrics.update(grad_norm=grad_norm.detach(), lr=self.scheduler.lr.detach().clone(),
+                       skipped=(~applied).float())
         return metrics
 
-    def apply_step(self) -> bool:
-        """The optimizer step, undone when it makes a parameter non-finite: finite
-        gradients can still overflow in the update itself (a huge --lr, Adam's
-        m/sqrt(v) on a tiny v), and such weights must never be published or saved: the
-        checkpoint promises the last good ones. Returns whether the step was kept."""
-        before = [p.detach().clone() for p in self.trainable]
-        self.optimizer.step()
-        if bool(torch.stack([torch.isfinite(p).all() for p in self.trainable]).all()):  # one device sync
-            return True
-        with torch.no_grad():
-            for param, old in zip(self.trainable, before):
-                param.copy_(old)
-        self.drop_nonfinite_optimizer_state()
-        return False
-
-    def drop_nonfinite_optimizer_state(self) -> None:
-        """An optimizer's running averages that overflowed would poison every later step;
-        such a parameter's state starts afresh (as at the first update)."""
-        for param in self.trainable:
-            state = self.optimizer.state.get(param, {})
-            if any(torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all())
-                   for v in state.values()):
-                self.optimizer.state[param] = {}
+    def capture_update(self, batch: dict[str, torch.Tensor]) -> dict | None:
+        """Captures update() as one CUDA graph over static copies of this batch, replays it
+        for this batch, and keeps it for the next ones; None (and eager from then on) if
+        the capture fails: a loss with host-side logic, a shape that moves."""
+        self.capture = False
+        try:
+            self.static_batch = {name: tensor.clone() for name, tensor in batch.items()}
+            # This batch's real update runs eagerly on a side stream (PyTorch's capture
+            # recipe warms up there); the capture below records kernels without running them.
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                metrics = self.update(self.static_batch)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.cuda.graph(graph):
+                self.static_metrics = self.update(self.static_batch)
+            self.graph = graph
+            log.info("learner: the whole update (forward, losses, backward, clipping, optimizer) is captured as "
+                     "one CUDA graph")
+        except Exception as err:   # capture raises many types (host syncs, unsupported ops)
+            self.graph, self.static_batch, self.static_metrics = None, None, None
+            log.warning("learner: CUDA graph capture failed (%s: %s): updates run eagerly", type(err).__name__,
+                        str(err).splitlines()[0][:200] if str(err) else "")
+            return None
+        return metrics

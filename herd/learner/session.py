@@ -17,6 +17,7 @@ from herd.errors import LearnerFailure, ReplayLost, SaveFailed, TrainingDiverged
 from herd.files import write_json
 from herd.learner.distributed import GroupSync, Tally
 from herd.learner.learner import LEARNER_METRICS, Learner
+from herd.learner.step_metrics import MetricSums
 from herd.monitor.metrics import EPISODE_COLUMNS, RunMetrics
 from herd.monitor.progress import ProgressLine, format_score
 from herd.monitor.stats import EpisodeStats
@@ -89,8 +90,9 @@ class TrainingSession:
         self.fps = 0.0
         self.fps_mark = (time.monotonic(), 0)
         self.recent_lag: list[float] = []
-        self.last_metrics: dict[str, float] = {}
-        self.bad_in_a_row = 0
+        # The updates' metrics, summed on the device and read once per log interval.
+        self.metric_sums = MetricSums((*options.metric_names, *LEARNER_METRICS), options.device)
+        self.last_metrics: dict[str, float] = {}    # the last interval's means
         self.trained = False        # the first update of this session is logged: warm-up is over
         # The run's processes by role (learner, actor-<i>, inference), kept by the backend
         # as it starts and restarts them: what the hardware monitor measures.
@@ -164,23 +166,22 @@ class TrainingSession:
                 # there; one more step would wait for learners that have left.
                 break
             batch, mixed = ready                                # tensors, herd.replay.mixer.MixedBatch
-            metrics = self.learner.step(batch)
+            metrics = self.learner.step(batch)                  # device tensors: nothing read here
             if self.sync is not None:
                 self.count_received()
                 if metrics.get("stopped"):
                     break                                       # the group stopped: this batch is not used
-            priorities = metrics.pop("priorities", None)        # [B], from algorithms with prioritized replay
+            priorities = metrics.get("priorities")              # [B], from algorithms with prioritized replay
             if priorities is not None:
-                self.batches.update(mixed.keys, priorities)
-            if metrics["skipped"]:
-                self.counters.skipped_updates += 1
-                self.bad_in_a_row += 1
-                log.warning("non-finite loss or weights at update %d: update skipped", self.counters.updates)
-                if self.bad_in_a_row >= self.options.max_bad_updates:
-                    raise TrainingDiverged(f"{self.bad_in_a_row} non-finite losses in a row: training diverged; "
-                                           "the checkpoint keeps the last good weights (try a lower --lr)")
-                continue
-            self.bad_in_a_row = 0
+                # The host replay needs them on the host: Ape-X reads its priorities back.
+                self.batches.update(mixed.keys, priorities.detach().float().cpu().numpy())
+            self.metric_sums.add(metrics)
+            # A skipped update (non-finite loss, gradient or weights) changed nothing; they
+            # are counted on the device, and the run of them read from an asynchronous copy.
+            if self.metric_sums.latest_skip_run() >= self.options.max_bad_updates:
+                self.read_metric_sums()
+                raise TrainingDiverged(f"{self.options.max_bad_updates} non-finite losses in a row: training "
+                                       "diverged; the checkpoint keeps the last good weights (try a lower --lr)")
             self.counters.updates += 1
             if not self.trained:
                 # When the replays' warm-up ended; a run that waits for it (tests, a user
@@ -189,7 +190,6 @@ class TrainingSession:
                 log.info("first update (update %d) after %d environment steps", self.counters.updates,
                          self.counters.env_steps)
             self.recent_lag.append(float(np.mean(self.counters.updates - 1 - mixed.versions)))
-            self.last_metrics = metrics
             on_update(self.counters.updates)
             for hook in self.update_hooks:
                 hook(self.counters.updates)
@@ -201,7 +201,20 @@ class TrainingSession:
         self.show_progress()
         return trained
 
+    def read_metric_sums(self) -> None:
+        """The one host read of a log interval: the interval's metric means, and the
+        skipped updates added to the counters."""
+        if self.metric_sums.updates == 0:
+            return
+        means, skipped, _ = self.metric_sums.read()
+        self.last_metrics = means
+        if skipped:
+            self.counters.skipped_updates += skipped
+            log.warning("%d of the last updates skipped (non-finite loss, gradient or weights) up to update %d",
+                        skipped, self.counters.updates)
+
     def write_train_metrics(self) -> None:
+        self.read_metric_sums()
         if self.metrics is None:
             return
         now = time.monotonic()
@@ -212,7 +225,7 @@ class TrainingSession:
         lag = float(np.mean(self.recent_lag)) if self.recent_lag else float("nan")
         self.recent_lag.clear()
         wanted = (*self.options.metric_names, *LEARNER_METRICS)
-        values = {k: round(float(v), 6) for k, v in self.last_metrics.items() if k in wanted}   # 0-dim tensors too
+        values = {k: round(v, 6) for k, v in self.last_metrics.items() if k in wanted}   # the interval's means
         values.update(update=self.counters.updates, wall_time=round(self.elapsed, 3), policy_lag=round(lag, 3),
                       fps=round(self.fps, 1), average_score=round(self.stats.average, 3))
         if self.marked_stats is not None:
@@ -315,7 +328,7 @@ class TrainingSession:
             "environment_steps": self.counters.env_steps,
             "skipped_updates": self.counters.skipped_updates,
             "stale_rollouts_dropped": self.counters.stale_rollouts,
-            "last_lr": self.learner.optimizer.param_groups[0]["lr"],
+            "last_lr": float(self.learner.scheduler.lr),
             **({"least_exploring_actor": self.options.least_exploring_actor,
                 "least_exploring_average_score": self.marked_stats.average if self.marked_stats.episodes else None}
                if self.marked_stats is not None else {}),
@@ -346,6 +359,7 @@ class TrainingSession:
         path = None
         if self.counters.updates and self.metrics is not None:
             self.attempt(failures, "train.csv", self.write_train_metrics)  # the last row, whatever the log interval
+        self.read_metric_sums()                       # the skipped updates, also without metric files
         try:
             path = self.save() if failed_save is None else None
         except (SaveFailed, ReplayLost) as err:      # ReplayLost: the replay server died with the replay

@@ -49,8 +49,9 @@ class ApexLoss:
             # Synced before this update's optimizer step: the target lags by one update at
             # most, which the period (hundreds to thousands of updates) makes immaterial.
             self.target.load_state_dict(self.model.state_dict())
-        metrics = {"loss": float(loss.detach()), "td_error": float(td.abs().mean()),
-                   "q_mean": float(q_taken.detach().mean()), "mean_weight": float(weight.mean()),
+        # Detached tensors, read once per log interval (herd/learner/step_metrics.py).
+        metrics = {"loss": loss.detach(), "td_error": td.abs().mean(),
+                   "q_mean": q_taken.detach().mean(), "mean_weight": weight.mean(),
                    "priorities": td.abs()}
         return loss, metrics
 

@@ -50,7 +50,7 @@ class VTraceTargets(NamedTuple):
     pg_advantages: Tensor            # [T, B] no grad; 0 on masked steps
     target_action_log_probs: Tensor  # [T, B] log pi(a_t|x_t), WITH grad (for the pg loss)
     log_rhos: Tensor                 # [T, B] unmasked log(pi/mu), no grad
-    keep: Tensor                     # [T, B] bool, the LASER mask (all True when off)
+    keep: Tensor | None              # [T, B] bool, the LASER mask; None when it is off (all kept)
     discounts: Tensor                # [T, B] gamma * (1 - done)
     rewards: Tensor                  # [T, B] reward, + gamma * trunc_value on truncated steps
 
@@ -103,10 +103,10 @@ def vtrace_targets(batch: dict[str, Tensor], out, weights: ImpalaLossWeights,
         with torch.no_grad():
             kl = distribution.kl(target_logits, behaviour.to(dtype))      # [T, B]
             keep = kl <= weights.kl_div_threshold
+        # rho = exp(-inf) = 0 drops the step from the trace (see module docstring).
+        trace_log_rhos = torch.where(keep, log_rhos, log_rhos.new_full((), float("-inf")))
     else:
-        keep = torch.ones_like(done)
-    # rho = exp(-inf) = 0 drops the step from the trace (see module docstring).
-    trace_log_rhos = torch.where(keep, log_rhos, torch.full_like(log_rhos, float("-inf")))
+        keep, trace_log_rhos = None, log_rhos       # no mask: nothing computed, nothing dropped
 
     returns = from_importance_weights(
         trace_log_rhos, discounts, rewards, values.detach(), bootstrap,
@@ -118,26 +118,31 @@ def vtrace_targets(batch: dict[str, Tensor], out, weights: ImpalaLossWeights,
 
 
 def _cloning_losses(batch: dict[str, Tensor], out, distribution=Categorical) -> tuple[Tensor, Tensor]:
-    """CLEAR cloning terms, averaged over the replayed columns only; (0, 0) if there are none."""
+    """CLEAR cloning terms, averaged over the replayed columns only; (0, 0) if there are none.
+
+    Computed over every column and then averaged over the replayed ones with torch.where:
+    no boolean-mask selection (a `nonzero`, which reads the device from the host, and a
+    shape that changes from batch to batch, which no captured graph can hold), and no
+    `replayed.any()` read. torch.where, not a multiplication by the mask, so that a NaN in
+    a fresh column's cloning term (0 * NaN = NaN) cannot leak into the loss."""
     replayed = batch["replayed"].bool()                                    # [B]
-    if not bool(replayed.any()):
-        zero = out.value.new_zeros(())
-        return zero, zero
-    # Select columns rather than multiply by a mask: 0 * NaN would still be NaN.
-    target_logits = out.logits[:-1][:, replayed]                           # [T, R, P]
-    behaviour_logits = behaviour_params(batch, distribution)[:, replayed].to(target_logits.dtype)
-    values = out.value[:-1][:, replayed]                                   # [T, R]
-    behaviour_values = batch["behaviour_value"][:, replayed].to(values.dtype)
+    target_logits = out.logits[:-1]                                        # [T, B, P]
+    behaviour_logits = behaviour_params(batch, distribution).to(target_logits.dtype)
+    values = out.value[:-1]                                                # [T, B]
+    behaviour_values = batch["behaviour_value"].to(values.dtype)
+    steps = (replayed.sum() * values.shape[0]).clamp(min=1).to(values.dtype)   # T x R, 1 when R = 0
     # CLEAR's L_policy-cloning = sum_a mu(a|h) log(mu(a|h) / pi(a|h)): the stored behaviour
     # policy is the fixed target distribution, so this is KL(behaviour || target).
-    policy_cloning = distribution.kl(behaviour_logits, target_logits).mean()
-    value_cloning = ((values - behaviour_values) ** 2).mean()
+    kl = distribution.kl(behaviour_logits, target_logits)                  # [T, B]
+    zero = values.new_zeros(())
+    policy_cloning = torch.where(replayed, kl, zero).sum() / steps
+    value_cloning = torch.where(replayed, (values - behaviour_values) ** 2, zero).sum() / steps
     return policy_cloning, value_cloning
 
 
 def impala_loss(batch: dict[str, Tensor], out, weights: ImpalaLossWeights,
-                distribution=Categorical) -> tuple[Tensor, dict[str, float]]:
-    """Scalar loss to minimise, and metrics (python floats).
+                distribution=Categorical) -> tuple[Tensor, dict[str, Tensor]]:
+    """Scalar loss to minimise, and metrics (detached 0-dim tensors on the loss's device).
 
     batch (time-major): action [T, B] int64, reward [T, B], done [T, B] bool, trunc_value [T, B],
     behaviour_logits [T, B, A], behaviour_value [T, B], replayed [B] bool.
@@ -157,11 +162,20 @@ def impala_loss(batch: dict[str, Tensor], out, weights: ImpalaLossWeights,
     """
     targets = vtrace_targets(batch, out, weights, distribution)
     values = out.value[:-1]                                                # [T, B]
-    keep = targets.keep.to(values.dtype)                                   # [T, B]
-    num_kept = keep.sum().clamp(min=1.0)   # all steps masked -> zero losses, not 0/0
+    if targets.keep is None:                                               # LASER off: plain means
+        def mean_kept(x: Tensor) -> Tensor:
+            return x.mean()
+        kept_fraction = values.new_ones(())
+    else:
+        keep = targets.keep.to(values.dtype)                               # [T, B]
+        num_kept = keep.sum().clamp(min=1.0)   # all steps masked -> zero losses, not 0/0
 
-    pg_loss = -(targets.target_action_log_probs * targets.pg_advantages * keep).sum() / num_kept
-    value_loss = (0.5 * (targets.vs - values) ** 2 * keep).sum() / num_kept
+        def mean_kept(x: Tensor) -> Tensor:
+            return (x * keep).sum() / num_kept
+        kept_fraction = keep.mean()
+
+    pg_loss = mean_kept(-targets.target_action_log_probs * targets.pg_advantages)
+    value_loss = mean_kept(0.5 * (targets.vs - values) ** 2)
     entropy_mean = distribution.entropy(out.logits[:-1]).mean()
     policy_cloning_loss, value_cloning_loss = _cloning_losses(batch, out, distribution)
 
@@ -175,17 +189,20 @@ def impala_loss(batch: dict[str, Tensor], out, weights: ImpalaLossWeights,
 
     with torch.no_grad():
         # Unclipped rho over the steps V-trace actually used: how off-policy the data was.
-        mean_rho = (targets.log_rhos.exp() * keep).sum() / num_kept
-        advantage_mean = (targets.pg_advantages * keep).sum() / num_kept
+        mean_rho = mean_kept(targets.log_rhos.exp())
+        advantage_mean = mean_kept(targets.pg_advantages)
+    # Detached 0-dim tensors, never Python floats: reading one would stall the device
+    # every update. The learner sums them on the device and reads them once per logging
+    # interval (herd/learner/step_metrics.py).
     metrics = {
-        "loss": float(loss.detach()),
-        "pg_loss": float(pg_loss.detach()),
-        "value_loss": float(value_loss.detach()),
-        "entropy": float(entropy_mean.detach()),
-        "policy_cloning_loss": float(policy_cloning_loss.detach()),
-        "value_cloning_loss": float(value_cloning_loss.detach()),
-        "kl_mask_fraction": float(targets.keep.float().mean()),
-        "mean_rho": float(mean_rho),
-        "advantage_mean": float(advantage_mean),
+        "loss": loss.detach(),
+        "pg_loss": pg_loss.detach(),
+        "value_loss": value_loss.detach(),
+        "entropy": entropy_mean.detach(),
+        "policy_cloning_loss": policy_cloning_loss.detach(),
+        "value_cloning_loss": value_cloning_loss.detach(),
+        "kl_mask_fraction": kept_fraction.detach(),
+        "mean_rho": mean_rho,
+        "advantage_mean": advantage_mean,
     }
     return loss, metrics

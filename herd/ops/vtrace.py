@@ -15,7 +15,8 @@ Targets come from the backward recursion (paper, Remark 1)
     delta_t       = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t))
 
 with rho_t = min(rho_bar, pi/mu) and c_t = min(c_bar, pi/mu).  The recursion is exactly the
-paper's double sum, re-associated; tests/ops/test_vtrace.py checks that literally.
+paper's double sum, re-associated; tests/ops/test_vtrace.py checks that literally. It is computed in closed
+form (discounted_trace_sums), not by a loop over time.
 
 Targets are regression targets / advantages, not functions to differentiate: everything
 returned by from_importance_weights is computed under no_grad.
@@ -57,6 +58,23 @@ def _check_shapes(log_rhos: Tensor, discounts: Tensor, rewards: Tensor, values: 
                          f"got {tuple(bootstrap_value.shape)}")
 
 
+def discounted_trace_sums(deltas: Tensor, decays: Tensor) -> Tensor:
+    """acc_t = deltas_t + decays_t * acc_{t+1} (acc_T = 0) for every t, without a loop.
+
+    weights[t, s] = prod_{k=t}^{s-1} decays_k for s >= t (1 on the diagonal), 0 for s < t:
+    a cumulative product along s of a matrix holding decays_{s-1} right of the diagonal and
+    1 elsewhere, then masked to the upper triangle. A zero decay (an episode end, a step
+    LASER dropped) zeroes every product that crosses it, exactly as the recursion does.
+    deltas, decays: [T, B] -> [T, B]."""
+    T = deltas.shape[0]
+    later = torch.ones(T, T, dtype=torch.bool, device=deltas.device).triu(1)   # [T, T] s > t
+    shifted = torch.cat([decays.new_ones(1, *decays.shape[1:]), decays[:-1]], dim=0)  # [T, B] decays_{s-1}
+    factors = torch.where(later.unsqueeze(-1), shifted.unsqueeze(0), decays.new_ones(()))  # [T(t), T(s), B]
+    weights = torch.cumprod(factors, dim=1) * (later | torch.eye(T, dtype=torch.bool, device=deltas.device)
+                                               ).unsqueeze(-1)           # [T, T, B], 0 below the diagonal
+    return torch.einsum("tsb,sb->tb", weights, deltas)
+
+
 def from_importance_weights(
     log_rhos: Tensor,
     discounts: Tensor,
@@ -83,14 +101,12 @@ def from_importance_weights(
         values_t_plus_1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)  # [T, B]
         deltas = clipped_rhos * (rewards + discounts * values_t_plus_1 - values)       # [T, B]
 
-        # Backward accumulation of vs_t - V(x_t).  A Python loop over T (tens of steps) is
-        # cheap next to the network, and keeps the recursion readable.
-        acc = torch.zeros_like(bootstrap_value)                                # [B]
-        vs_minus_v = [None] * log_rhos.shape[0]
-        for t in reversed(range(log_rhos.shape[0])):
-            acc = deltas[t] + discounts[t] * cs[t] * acc
-            vs_minus_v[t] = acc
-        vs = torch.stack(vs_minus_v, dim=0) + values                           # [T, B]
+        # vs_t - V(x_t) = sum_{s >= t} (prod_{k=t}^{s-1} gamma_k c_k) delta_s: the backward
+        # recursion unrolled into one [T, T, B] weight matrix and a batched sum, so the
+        # learner launches a handful of kernels instead of 3 per time step (and the whole
+        # update can be captured as one CUDA graph). T is tens of steps: T^2 B is small.
+        vs_minus_v = discounted_trace_sums(deltas, discounts * cs)             # [T, B]
+        vs = vs_minus_v + values                                               # [T, B]
 
         vs_t_plus_1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)  # [T, B]
         clipped_pg_rhos = _clip(rhos, clip_pg_rho_threshold)

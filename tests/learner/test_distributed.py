@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 
 from herd.errors import LearnerFailure
 from herd.learner.distributed import GroupSync, LearnerGroup, broadcast_state, free_port, join_group, leave_group
+from herd.learner.optim import GuardedSGD
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
@@ -45,9 +46,8 @@ def new_model(seed: int):
 def new_learner(model, optimizer: str, grad_sync=None) -> Learner:
     loss = lambda batch, out: impala_loss(batch, out, weights=ImpalaLossWeights())  # noqa: E731
     if optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        return Learner(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), loss, 0.0,
-                       grad_sync=grad_sync)
+        opt = GuardedSGD(model.parameters(), lr=1.0)
+        return Learner(model, opt, build_scheduler(opt, 1.0, 1.0, 1), loss, 0.0, grad_sync=grad_sync)
     opt = build_optimizer("adam", model.parameters(), 0.01, 0.01)
     return Learner(model, opt, build_scheduler(opt, 0.01, 1e-5, 100), loss, 40.0, grad_sync=grad_sync)
 
@@ -246,5 +246,7 @@ def test_one_learner_without_a_group_skips_a_non_finite_loss_as_before():
     learner, before = new_learner(model, "adam"), params(model)
     metrics = learner.step(make_batch(0, nan_reward=True))
     assert metrics["skipped"] == 1.0 and "stopped" not in metrics
-    assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    # Adam's moments and step count are as before the update: none was made yet.
+    assert all(float(state["step"]) == 0 for state in learner.optimizer.state.values())
+    assert learner.scheduler.last_epoch == 0

@@ -63,12 +63,13 @@ def test_compiled_learner_gives_the_same_update_and_plain_checkpoint_keys():
 @pytest.mark.parametrize("power, halfway", [(1.0, 0.5), (2.0, 0.25)])
 def test_lr_decay_power(power, halfway):
     """lr_end + (lr - lr_end) * (1 - progress) ** power, then flat at lr_end."""
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    optimizer = build_optimizer("rmsprop", [torch.nn.Parameter(torch.zeros(1))], 1.0, 0.01)
     scheduler = build_scheduler(optimizer, 1.0, 0.01, 100, power)
     lrs = []
     for _ in range(120):
-        lrs.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
+        lrs.append(float(scheduler.lr))
+        scheduler.step(torch.tensor(True))
+        scheduler.step(torch.tensor(False))          # a skipped update does not advance the schedule
     assert lrs[0] == 1.0 and lrs[50] == pytest.approx(0.01 + 0.99 * halfway)
     assert lrs[100] == lrs[119] == pytest.approx(0.01)
+    assert scheduler.last_epoch == 120
