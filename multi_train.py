@@ -8,7 +8,7 @@ experiment cleanly (checkpoint and summary saved) and the sequence with it (exit
 `herd multi FILE` does the same with experiments in a JSON or YAML file."""
 import sys
 
-from herd.cli import build_seed_parser, explicit_options, report_error, stop_handling
+from herd.cli import parse_seed_args, report_error, stop_handling
 from herd.errors import ConfigError
 
 EXPERIMENTS = [
@@ -22,11 +22,12 @@ EXPERIMENTS = [
 def main(argv=None) -> int:
     with stop_handling():   # before the slow imports: a stop at any instant is handled
         from herd.run import run_multi
+        argv = sys.argv[1:] if argv is None else argv
         try:
-            command_line = explicit_options(build_seed_parser().parse_args(sys.argv[1:] if argv is None else argv))
+            command_line = parse_seed_args(argv)
         except ConfigError as err:
             return report_error(err)
-        return run_multi(EXPERIMENTS, command_line)
+        return run_multi(EXPERIMENTS, command_line, ["multi_train.py", *argv])
 
 
 if __name__ == "__main__":

@@ -108,9 +108,9 @@ def window_rates(run_dir: Path, warmup: float, seconds: float) -> dict:
              "updates_per_s": round((last["update"] - first["update"]) / seconds, 2), "window_s": round(seconds, 1)}
     # hardware.csv (every 5 s): the CPU the learner's and the replay server's processes used in the window.
     with open(run_dir / "hardware.csv") as f:
-        rows = [r for r in csv.DictReader(f) if warmup <= float(r["wall_time"]) <= warmup + seconds]
+        rows = [r for r in csv.DictReader(f) if warmup <= float(r["time"]) <= warmup + seconds]
     for source in ("learner", "replay-server"):
-        used = [float(r["cpu_percent"]) for r in rows if r["source"] == source and r["cpu_percent"]]
+        used = [float(r["value"]) for r in rows if r["source"] == source and r["metric"] == "cpu"]
         if used:
             percent = rates[f"{source}_cpu_percent"] = round(sum(used) / len(used), 1)
             rates[f"{source}_cpu_ms_per_update"] = round(10 * percent / rates["updates_per_s"], 2)

@@ -8,6 +8,7 @@ other, never beside herd. Usage: python benchmarks/cartpole.py [--seeds 1 2 3] [
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import statistics
 import sys
@@ -25,6 +26,20 @@ def time_to_target(episodes: list[dict], launch: float, window: int = 100) -> tu
         if games == window and average >= TARGET:
             return row["unix_time"] - launch, row["env_step"]
     return None, None
+
+
+def first_update_after_run_folder(run_dir: Path) -> float | None:
+    """Seconds from log.txt's "run folder" line to its "first update" line: the start-up
+    of the actors and the learner (issue 29's goal: within 1 s)."""
+    from datetime import datetime
+    stamps = {}
+    for line in (run_dir / "log.txt").read_text().splitlines():
+        for key in ("run folder", "first update"):
+            if key not in stamps and f" INFO {key}" in line:
+                stamps[key] = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    if len(stamps) < 2:
+        return None
+    return (stamps["first update"] - stamps["run folder"]).total_seconds()
 
 
 def lowest_after_target(episodes: list[dict], window: int = 100) -> float | None:
@@ -58,16 +73,21 @@ def main() -> None:
             lowest = lowest_after_target(episodes)
             times.append(seconds if seconds is not None else float("inf"))
             # Numbers as numbers (None where not reached); the table formats them.
+            start_up = first_update_after_run_folder(run_dir)
             runs.append({"seed": seed, "exit": code, "seconds": round(seconds, 2) if seconds else None,
+                         "run_folder_to_first_update_s": round(start_up, 2) if start_up is not None else None,
+                         "load_average_1min": round(os.getloadavg()[0], 2),
                          "env_steps": int(steps) if steps else None, "best_avg100": round(best, 2),
                          "final_avg100": round(last, 2), "episodes": len(episodes),
                          # a collapse that recovers by the end shows here, not in final_avg100
                          "lowest_avg100_after_475": round(lowest, 2) if lowest is not None else None})
     median = statistics.median(times)
-    print_table(["seed", "exit", "seconds to 475 (from launch)", "env steps", "best avg100", "final avg100",
-                 "episodes"],
+    print_table(["seed", "exit", "seconds to 475 (from launch)", "run folder to first update (s)", "env steps",
+                 "best avg100", "final avg100", "episodes", "load (1 min)"],
                 [[r["seed"], r["exit"], f"{r['seconds']:.1f}" if r["seconds"] else "not reached",
-                  r["env_steps"] or "-", f"{r['best_avg100']:.1f}", f"{r['final_avg100']:.1f}", r["episodes"]]
+                  r["run_folder_to_first_update_s"],
+                  r["env_steps"] or "-", f"{r['best_avg100']:.1f}", f"{r['final_avg100']:.1f}", r["episodes"],
+                  r["load_average_1min"]]
                  for r in runs])
     reached = sum(r["seconds"] is not None for r in runs)
     # The acceptance (issue 16): every seed reaches 475 and still averages 475 or more at the end.
@@ -79,6 +99,9 @@ def main() -> None:
     record(args.label, {"command": "python benchmarks/cartpole.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                         "herd_command": "herd train --env CartPole-v1 " + args.extra, "target": TARGET, "runs": runs,
                         "median_seconds": median if median != float("inf") else None,
+                        "median_run_folder_to_first_update_s": statistics.median(
+                            [r["run_folder_to_first_update_s"] for r in runs if r["run_folder_to_first_update_s"]]
+                            or [float("nan")]),
                         "reached": reached, "ended_at_or_above_target": held, "never_below_after_reaching": never_fell,
                         **({"peer": peer} if peer else {})})
 

@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 
 from common import print_table, read_csv, record, run_herd
 
-from herd.learner.distributed import GroupSync, broadcast_state, free_port, join_group, leave_group
+from herd.learner.distributed import GroupSync, broadcast_state, join_group, leave_group, private_rendezvous
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
@@ -68,9 +68,9 @@ def time_steps(learner: Learner, batch: dict, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats * 1000
 
 
-def sync_worker(rank: int, port: int, queue, scale: float) -> None:
+def sync_worker(rank: int, rendezvous: str, queue, scale: float) -> None:
     torch.set_num_threads(1)                # one core per learner process
-    group = join_group(rank, 2, "cpu", 300, port)
+    group = join_group(rank, 2, "cpu", 300, rendezvous)
     try:
         for name, (network, shape, dtype, actions, B, T, repeats) in MODELS.items():
             repeats = max(1, int(repeats * scale))
@@ -112,13 +112,14 @@ def sync_worker(rank: int, port: int, queue, scale: float) -> None:
 
 def grad_sync(args) -> None:
     context = mp.get_context("spawn")
-    queue, port = context.Queue(), free_port()
-    workers = [context.Process(target=sync_worker, args=(rank, port, queue, args.scale)) for rank in range(2)]
-    for w in workers:
-        w.start()
-    results = [queue.get(timeout=900) for _ in MODELS]
-    for w in workers:
-        w.join()
+    queue = context.Queue()
+    with private_rendezvous() as rendezvous:
+        workers = [context.Process(target=sync_worker, args=(rank, rendezvous, queue, args.scale)) for rank in range(2)]
+        for w in workers:
+            w.start()
+        results = [queue.get(timeout=900) for _ in MODELS]
+        for w in workers:
+            w.join()
     rows = [[name, f"{params:,}", f"{B} x {T}", f"{alone:.1f}", f"{ours:.1f}", f"{ddp:.1f}", f"{comm:.2f}"]
             for name, params, B, T, ours, ddp, alone, comm in results]
     print("ms per update; two learners are two gloo processes with one torch thread each")

@@ -21,8 +21,13 @@ and the same replay contents; and that a resume with more steps continues the co
 A run stopped before its first checkpoint must have no folder, or one that `herd resume`
 refuses with one line.
 
+  hostile           the hostile-input campaign (benchmarks/hostile.py), --hostile times:
+                    crafted checkpoints, size and nesting bombs, YAML alias bombs, odd
+                    result paths; each one line and exit 2 (or a harmless exit 0) within
+                    10 s under a 6 GB address-space cap
+
   python benchmarks/reliability.py --sigint 2 --sigterm 2 --kill9 2 --kill9_ckpt 2 \\
-      --actor_kills 2 --server_kills 2 --disk_full 1 --pong 1 --seed 0
+      --actor_kills 2 --server_kills 2 --disk_full 1 --pong 1 --hostile 1 --seed 0
 """
 from __future__ import annotations
 
@@ -398,6 +403,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for kind, flag in FLAGS.items():
         parser.add_argument(f"--{flag}", type=int, default=2, help=f"number of {kind} cases")
+    parser.add_argument("--hostile", type=int, default=1, help="rounds of the hostile-input campaign")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--earliest", type=float, default=WINDOW[0], help="the earliest instant (s) of a signal or kill")
     parser.add_argument("--latest", type=float, default=WINDOW[1], help="the latest instant (s) of a signal or kill")
@@ -415,12 +421,19 @@ def main() -> None:
         print(f"[{index}/{len(plan)}] {kind} {json.dumps(outcome.detail)} {status}", flush=True)
     rows = [[kind, sum(o.kind == kind for o in outcomes), sum(o.kind == kind and o.passed for o in outcomes)]
             for kind in FLAGS if any(o.kind == kind for o in outcomes)]
+    hostile = []
+    if args.hostile > 0:
+        from hostile import campaign
+        with tempfile.TemporaryDirectory(prefix="herd-rel-hostile-") as tmp:
+            hostile = campaign(Path(tmp), args.hostile, report=lambda line: print(line, flush=True))
+        rows.append(["hostile", len(hostile), sum(r.passed for r in hostile)])
     print_table(["kind", "tried", "passed"], rows)
     out = record(args.name, {
         "command": "python benchmarks/reliability.py " + " ".join(sys.argv[1:]), "seed": args.seed,
         "window_s": WINDOW,
         "cpu_model": cpu_model(), "table": {kind: {"tried": t, "passed": p} for kind, t, p in rows},
-        "cases": [{"kind": o.kind, "passed": o.passed, "problems": o.problems, **o.detail} for o in outcomes]})
+        "cases": [{"kind": o.kind, "passed": o.passed, "problems": o.problems, **o.detail} for o in outcomes],
+        "hostile_cases": [vars(r) for r in hostile]})
     print(f"recorded {out}")
 
 

@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 
 from herd.errors import CheckpointError
+from herd.files import fsync_dir
+from herd.inputs import excerpt
 
 FORMAT_VERSION = 2
 # Version 1 (before checksums) is still read, unverified: refusing it would strand every
@@ -47,14 +50,64 @@ def to_storable(value: Any) -> Any:
     return value
 
 
+# The numpy dtypes to_storable can write: those torch.from_numpy takes. A tag is applied
+# only when it names the tensor's own dtype, so loading never converts (a crafted tag like
+# "U100000000" once asked numpy for 24 GiB from a 2 KB file).
+STORED_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+                           "float16", "float32", "float64", "complex64", "complex128"})
+# Bounds of the tree a checkpoint may hold: herd writes trees about 8 deep, and never the
+# same list or dict twice (to_storable builds fresh containers); a pickle can, so that a
+# small file walks as an exponential tree (a "billion laughs" of references).
+MAX_DEPTH = 64
+
+
 def from_storable(value: Any) -> Any:
+    """to_storable's inverse, for a state check_tree passed: tagged tensors become the
+    numpy arrays they were (no copy), refusing any tag or layout herd does not write."""
     if isinstance(value, dict):
         if "__ndarray__" in value:
-            return value["__ndarray__"].numpy().astype(value["dtype"], copy=False)
+            return stored_array(value)
         return {k: from_storable(v) for k, v in value.items()}
     if isinstance(value, list):
         return [from_storable(v) for v in value]
     return value
+
+
+def stored_array(value: dict) -> np.ndarray:
+    tensor, tag = value["__ndarray__"], value.get("dtype")
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or tag not in STORED_DTYPES:
+        raise CheckpointError(f"holds an array tagged {str(tag)[:40]!r}, which herd does not write")
+    # What to_storable wrote: a whole contiguous buffer, whose bytes are its elements'.
+    exact = (tensor.is_contiguous() and tensor.storage_offset() == 0
+             and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size())
+    try:
+        array = tensor.numpy()
+    except (TypeError, RuntimeError):         # bfloat16 and other types numpy lacks
+        array = None
+    if not exact or array is None or array.dtype != np.dtype(tag):
+        raise CheckpointError(f"holds an array tagged {tag} whose stored data is {tensor.dtype} of shape "
+                              f"{tuple(tensor.shape)[:8]}: herd does not write that")
+    return array
+
+
+def check_tree(state: Any) -> None:
+    """Refuses (CheckpointError, message without the path) a tree deeper than MAX_DEPTH or
+    holding one container twice, before any recursive walk; walks iteratively."""
+    seen: set[int] = set()
+    stack = [(state, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if not isinstance(value, (dict, list, tuple)):
+            continue
+        if depth > MAX_DEPTH:
+            raise CheckpointError(f"nests containers more than {MAX_DEPTH} deep: herd does not write that")
+        if id(value) in seen:
+            raise CheckpointError("holds the same container twice: herd does not write that")
+        seen.add(id(value))
+        items = value.values() if isinstance(value, dict) else value
+        if isinstance(value, dict) and not all(isinstance(k, (str, int)) for k in value):
+            raise CheckpointError("has a dict key that is neither text nor a number: herd does not write that")
+        stack.extend((item, depth + 1) for item in items)
 
 
 def checksum(state: Any) -> str:
@@ -114,14 +167,6 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_atomic(state: dict, path: Path) -> None:
     """Writes `state` with its checksum (see `checksum`) under the "checksum" key."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,21 +223,49 @@ def find_checkpoint(url: str | os.PathLike) -> Path:
 
 
 def load_checkpoint(url: str | os.PathLike) -> tuple[dict, Path]:
+    """The checkpoint at `url` (a file, or a run folder's newest), verified: a CheckpointError
+    with one line for anything herd did not write, including sizes that cannot be met."""
     path = find_checkpoint(url)
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut or foreign file is not one
         raise CheckpointError(f"checkpoint '{path}' is truncated or corrupt (not a torch checkpoint archive)")
+    size, available = path.stat().st_size, psutil.virtual_memory().available
+    if size > available:              # loading holds the whole file in memory (torch reads every record)
+        raise CheckpointError(f"checkpoint '{path}' is {size / 2**30:.1f} GiB, more than the {available / 2**30:.1f} "
+                              "GiB of memory available: free memory, or load it on a larger machine")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_archive(path)
+        check_tree(state)
+        check_version(state, path)
+        state = from_storable(state)
+    except CheckpointError as err:
+        if str(err).startswith("checkpoint '"):
+            raise
+        raise CheckpointError(f"checkpoint '{path}' {err}") from None
+    except (MemoryError, RecursionError) as err:
+        raise CheckpointError(f"checkpoint '{path}' asks for more than this machine can give "
+                              f"({type(err).__name__}): herd does not write that") from None
+    return state, path
+
+
+def read_archive(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
-        reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        reason = " ".join(str(err).split())[:120] if str(err) else type(err).__name__
         raise CheckpointError(f"checkpoint '{path}' is truncated or corrupt ({reason})") from None
+    except MemoryError:
+        raise
     except Exception as err:  # an unpickling refusal: the file holds more than weights
         raise CheckpointError(f"checkpoint '{path}' cannot be loaded safely ({type(err).__name__})") from None
+
+
+def check_version(state: Any, path: Path) -> None:
+    """A format version herd reads, and for version 2 the checksum (popped from `state`)."""
     if not isinstance(state, dict) or "format_version" not in state:
         raise CheckpointError(f"'{path}' is not a herd checkpoint")
     version = state["format_version"]
-    if version not in (UNVERIFIED_VERSION, FORMAT_VERSION):
-        raise CheckpointError(f"checkpoint '{path}' has format version {version}, "
+    if type(version) is not int or version not in (UNVERIFIED_VERSION, FORMAT_VERSION):
+        raise CheckpointError(f"checkpoint '{path}' has format version {str(version)[:20]}, "
                               f"this herd reads versions {UNVERIFIED_VERSION} and {FORMAT_VERSION}")
     if version == FORMAT_VERSION:
         saved = state.pop("checksum", None)      # it was added after the digest was taken
@@ -200,18 +273,50 @@ def load_checkpoint(url: str | os.PathLike) -> tuple[dict, Path]:
             raise CheckpointError(f"checkpoint '{path}' has no checksum (format version {version} always has one)")
         if saved != checksum(state):
             raise CheckpointError(f"checkpoint '{path}' is corrupt: its contents do not match their checksum")
-    return from_storable(state), path
+
+
+# The parts a run reads before its session checks the rest (prepare(), test mode), and their types.
+PARTS = {"config": dict, "env_spec": dict, "model_signature": dict, "model": dict}
+
+
+def check_parts(state: dict, path: Path) -> None:
+    """A loaded state has what a run reads first, of the types herd writes (one line if not)."""
+    problem = None
+    for name, kind in PARTS.items():
+        if not isinstance(state.get(name), kind):
+            problem = f"has no {name} ({kind.__name__})"
+            break
+    else:
+        missing = [key for key in ("env", "obs_shape", "obs_dtype", "num_actions") if key not in state["env_spec"]]
+        if missing:
+            problem = f"has no {', '.join(missing)} in its env_spec"
+        elif not all(isinstance(v, torch.Tensor) for v in state["model"].values()):
+            problem = "holds a model entry that is not a tensor"
+        elif not all(isinstance(k, str) for k in state["config"]):
+            problem = "holds a config option whose name is not text"
+    if problem:
+        raise CheckpointError(f"checkpoint '{path}' {problem}: not a checkpoint herd wrote")
 
 
 def check_compatible(state: dict, env_spec: dict, model_signature: dict, path: Path) -> None:
     """Refuses a checkpoint made for another environment or another network."""
+    try:
+        compare_with_run(state, env_spec, model_signature, path)
+    except CheckpointError:
+        raise
+    except (TypeError, ValueError, KeyError) as err:     # a crafted env_spec or signature
+        raise CheckpointError(f"checkpoint '{path}' has an env_spec or model_signature herd does not write "
+                              f"({type(err).__name__})") from None
+
+
+def compare_with_run(state: dict, env_spec: dict, model_signature: dict, path: Path) -> None:
     saved_env = state["env_spec"]
     for key in ("obs_shape", "obs_dtype", "num_actions"):
         if list(np.atleast_1d(saved_env[key])) != list(np.atleast_1d(env_spec[key])):
             raise CheckpointError(
-                f"checkpoint '{path}' was made for {saved_env['env']} ({key} {saved_env[key]}), "
+                f"checkpoint '{path}' was made for {excerpt(saved_env['env'])} ({key} {excerpt(saved_env[key])}), "
                 f"not {env_spec['env']} ({key} {env_spec[key]})")
     saved_signature = {k: list(v) for k, v in state["model_signature"].items()}
     if saved_signature != {k: list(v) for k, v in model_signature.items()}:
-        raise CheckpointError(f"checkpoint '{path}' holds another network ({state['config'].get('network')} "
+        raise CheckpointError(f"checkpoint '{path}' holds another network ({excerpt(state['config'].get('network'))} "
                               f"with {len(saved_signature)} tensors) than the one configured")

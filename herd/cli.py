@@ -1,12 +1,14 @@
 """One parser for `python main.py --op_mode=...` (the seed's flags, verbatim) and
-`herd train|resume|test|multi ...`. Every dataclass field of herd.config is a flag,
-under its seed name and a dashed alias (`--batch_size` and `--batch-size`)."""
+`herd COMMAND ...` (COMMANDS: train, resume, test, plot, watch, export, multi). Every dataclass
+field of herd.config is an option under its seed name; which command takes which, and
+their spellings (`--batch-size`, `--use_lstm`, `--no-use_lstm`), are herd/cli_options.py's."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from herd import stopping
 from herd.errors import ConfigError, UserError
@@ -46,48 +48,142 @@ def default_text(f: dataclasses.Field) -> str:
     return text
 
 
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    from herd.config import SECTIONS
-    for section, cls in SECTIONS.items():
-        group = parser.add_argument_group(section)
-        for f in dataclasses.fields(cls):
-            names = [f"--{f.name}"]
-            dashed = f.name.replace("_", "-")
-            if dashed != f.name:
-                names.append(f"--{dashed}")
-            help_text = f.metadata.get("help", "") + default_text(f)
-            # Values stay strings here; herd.config.coerce converts them with clear errors.
-            group.add_argument(*names, dest=f.name, default=argparse.SUPPRESS, metavar=f.name.upper(),
-                               help=help_text.replace("%", "%%"))
+def option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string `parser` knows (for "did you mean")."""
+    return [name for action in parser._actions for name in action.option_strings]
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its one-line help, what adds its own arguments to its parser, and
+    what runs it: run(namespace, options) -> exit code, where options are the config
+    options typed on the command line. `config` names the set of config options it takes
+    (herd.cli_options.command_options), None for none."""
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, dict], int]
+    config: str | None = None
+
+
+def run_folder_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", nargs="?", help="run folder or checkpoint file (same as --load_model_url)")
+
+
+def no_arguments(parser: argparse.ArgumentParser) -> None:
+    """A command that takes only config options."""
+
+
+def plot_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", help="run folders; runs of one configuration are drawn as mean and band, "
+                                                 "a resumed run joined to the run it continues")
+    parser.add_argument("--out", help="folder for the figures (default: RUN/plots, or ./herd_plots for several runs)")
+    parser.add_argument("--compare", action="store_true", help="overlay the configurations on shared axes")
+    parser.add_argument("--format", default="png", choices=("png", "pdf", "svg"), help="file format of the figures")
+    parser.add_argument("--dpi", type=int, default=150, help="resolution of PNG figures (dots per inch)")
+    parser.add_argument("--band", default="se", choices=("se", "bootstrap", "none"),
+                        help="band around the mean of several runs: standard error, 95%% bootstrap interval, none")
+    parser.add_argument("--smooth", type=int, default=1,
+                        help="average the curves over this many grid points (1: no smoothing)")
+
+
+def watch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="the run folder")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
+
+
+def multi_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="a list of experiments, each a dict of overridden options")
+
+
+def run_config_command(namespace: argparse.Namespace, options: dict) -> int:
+    from herd.run import run_experiment
+    return run_experiment(options, argv=namespace.argv)
+
+
+def run_plot(namespace: argparse.Namespace, options: dict) -> int:
+    from herd.monitor.plot import plot_runs
+    for path in plot_runs(namespace.runs, namespace.out, namespace.compare, file_format=namespace.format,
+                          dpi=namespace.dpi, band=namespace.band, smooth=namespace.smooth):
+        print(path)
+    return 0
+
+
+def run_watch(namespace: argparse.Namespace, options: dict) -> int:
+    from herd.monitor.watch import watch
+    return watch(namespace.run, namespace.interval, namespace.once)
+
+
+def export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run folder or checkpoint file")
+    parser.add_argument("--out", help="folder for the files (default: RUN/export)")
+
+
+def run_export(namespace: argparse.Namespace, options: dict) -> int:
+    from herd.export import export_command
+    return export_command(namespace.run, namespace.out)
+
+
+def run_multi_command(namespace: argparse.Namespace, options: dict) -> int:
+    from herd.run import run_multi_file
+    return run_multi_file(namespace.file, options, argv=namespace.argv)
+
+
+# herd's subcommands, in the order `herd` lists them. A new one is one line here.
+COMMANDS: dict[str, Command] = {
+    "train": Command("start a new training run (needs --env)", no_arguments, run_config_command, "train"),
+    "resume": Command("continue a run from its checkpoint (op_mode=train_w_load)", run_folder_argument,
+                      run_config_command, "resume"),
+    "test": Command("play episodes with a saved policy; results go inside the run tested", run_folder_argument,
+                    run_config_command, "test"),
+    "plot": Command("figures of runs: score (mean and band), losses, policy lag, frames/s", plot_arguments, run_plot),
+    "watch": Command("a live terminal view of a run: score, fps, ETA, hardware", watch_arguments, run_watch),
+    "export": Command("the policy as TorchScript + safetensors + its preprocessing", export_arguments, run_export),
+    "multi": Command("run experiments from a JSON or YAML file in sequence", multi_arguments, run_multi_command,
+                     "multi"),
+}
+COMMAND_MODES = {"train": "train", "resume": "train_w_load", "test": "test"}
+# `herd test` plays a few games without a video unless asked (main.py keeps the seed's 1000 with one).
+TEST_DEFAULTS = {"test_episode_count": "10", "render": "false"}
+
+
+def herd_version() -> str:
+    from herd.provenance import package_version
+    return package_version("herd") or "unknown (not installed)"     # a checkout never installed
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="herd", description="herd: distributed deep RL (IMPALA, V-trace, CLEAR, LASER)")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    for name, help_text in (("train", "start a new training run"),
-                            ("resume", "continue a run from its checkpoint (op_mode=train_w_load)"),
-                            ("test", "play episodes with a saved policy")):
-        sub = commands.add_parser(name, help=help_text)
-        if name != "train":
-            sub.add_argument("run", nargs="?", help="run folder or checkpoint file (same as --load_model_url)")
-        add_config_flags(sub)
-    plot = commands.add_parser("plot", help="PNG figures of runs: score, losses, policy lag, frames/s")
-    plot.add_argument("runs", nargs="+", help="run folders; runs of one configuration are drawn as mean and spread")
-    plot.add_argument("--out", help="folder for the figures (default: RUN/plots, or ./herd_plots for several runs)")
-    plot.add_argument("--compare", action="store_true", help="overlay the configurations on shared axes")
-    watch = commands.add_parser("watch", help="a live terminal view of a run: score, fps, lag, hardware")
-    watch.add_argument("run", help="the run folder")
-    watch.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
-    watch.add_argument("--once", action="store_true", help="print one snapshot and exit")
-    multi = commands.add_parser("multi", help="run experiments from a JSON or YAML file in sequence")
-    multi.add_argument("file", help="a list of experiments, each a dict of overridden options")
-    add_config_flags(multi)
+    from herd.cli_options import HelpFormatter, add_config_flags
+    parser = OneLineParser(prog="herd", description="herd: distributed deep RL (IMPALA, V-trace, CLEAR, LASER)",
+                           allow_abbrev=False, formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"herd {herd_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser, metavar="COMMAND")
+    parser.commands = {}
+    for name, command in COMMANDS.items():
+        sub = commands.add_parser(name, help=command.help, description=command.help, allow_abbrev=False,
+                                  formatter_class=HelpFormatter,
+                                  # argparse's usage would repeat every option: the list below has them
+                                  usage=f"herd {name} [options]" if command.config else None)
+        command.arguments(sub)
+        if command.config:
+            add_config_flags(sub, command.config, default_text, TEST_DEFAULTS if name == "test" else None)
+        parser.commands[name] = sub
     return parser
 
 
+def command_list() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"herd {herd_version()}: distributed deep RL (IMPALA, V-trace, CLEAR, LASER)", "",
+             "usage: herd COMMAND [options]   (herd COMMAND --help: its options)", "", "commands:"]
+    lines += [f"  {name:<{width}}  {command.help}" for name, command in COMMANDS.items()]
+    return "\n".join(lines)
+
+
 def build_seed_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="main.py", description="herd, seed-compatible entry point")
-    add_config_flags(parser)
+    from herd.cli_options import HelpFormatter, add_config_flags
+    parser = OneLineParser(prog="main.py", description="herd, seed-compatible entry point", allow_abbrev=False,
+                           formatter_class=HelpFormatter, usage="main.py --op_mode=train|train_w_load|test [options]")
+    add_config_flags(parser, "main", default_text)
     return parser
 
 
@@ -97,17 +193,56 @@ def explicit_options(namespace: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(namespace).items() if k in FIELD_INFO}
 
 
-COMMAND_MODES = {"train": "train", "resume": "train_w_load", "test": "test"}
+def parse_known(parser: argparse.ArgumentParser, argv: list[str], command: str,
+                sub: argparse.ArgumentParser) -> argparse.Namespace:
+    """parse_args, with unknown options refused in one line that says what was meant."""
+    from herd.cli_options import did_you_mean
+    namespace, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise ConfigError(did_you_mean(unknown, option_strings(sub), command))
+    return namespace
+
+
+def parse_seed_args(argv: Sequence[str]) -> dict[str, Any]:
+    """main.py's and multi_train.py's command line -> the options typed."""
+    from herd.cli_options import normalize_argv
+    from herd.config import FIELD_INFO
+    parser = build_seed_parser()
+    return explicit_options(parse_known(parser, normalize_argv(argv, "main", FIELD_INFO), "main", parser))
 
 
 def parse_herd_args(argv: Sequence[str]) -> tuple[str, dict[str, Any], argparse.Namespace]:
-    namespace = build_parser().parse_args(argv)
+    import difflib
+
+    from herd.cli_options import normalize_argv
+    from herd.config import FIELD_INFO
+    argv = list(argv)
+    parser = build_parser()
+    name = argv[0] if argv else ""
+    if name in ("-h", "--help", "--version"):
+        parser.parse_args(argv)            # prints, then exits 0
+    if name.startswith("-"):
+        raise ConfigError(f"unknown option {name}: herd takes --help and --version; other options follow a "
+                          f"command (herd COMMAND --help; the commands: {', '.join(COMMANDS)})")
+    if name not in COMMANDS:
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        raise ConfigError(f"unknown command '{name}'" + (f" (did you mean {close[0]}?)" if close else "")
+                          + f"; the commands: {', '.join(COMMANDS)}")
+    command = COMMANDS[name]
+    rest = normalize_argv(argv[1:], command.config, FIELD_INFO) if command.config else argv[1:]
+    namespace = parse_known(parser, [name, *rest], name, parser.commands[name])
+    namespace.argv = ["herd", *argv]
     options = explicit_options(namespace)
-    if namespace.command in COMMAND_MODES:
-        options["op_mode"] = COMMAND_MODES[namespace.command]
+    if name in COMMAND_MODES:
+        options["op_mode"] = COMMAND_MODES[name]
         if getattr(namespace, "run", None):
             options["load_model_url"] = namespace.run
-    return namespace.command, options, namespace
+    if name == "train" and "env" not in options:
+        raise ConfigError("herd train needs --env: a gymnasium id such as --env CartPole-v1 or "
+                          "--env PongNoFrameskip-v4 (main.py keeps the seed's default, AtlantisNoFrameskip-v4)")
+    if name == "test":
+        options = {**TEST_DEFAULTS, **options}
+    return name, options, namespace
 
 
 def report_error(err: Exception) -> int:
@@ -116,23 +251,14 @@ def report_error(err: Exception) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print(command_list())
+        return 0
     with stop_handling():
-        from herd.run import run_experiment, run_multi_file
-
-        argv = list(sys.argv[1:] if argv is None else argv)
         try:
             command, options, namespace = parse_herd_args(argv)
-            if command == "plot":
-                from herd.monitor.plot import plot_runs
-                for path in plot_runs(namespace.runs, namespace.out, namespace.compare):
-                    print(path)
-                return 0
-            if command == "watch":
-                from herd.monitor.watch import watch
-                return watch(namespace.run, namespace.interval, namespace.once)
-            if command == "multi":
-                return run_multi_file(namespace.file, options)
-            return run_experiment(options)
+            return COMMANDS[command].run(namespace, options)
         except UserError as err:
             return report_error(err)
 
@@ -144,8 +270,8 @@ def seed_main(argv: Sequence[str] | None = None) -> int:
 
         argv = list(sys.argv[1:] if argv is None else argv)
         try:
-            options = explicit_options(build_seed_parser().parse_args(argv))
-            return run_experiment(options)
+            options = parse_seed_args(argv)
+            return run_experiment(options, argv=["main.py", *argv])
         except UserError as err:
             return report_error(err)
 

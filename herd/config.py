@@ -25,6 +25,7 @@ from herd.envs.actor_envs import ENV_BACKENDS
 from herd.envs.wrappers import REWARD_CLIPPING_METHODS
 from herd.learner.distributed import torchrun_world_size
 from herd.errors import ConfigError
+from herd.inputs import check_option_value, excerpt
 from herd.models import NETWORKS
 from herd.profiles import ALGORITHM_PROFILES, COMPILE_FROM_STEPS, MACHINE_PROFILES, PROFILES, machine_profile
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters, passes_per_batch
@@ -56,6 +57,10 @@ class GeneralConfig:
     save_replay: bool = opt(True, "save the replays' contents (LZ4-packed) with every checkpoint; turn off for very large buffers")
     device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda", ("cpu", "auto", "cuda"))
     algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER), apex (Ape-X: prioritized replay, n-step double dueling DQN; its own defaults, see README) or impact (IMPACT: a target network, a clipped surrogate and a circular buffer that trains on each batch several times; docs/impact.md)", tuple(ALGORITHMS))
+    # -- run names (issue 29) --
+    name: Optional[str] = opt(None, "a name for the run: its folder is <results_dir>/<name>_<env>_<algorithm>_<date-time>")
+    tag: Optional[str] = opt(None, "labels for the run, comma-separated (kept in config.json; the folder name carries them after the name; herd plot ignores both when grouping)")
+    # -- end run names
     actor_inference: str = opt("auto", "who chooses the actors' actions: local (each actor runs the model on its CPU), server (one batched inference server on --device for all actors), auto (server when the device is cuda)", ("auto", "local", "server"))
 
 
@@ -122,6 +127,7 @@ class ParallelConfig:
     ray_address: str = opt("local", "Ray backend: where the actors run. local: a private Ray started on this machine (loopback only, no dashboard, token auth, shut down at the end); auto: the cluster started on this machine with `ray start --head`; host:port: the head of a Ray cluster (its GCS port, 6379 unless changed)")
     actor_cpus: float = opt(1.0, "Ray backend: CPUs each actor reserves on its node (below 1: several actors share a core; above 1: a whole number); actors spread over the nodes that have room")
     replay_server: bool = opt(False, "Ray backend, Ape-X: keep the replay in its own Ray actor (a replay server) instead of in the learner process: actors' rollouts go to it without passing through the learner, which only receives sampled batches and sends priorities back; checkpoints still hold the replay")
+    ray_compress_obs: bool = opt(False, "Ray backend: actors LZ4-compress observations before they leave their node, the learner (or replay server) decompresses: on Pong 12x fewer bytes on the network per step at no measured cost in actor frames/s; pays where the learner's network link limits throughput (docs/netns-cluster.md)")
     replay_server_node: str = opt("learner", "Ray backend, --replay_server: the node it runs on. learner: the learner's node (it reserves no Ray CPU there, as the learner does not); or a node id (hex, as `ray list nodes` and summary.json show): it then reserves 1 CPU there, which no actor gets")
 
 
@@ -149,6 +155,7 @@ class StatsConfig:
     background_save: bool = opt(False, "write the metric files (episodes.csv, train.csv) from a background thread instead of the learner's")
     tensorboard: bool = opt(True, "write TensorBoard scalars into the run folder")
     hardware_interval: float = opt(5.0, "seconds between hardware figures (CPU and memory per process, replay memory, NVIDIA GPUs) in hardware.csv and TensorBoard; 0 turns them off")
+    wandb_project: Optional[str] = opt(None, "also log the training metrics and the config to this Weights & Biases project (needs pip install -e '.[wandb]'; WANDB_MODE=offline keeps it in RUN/wandb/ without a network); unset: no wandb")
 
 
 @dataclass
@@ -240,7 +247,7 @@ class Config:
         for name, value in values.items():
             section = FIELD_SECTION.get(name)
             if section is None:
-                raise ConfigError(f"unknown option '{name}'")
+                raise ConfigError(f"unknown option '{excerpt(name)}'")
             setattr(getattr(cfg, section), name, coerce(name, value))
         return cfg
 
@@ -268,7 +275,7 @@ def parse_bool(text: Any) -> bool:
         return True
     if lowered in ("false", "0", "no"):
         return False
-    raise ConfigError(f"'{text}' is not a boolean: use True/False/true/false/1/0")
+    raise ConfigError(f"'{excerpt(text)}' is not a boolean: use True/False/true/false/1/0")
 
 
 def parse_int_tuple(text: Any) -> tuple:
@@ -279,7 +286,7 @@ def parse_int_tuple(text: Any) -> tuple:
         cleaned = str(text).strip().strip("()[]").replace("x", ",")
         return tuple(int(v) for v in cleaned.split(",") if v.strip())
     except ValueError:
-        raise ConfigError(f"'{text}' is not a comma-separated list of integers (e.g. 84,84)") from None
+        raise ConfigError(f"'{excerpt(text)}' is not a comma-separated list of integers (e.g. 84,84)") from None
 
 
 def base_type(name: str):
@@ -294,6 +301,7 @@ def base_type(name: str):
 
 def coerce(name: str, value: Any) -> Any:
     """Turns a command-line string or JSON value into the field's type, with a clear error."""
+    check_option_value(name, value, base_type(name) is tuple)     # before anything reads it
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "auto", "")
                          and FIELD_INFO[name].default is None):
         return None
@@ -315,11 +323,19 @@ def coerce(name: str, value: Any) -> Any:
     except ConfigError as err:
         raise ConfigError(f"--{name}: {err}") from None
     except (TypeError, ValueError):
-        raise ConfigError(f"--{name}: '{value}' is not a valid {kind.__name__}") from None
+        raise ConfigError(f"--{name}: '{excerpt(value)}' is not a valid {kind.__name__}") from None
     choices = FIELD_INFO[name].metadata.get("choices")
     if choices and result not in choices:
-        raise ConfigError(f"--{name}: '{result}' is not one of {', '.join(choices)}")
+        raise ConfigError(f"--{name}: '{excerpt(result)}' is not one of {', '.join(choices)}")
     return result
+
+
+def check_option(name: Any, value: Any) -> None:
+    """One option of an experiment (herd multi, multi_train.py): a known name and a value
+    of its type, or a one-line ConfigError quoting at most an excerpt."""
+    if name not in FIELD_INFO:
+        raise ConfigError(f"unknown option '{excerpt(name)}'")
+    coerce(name, value)
 
 
 # ---------------------------------------------------------------------------- validation
@@ -388,7 +404,8 @@ def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
         names.append("learner_thread_count")        # from the cores and the precision
     if kind == "atari":
         names.append("learner_compile")             # long Atari runs (apply_profile)
-    names.append("learner_capture")                 # a CUDA learner (apply_profile)
+    if device.type == "cuda":
+        names.append("learner_capture")             # one CUDA graph per update (apply_profile)
     bf16, why = bf16_choice(device)
     return {"hardware": {"device": device.type, "cpu_cores": os.cpu_count() or 1, "bf16_units": bf16,
                          "bf16_because": why},
@@ -406,7 +423,7 @@ def resolve(command_line: dict[str, Any], overrides: dict[str, Any] | None = Non
     for layer in layers:
         for name, value in layer.items():
             if name not in FIELD_SECTION:
-                raise ConfigError(f"unknown option '{name}'")
+                raise ConfigError(f"unknown option '{excerpt(name)}'")
             merged[name] = value
     cfg = Config.from_flat(merged)
     if env_kind is not None:

@@ -6,20 +6,21 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from herd.algos import Algorithm, get_algorithm, trajectory_layout
 from herd.backends.ray_cluster import check_ray_address
-from herd.checkpoint import check_compatible, load_checkpoint
+from herd.checkpoint import check_compatible, check_parts, load_checkpoint
 from herd.config import Config, ConfigError, machine_picks, resolve
+from herd.inputs import excerpt
+from herd.sizes import check_memory, check_model_size, check_observation_size, check_thread_options
 from herd.envs import EnvSpec, describe_env
 from herd.envs.registry import profile_kind
 from herd.envs.actor_envs import resolve_env_backend
 from herd.models import build_model, model_signature, recurrent_core
+from herd.monitor.tracking import check_wandb
 from herd.trajectory import TrajectoryLayout
 
 
@@ -35,6 +36,53 @@ class Plan:
     checkpoint_path: Path | None = None
     # What the hardware decided (config.machine_picks): logged and written to config.json.
     machine_picks: dict[str, Any] | None = None
+    # The checkpoint's saved placement options that differ from this run's and were not
+    # applied (PLACEMENT_OPTIONS): {name: saved value}, for the run's log.
+    ignored_saved: dict[str, Any] | None = None
+
+
+# Where a run connects, computes and writes. A checkpoint's saved config never sets these
+# (design.md, rule 13): a shared checkpoint with a valid checksum could otherwise make
+# `herd resume` join a Ray head of its choosing as a driver (and unpickle what that sends)
+# or make `herd test` write wherever it says. They come from the command line,
+# multi_train.py's overrides, or the defaults; every other saved option keeps its place
+# in the precedence (command line > multi_train > checkpoint > defaults).
+PLACEMENT_OPTIONS = ("results_dir", "multiprocessing_backend", "ray_address", "replay_server", "replay_server_node",
+                     "device", "learner_count")
+
+
+def split_saved_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A checkpoint's saved config -> (the options a resume or test takes from it, the
+    placement options it does not). The saved run's own mode and source never leak either."""
+    kept, placement = {}, {}
+    for name, value in config.items():
+        if name in PLACEMENT_OPTIONS:
+            placement[name] = value
+        elif name not in ("op_mode", "load_model_url"):
+            kept[name] = value
+    return kept, placement
+
+
+def describe_ignored(ignored: dict[str, Any]) -> str:
+    """The log line naming the saved placement values that were not applied (excerpts:
+    a crafted value may be anything)."""
+    values = ", ".join(f"{name}={shown(value)}" for name, value in ignored.items())
+    return (f"not taken from the checkpoint's saved config (where a run connects and writes comes from the "
+            f"command line or the defaults): {values}")
+
+
+def shown(value: Any) -> str:
+    return repr(excerpt(value, 200)) if isinstance(value, str) else excerpt(value, 200)
+
+
+def ignored_placement(placement: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    """The saved placement values that differ from what this run uses (any value that is
+    not a plain scalar, which herd never saves there, counts as differing)."""
+    flat = cfg.to_flat()
+    return {name: value for name, value in placement.items()
+            if not isinstance(value, (str, int, float, bool, type(None))) or value != flat[name]}
+    # What made the run (herd.provenance, set by run.py): written to config.json and summary.json.
+    provenance: dict[str, Any] = field(default_factory=dict)
 
 
 def env_kwargs(cfg: Config) -> dict[str, Any]:
@@ -70,16 +118,39 @@ def check_seed_shapes(cfg: Config, spec: EnvSpec) -> None:
 
 
 def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) -> Plan:
-    """Resolves and checks everything; raises a herd.errors.UserError with a one-line message."""
+    """Resolves and checks everything; raises a herd.errors.UserError with a one-line message.
+    Sizes are checked before what they size is built (herd/sizes.py); should an allocation
+    fail anyway (memory taken by others meanwhile), that is one line too, not a traceback."""
+    try:
+        return prepare_checked(options, overrides)
+    except MemoryError:
+        raise ConfigError("this machine ran out of memory while preparing the run: lower the sizes "
+                          "(network, observations, replays) or free memory") from None
+    except RuntimeError as err:
+        if not allocation_failure(err):
+            raise
+        raise ConfigError(f"preparing the run could not allocate memory ({excerpt(str(err), 120)}): lower the "
+                          "sizes (network, observations, replays) or free memory") from None
+
+
+def allocation_failure(err: RuntimeError) -> bool:
+    """torch's allocators raise RuntimeError, not MemoryError, when an allocation fails."""
+    text = str(err).lower()
+    return any(words in text for words in ("defaultcpuallocator", "can't allocate memory", "out of memory",
+                                           "not enough memory"))
+
+
+def prepare_checked(options: dict[str, Any], overrides: dict[str, Any] | None) -> Plan:
     mode = options.get("op_mode", (overrides or {}).get("op_mode", "train"))
     url = options.get("load_model_url", (overrides or {}).get("load_model_url"))
     checkpoint = path = saved = None
+    placement: dict[str, Any] = {}
     if mode in ("train_w_load", "test"):
         if not url:
             raise ConfigError(f"--op_mode={mode} needs --load_model_url=<run folder or checkpoint file>")
         checkpoint, path = load_checkpoint(url)
-        # The saved run's own mode and source must not leak into this one.
-        saved = {k: v for k, v in checkpoint["config"].items() if k not in ("op_mode", "load_model_url")}
+        check_parts(checkpoint, path)
+        saved, placement = split_saved_config(checkpoint["config"])
     cfg = resolve(options, overrides, saved, env_kind=profile_kind)
     if saved is not None and saved.get("algorithm", "impala") != cfg.general.algorithm:
         # Ape-X's dueling Q head has the same parameter shapes as IMPALA's heads: only the
@@ -90,6 +161,9 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
         cfg.general.seed = random.randrange(2**31)
     check_action_kind(cfg)      # before validate(): Ape-X's replay checks would hide the reason
     cfg.validate()
+    check_wandb(cfg.stats.wandb_project)
+    check_thread_options(cfg)
+    check_observation_size(cfg)  # before describe_env makes one
     cfg.parallel.env_backend = resolve_env_backend(cfg.parallel.env_backend, cfg.env.env)  # saved as it ran
     spec = describe_env(cfg.env.env, **{k: v for k, v in env_kwargs(cfg).items() if k != "max_episode_steps"})
     check_seed_shapes(cfg, spec)
@@ -102,6 +176,9 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
                         # --use_lstm (issue 13): only then a key, so feed-forward kwargs stay as they were
                         **({"lstm_size": cfg.network.lstm_size} if cfg.network.use_lstm else {}),
                         **continuous_model_options(cfg, spec))
+    # Local actors each hold a model; a Ray cluster's actors run on its other machines.
+    elsewhere = cfg.parallel.multiprocessing_backend == "ray" and cfg.parallel.ray_address != "local"
+    check_model_size(cfg, model_kwargs, 0 if mode == "test" or elsewhere else cfg.parallel.worker_count)
     try:
         model = build_model(**model_kwargs)
     except ValueError as err:
@@ -120,7 +197,7 @@ def prepare(options: dict[str, Any], overrides: dict[str, Any] | None = None) ->
     check_results_dir(cfg.general.results_dir)
     given = {*options, *(overrides or {}), *(saved or {})}
     return Plan(cfg, spec, model_kwargs, layout, algorithm, checkpoint, path,
-                machine_picks(cfg, profile_kind(cfg.env.env), given))
+                machine_picks(cfg, profile_kind(cfg.env.env), given), ignored_placement(placement, cfg))
 
 
 # -- continuous control (issue 13) ------------------------------------------------------
@@ -174,29 +251,35 @@ def check_continuous(cfg: Config, spec: EnvSpec, algorithm: Algorithm) -> None:
 # -- end continuous control
 
 
-def check_memory(cfg: Config, layout: TrajectoryLayout) -> None:
-    """Impossible sizes: replays (and slots) that cannot fit in this machine's memory."""
-    trajectories = sum(spec.capacity for spec in cfg.replays if not spec.on_policy)
-    trajectories += 2 * cfg.parallel.worker_count * cfg.parallel.shared_queue_size * cfg.parallel.envs_per_worker
-    needed = trajectories * layout.nbytes()
-    available = psutil.virtual_memory().total
-    if needed > 0.8 * available:
-        raise ConfigError(f"the replays and trajectory slots need {needed / 2**30:.1f} GiB but this machine has "
-                          f"{available / 2**30:.1f} GiB: lower the replay capacities, envs_per_worker or r_f_steps")
+# Kernel file systems: a run folder there fails at its first write, or writes a setting.
+PSEUDO_FILE_SYSTEMS = (Path("/proc"), Path("/sys"))
 
 
 def check_results_dir(results_dir: str) -> None:
     """The results folder must be a folder that can be made or written, checked on the
-    nearest part of the path that exists (nothing is created here)."""
+    nearest part of the path that exists (nothing is created here); a NUL byte, an
+    over-long path or a kernel file system (/proc, /sys) is refused with one line too."""
+    shown = excerpt(results_dir)
+    if "\0" in results_dir:
+        raise ConfigError(f"--results_dir '{shown}' holds a NUL byte, which no path can: give a folder path")
     path = Path(results_dir).absolute()
-    existing = path
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        where = "is a file" if existing == path else f"is under '{existing}', which is a file"
-        raise ConfigError(f"--results_dir '{results_dir}' {where}, not a folder: give a folder for the run folders")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"--results_dir '{results_dir}': '{existing}' is not writable (permissions or a "
+    real = Path(os.path.realpath(path))
+    if any(root == where or root in where.parents for root in PSEUDO_FILE_SYSTEMS for where in (path, real)):
+        raise ConfigError(f"--results_dir '{shown}' is in a kernel file system (/proc, /sys), where run folders "
+                          "cannot be written: give a folder on a disk")
+    try:
+        existing = path
+        while not existing.exists():
+            existing = existing.parent
+        usable = existing.is_dir(), os.access(existing, os.W_OK | os.X_OK)
+    except OSError as err:                      # a name too long, a loop of links, no permission to look
+        raise ConfigError(f"--results_dir '{shown}' cannot be used ({err.strerror or type(err).__name__}): give "
+                          "another folder") from None
+    if not usable[0]:
+        where = "is a file" if existing == path else f"is under '{excerpt(str(existing))}', which is a file"
+        raise ConfigError(f"--results_dir '{shown}' {where}, not a folder: give a folder for the run folders")
+    if not usable[1]:
+        raise ConfigError(f"--results_dir '{shown}': '{excerpt(str(existing))}' is not writable (permissions or a "
                           "read-only file system): give a folder you can write")
 
 

@@ -3,9 +3,11 @@ test; and `herd multi`, experiments in sequence. The top of the import graph: no
 herd imports this module."""
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
+import re
 import signal
 import sys
 import time
@@ -15,11 +17,15 @@ import numpy as np
 import torch
 
 from herd import stopping
-from herd.config import Config, ConfigError, resolve
+from herd.backends.start import start_fork_server
+from herd.checkpoint import CHECKPOINT_DIR
+from herd.config import Config, ConfigError, check_option, resolve
 from herd.errors import UserError
 from herd.evaluate import test_policy
 from herd.files import write_json
-from herd.plan import prepare
+from herd.inputs import check_experiments, describe, excerpt, read_experiments
+from herd.plan import describe_ignored, prepare
+from herd.provenance import provenance
 from herd.devices import learner_device, use_deterministic_algorithms
 from herd.learner.distributed import from_primary, leave_group, torchrun_group, torchrun_world_size
 from herd.train import learner_logging, train
@@ -34,22 +40,60 @@ class RunDirError(UserError):
     still refuse: a read-only mount, a full disk, a folder removed meanwhile)."""
 
 
-def make_run_dir(cfg: Config) -> Path:
-    """results/<env>_<unix_timestamp>, unique even when two runs start in the same second."""
-    base = Path(cfg.general.results_dir)
-    name = cfg.env.env.replace("/", "-")
-    stamp = int(time.time())
-    while True:
-        run_dir = base / f"{name}_{stamp}"
+# A run's --name and --tag become part of its folder's name: letters, digits, . _ - only.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def check_run_name(cfg: Config) -> None:
+    """--name and --tag must be usable in a folder name (one line, before anything is written)."""
+    for option, value in (("name", cfg.general.name), *(("tag", tag) for tag in run_tags(cfg))):
+        if value is not None and not SAFE_NAME.match(value):
+            raise ConfigError(f"--{option}={value!r}: use 1-64 letters, digits, '.', '_' or '-' "
+                              "(it becomes part of the run folder's name)")
+
+
+def run_tags(cfg: Config) -> list[str]:
+    return [tag.strip() for tag in (cfg.general.tag or "").split(",") if tag.strip()]
+
+
+def run_folder_name(cfg: Config, now: float) -> str:
+    """[<name>_][<tag>+<tag>_]<env>_<algorithm>_<YYYYmmdd-HHMMSS>: a listing of results/
+    says what each run was, and sorts one configuration's runs by time."""
+    env = re.sub(r"[^A-Za-z0-9._-]", "-", cfg.env.env)       # MinAtar/Breakout-v1, my_pkg:MyEnv-v0
+    parts = [cfg.general.name, "+".join(run_tags(cfg)) or None, env, cfg.general.algorithm,
+             time.strftime("%Y%m%d-%H%M%S", time.localtime(now))]
+    return "_".join(part for part in parts if part)
+
+
+def make_run_dir(cfg: Config, base: Path | None = None, name: str | None = None) -> Path:
+    """results/<run_folder_name>, unique even when two runs start in the same second (-2, -3...).
+    base, name: another place and name (a test's folder inside the run it tests)."""
+    base = Path(cfg.general.results_dir) if base is None else base
+    name = name or run_folder_name(cfg, time.time())
+    for attempt in itertools.count(1):
+        run_dir = base / (name if attempt == 1 else f"{name}-{attempt}")
         try:
             run_dir.mkdir(parents=True, exist_ok=False)
             return run_dir
         except FileExistsError:
-            if not run_dir.is_dir():   # a file on the way (not a taken name): another stamp cannot help
+            if not run_dir.is_dir():   # a file on the way (not a taken name): another suffix cannot help
                 raise RunDirError(f"cannot create the run folder '{run_dir}': a file is in the way") from None
-            stamp += 1
         except OSError as err:
             raise RunDirError(f"cannot create the run folder '{run_dir}': {err.strerror or err}") from None
+    raise AssertionError("unreachable")
+
+
+def test_dir(plan, command_line: dict) -> Path:
+    """Where `herd test` writes: <run>/tests/<time> inside the run it tests, unless
+    --results_dir was typed (then <results_dir>/test_<run>_<time>), or the checkpoint is a
+    lone file outside any run folder (then the results folder)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    checkpoint = Path(plan.checkpoint_path)
+    run = checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINT_DIR else None
+    if "results_dir" in command_line or run is None or not (run / "config.json").is_file():
+        tested = run.name if run is not None else checkpoint.stem
+        return make_run_dir(plan.cfg, name=f"test_{tested}_{stamp}")
+    return make_run_dir(plan.cfg, base=run / "tests", name=stamp)
 
 
 class RunLogFile(logging.FileHandler):
@@ -91,36 +135,57 @@ def seed_everything(cfg: Config) -> None:
     use_deterministic_algorithms(cfg.general.reproducible)
 
 
-def run_experiment(options: dict, overrides: dict | None = None) -> int:
-    """Runs one experiment; returns the process exit code (2 for bad input)."""
+def prepare_run(options: dict, overrides: dict | None = None):
+    """prepare() and the run folder's name checked: a Plan, or a UserError's one line."""
+    plan = prepare(options, overrides)
+    check_run_name(plan.cfg)
+    return plan
+
+
+def run_experiment(options: dict, overrides: dict | None = None, argv: list[str] | None = None) -> int:
+    """Runs one experiment; returns the process exit code (2 for bad input). argv: the
+    command line that asked for it, as recorded in the run (default: sys.argv)."""
     try:
-        plan = prepare(options, overrides)
+        plan = prepare_run(options, overrides)
     except USER_ERRORS as err:
         print(f"herd: error: {err}", file=sys.stderr)
         return 2
+    return run_plan(plan, options, argv)[0]
+
+
+def run_plan(plan, options: dict | None = None, argv: list[str] | None = None) -> tuple[int, Path | None]:
+    """Runs a checked plan: (the exit code, the run folder or None when none was made).
+    The Python API (herd/api.py) calls this to learn which folder its run wrote.
+    options: the command line's options (where `herd test` writes depends on them); argv:
+    the command line that asked for the run, as recorded in it (default: sys.argv)."""
     if stopping.requested():   # Ctrl+C or SIGTERM while checking: nothing was written yet
         print("[herd] stopped before the run started: no run folder was made", file=sys.stderr)
-        return 0
+        return 0, None
+    plan.provenance = provenance(sys.argv if argv is None else argv)
+    if plan.cfg.general.op_mode != "test" and plan.cfg.parallel.multiprocessing_backend == "python_native":
+        start_fork_server()    # the actors' fork server imports torch while the learner sets up
     if plan.cfg.general.op_mode != "test" and torchrun_world_size() is not None:
-        return run_under_torchrun(plan)
+        return run_under_torchrun(plan), None
     try:
-        run_dir = make_run_dir(plan.cfg)
+        run_dir = test_dir(plan, options or {}) if plan.cfg.general.op_mode == "test" else make_run_dir(plan.cfg)
         setup_logging(run_dir, plan.cfg.general.debug)
         seed_everything(plan.cfg)
         write_config(plan, run_dir)
     except OSError as err:
         print(f"herd: error: cannot write the run folder: {' '.join(str(err).split())}", file=sys.stderr)
-        return 1
+        return 1, None
     except RunDirError as err:
         print(f"herd: error: {err}", file=sys.stderr)
-        return 1
+        return 1, None
     log.info("run folder %s", run_dir)
+    if plan.ignored_saved:
+        log.info(describe_ignored(plan.ignored_saved))
     if plan.cfg.general.op_mode != "test" and plan.machine_picks and plan.machine_picks["options"]:
         log.info("picked for this machine (%s): %s", describe_hardware(plan.machine_picks["hardware"]),
                  ", ".join(f"{name}={value}" for name, value in plan.machine_picks["options"].items()))
     if plan.cfg.general.op_mode == "test":
-        return interruptible_test(plan, run_dir)
-    return train(plan, run_dir)
+        return interruptible_test(plan, run_dir), run_dir
+    return train(plan, run_dir), run_dir
 
 
 def interruptible_test(plan, run_dir: Path) -> int:
@@ -157,6 +222,7 @@ def write_config(plan, run_dir: Path) -> None:
         config["continues_from"] = str(plan.checkpoint_path)
     if plan.machine_picks is not None:
         config["picked_for_this_machine"] = plan.machine_picks
+    config["provenance"] = plan.provenance
     write_json(run_dir / "config.json", config)
 
 
@@ -167,11 +233,14 @@ def run_under_torchrun(plan) -> int:
     group = torchrun_group(learner_device(cfg.general.device).type, cfg.parallel.learner_timeout)
     try:
         run_dir = make_run_dir(cfg) if group.primary else None
-        run_dir, cfg.general.seed = from_primary([run_dir, cfg.general.seed])
+        folder, cfg.general.seed = from_primary([None if run_dir is None else str(run_dir), cfg.general.seed])
+        run_dir = Path(folder)      # JSON, never a pickle, crosses between the learners
         if group.primary:
             setup_logging(run_dir, cfg.general.debug)
             write_config(plan, run_dir)
             log.info("run folder %s (torchrun: %d learners)", run_dir, group.size)
+            if plan.ignored_saved:
+                log.info(describe_ignored(plan.ignored_saved))
         else:
             learner_logging(group.rank, cfg.general.debug)
         seed_everything(cfg)
@@ -181,14 +250,9 @@ def run_under_torchrun(plan) -> int:
 
 
 def load_experiments(path: str) -> list[dict]:
-    text = Path(path).read_text()
-    if path.endswith((".yaml", ".yml")):
-        import yaml
-        experiments = yaml.safe_load(text)
-    else:
-        experiments = json.loads(text)
-    if not isinstance(experiments, list) or not all(isinstance(e, dict) for e in experiments):
-        raise ConfigError(f"{path} must hold a list of experiments, each a dict of options")
+    """The experiments of a JSON or YAML file, size, depth and values checked (herd.inputs)."""
+    experiments = read_experiments(path)
+    check_experiments(experiments, check_option)
     return experiments
 
 
@@ -214,10 +278,15 @@ def stopped_by_signal(code: int, before: set[Path], after: set[Path]) -> bool:
     return False
 
 
-def run_multi(experiments: list[dict], command_line: dict) -> int:
+def run_multi(experiments: list[dict], command_line: dict, argv: list[str] | None = None) -> int:
     """Runs experiments in sequence; a failing one is logged and the rest go on, but a stop
     request (Ctrl+C, SIGTERM) ends the sequence. Returns 0 when all succeeded, 1 when any
     failed, 130 when stopped."""
+    try:
+        check_experiments(experiments, check_option)    # before any is echoed: values are bounded then
+    except ConfigError as err:
+        print(f"herd: error: {err}", file=sys.stderr)
+        return 2
     bad = first_bad_experiment(experiments, command_line)
     if bad:
         print(f"herd: error: {bad}", file=sys.stderr)
@@ -226,10 +295,10 @@ def run_multi(experiments: list[dict], command_line: dict) -> int:
     for index, overrides in enumerate(experiments, start=1):
         if stopping.requested():   # a stop between two experiments ends the sequence too
             return 130
-        print(f"[herd] experiment {index}/{len(experiments)}: {json.dumps(overrides)}", file=sys.stderr)
+        print(f"[herd] experiment {index}/{len(experiments)}: {describe(overrides)}", file=sys.stderr)
         before = summaries(command_line, overrides)
         try:
-            code = run_experiment(command_line, overrides)
+            code = run_experiment(command_line, overrides, argv)
         except Exception as err:  # one broken experiment must not stop the others
             print(f"[herd] experiment {index} raised {type(err).__name__}: {err}", file=sys.stderr)
             code = 1
@@ -239,7 +308,7 @@ def run_multi(experiments: list[dict], command_line: dict) -> int:
             return 130
         if code != 0:
             # Named here too: the experiment's own error line may be far up in a long log.
-            print(f"[herd] experiment {index} failed (exit code {code}): {json.dumps(overrides)}", file=sys.stderr)
+            print(f"[herd] experiment {index} failed (exit code {code}): {describe(overrides)}", file=sys.stderr)
             failed.append(index)
     print(f"[herd] {len(experiments) - len(failed)}/{len(experiments)} experiments succeeded"
           + (f"; failed: {', '.join(map(str, failed))}" if failed else ""), file=sys.stderr)
@@ -252,19 +321,19 @@ def first_bad_experiment(experiments: list[dict], command_line: dict) -> str | N
     first problem as one line, or None."""
     for index, overrides in enumerate(experiments, start=1):
         try:
-            prepare(command_line, overrides)
+            prepare_run(command_line, overrides)
         except USER_ERRORS as err:
-            return f"experiment {index}/{len(experiments)} {json.dumps(overrides)}: {err} (nothing was run)"
+            return f"experiment {index}/{len(experiments)} {describe(overrides)}: {err} (nothing was run)"
     return None
 
 
-def run_multi_file(path: str, command_line: dict) -> int:
+def run_multi_file(path: str, command_line: dict, argv: list[str] | None = None) -> int:
     import yaml
     try:
         experiments = load_experiments(path)
     except ConfigError:
         raise
     except (OSError, ValueError, yaml.YAMLError) as err:  # YAMLError is no ValueError
-        reason = " ".join(str(err).split())                # YAML's messages span lines
-        raise ConfigError(f"cannot read experiments from '{path}': {reason}") from None
-    return run_multi(experiments, command_line)
+        reason = excerpt(" ".join(str(err).split()), 200)  # YAML's messages span lines and quote the input
+        raise ConfigError(f"cannot read experiments from '{excerpt(path)}': {reason}") from None
+    return run_multi(experiments, command_line, argv)

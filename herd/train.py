@@ -28,12 +28,13 @@ from herd.devices import learner_device, use_deterministic_algorithms
 from herd.errors import ActorFailure, LearnerFailure, ReplayLost, SaveFailed, TrainingDiverged
 from herd.eval_worker import EvalSpec, Evaluator
 from herd.learner.batches import DirectBatches, PrefetchedBatches, ReplayElsewhere
-from herd.learner.distributed import (GroupSync, LearnerGroup, broadcast_state, free_port, join_group, leave_group,
-                                      share_of, short_reason)
+from herd.learner.distributed import (GroupSync, LearnerGroup, broadcast_state, join_group, leave_group,
+                                      private_rendezvous, share_of, short_reason)
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.session import SessionOptions, TrainingSession
 from herd.models import build_model, model_signature, observation_normalizer
 from herd.monitor.hardware import HardwareMonitor
+from herd.monitor.tracking import tracked
 from herd.monitor.metrics import RunMetrics
 from herd.monitor.progress import ProgressLine
 from herd.monitor.stats import EpisodeStats
@@ -53,9 +54,14 @@ def build_mixer(plan: Plan, model: torch.nn.Module | None, device: torch.device,
     specs = cfg.replays
     shares = batch_shares(specs, cfg.train.batch_size // cfg.parallel.learner_count)
     seed = cfg.general.seed + 1000 * rank       # each learner samples its replays its own way
+    # A GPU learner keeps queue and uniform replays in its memory and gathers batches there.
+    storage_device = device if device.type == "cuda" else None
+    if storage_device is not None and any(spec.type in ("queue", "standard") for spec in specs):
+        log.info("replays: queue and standard keep their trajectories in %s memory (uncompressed uint8 frames; "
+                 "--use_replay_compression applies to host replays)", device)
     replays = [build_replay(spec, plan.layout, share, cfg.parallel.envs_per_worker, compress=r.use_replay_compression,
                             compression_level=r.lz4_compression_level, anneal_rounds_base=cfg.train.lr_scheduler_steps,
-                            seed=seed + index, n_step=cfg.train.n_step)
+                            seed=seed + index, n_step=cfg.train.n_step, storage_device=storage_device)
                for index, (spec, share) in enumerate(zip(specs, shares))]
     if model is not None:
         for replay in replays:
@@ -117,10 +123,12 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
                           "model_signature": model_signature(model), "run_dir": str(run_dir)},
         max_bad_updates=cfg.train.max_bad_updates, save_replay=cfg.general.save_replay,
         max_policy_lag=cfg.train.max_policy_lag, metric_names=algorithm.metric_names,
-        description={"algorithm": algorithm.name, **algorithm.describe_optimization(cfg)}, primary=primary,
+        description={"algorithm": algorithm.name, **algorithm.describe_optimization(cfg),
+                     "provenance": plan.provenance}, primary=primary,
         least_exploring_actor=algorithm.least_exploring_actor(cfg.parallel.worker_count))
     metrics = RunMetrics(run_dir, cfg.stats.tensorboard, options.train_columns(), background=cfg.stats.background_save,
                          episode_columns=options.episode_columns()) if primary else None
+    metrics = tracked(metrics, cfg.to_flat(), run_dir, cfg.stats.wandb_project)   # wandb, TensorBoard HParams
     progress = ProgressLine(cfg.train.environment_max_steps, enabled=cfg.stats.basic_verbose and primary)
     session = TrainingSession(plan.layout, learner, build_batches(plan, model, device, group.rank if group else 0),
                               EpisodeStats(cfg.stats.avg_buff_size), metrics, progress, run_dir, options)
@@ -274,17 +282,22 @@ def one_line(err: BaseException) -> str:
 
 
 def launch_learners(plan: Plan, run_dir: Path) -> int:
-    """Learner 0 runs here; learners 1..N-1 in spawned processes, all on 127.0.0.1:<free port>.
-    Returns 1 when any learner failed."""
+    """Learner 0 runs here; learners 1..N-1 in spawned processes; they meet through a file in
+    a private folder and talk over the loopback interface. Returns 1 when any learner failed."""
+    with private_rendezvous() as rendezvous:
+        return run_learners(plan, run_dir, rendezvous)
+
+
+def run_learners(plan: Plan, run_dir: Path, rendezvous: str) -> int:
     cfg = plan.cfg
-    count, port = cfg.parallel.learner_count, free_port()
+    count = cfg.parallel.learner_count
     context = mp.get_context("spawn")
     # The others never load the replay (only the primary's is saved): don't pickle it to them.
     light = Plan(**{**plan.__dict__, "checkpoint": None if plan.checkpoint is None else
                     {k: v for k, v in plan.checkpoint.items() if k != "replay"}})
     # Not daemonic: a learner starts actor processes of its own.
     others = [context.Process(target=learner_process, name=f"herd-learner-{rank}",
-                              args=(rank, count, port, light, run_dir)) for rank in range(1, count)]
+                              args=(rank, count, rendezvous, light, run_dir)) for rank in range(1, count)]
     for process in others:
         process.start()
     log.info("%d learners (pids %s); each trains on %d of every %d trajectories", count,
@@ -293,7 +306,8 @@ def launch_learners(plan: Plan, run_dir: Path) -> int:
     code = 1
     try:
         try:
-            group = join_group(0, count, learner_device(cfg.general.device).type, cfg.parallel.learner_timeout, port)
+            group = join_group(0, count, learner_device(cfg.general.device).type, cfg.parallel.learner_timeout,
+                               rendezvous)
         except Exception as err:  # the store or gloo: a learner that never came
             log.error("the %d learners did not all start within --learner_timeout=%g s (%s): nothing was trained",
                       count, cfg.parallel.learner_timeout, short_reason(err))
@@ -312,7 +326,7 @@ def launch_learners(plan: Plan, run_dir: Path) -> int:
     return code
 
 
-def learner_process(rank: int, count: int, port: int, plan: Plan, run_dir: Path) -> None:
+def learner_process(rank: int, count: int, rendezvous: str, plan: Plan, run_dir: Path) -> None:
     """A learner other than the primary, in its own process (launch_learners)."""
     learner_logging(rank, plan.cfg.general.debug)
     seed = plan.cfg.general.seed + rank
@@ -322,7 +336,7 @@ def learner_process(rank: int, count: int, port: int, plan: Plan, run_dir: Path)
     use_deterministic_algorithms(plan.cfg.general.reproducible)
     try:
         group = join_group(rank, count, learner_device(plan.cfg.general.device).type,
-                           plan.cfg.parallel.learner_timeout, port)
+                           plan.cfg.parallel.learner_timeout, rendezvous)
         code = train_learner(plan, run_dir, group)
     finally:
         leave_group()

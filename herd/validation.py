@@ -15,6 +15,7 @@ from herd.algos import ALGORITHMS
 from herd.backends import check_backend
 from herd.devices import learner_device
 from herd.errors import ConfigError
+from herd.inputs import excerpt
 from herd.learner.distributed import torchrun_world_size
 from herd.replay.spec import batch_shares
 
@@ -32,7 +33,7 @@ def parse_eval_interval(text: str) -> tuple[int | None, float | None]:
         value = float("nan")
     seconds = cleaned.endswith("s")
     if not 0 < value < float("inf") or (not seconds and not value.is_integer()):
-        raise ConfigError(f"--eval_interval must be a whole number of updates (500) or of seconds (60s), got '{text}'")
+        raise ConfigError(f"--eval_interval must be a whole number of updates (500) or of seconds (60s), got '{excerpt(text)}'")
     return (None, value) if seconds else (int(value), None)
 
 
@@ -299,8 +300,11 @@ def validate_ray(cfg: Config) -> None:
     if address not in ("local", "auto"):
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"--ray_address must be local, auto or host:port (e.g. 10.0.0.5:6379), got '{address}'")
+            raise ConfigError(f"--ray_address must be local, auto or host:port (e.g. 10.0.0.5:6379), got '{excerpt(address)}'")
     check_replay_server(cfg)
+    if p.ray_compress_obs and p.multiprocessing_backend != "ray":
+        raise ConfigError("--ray_compress_obs=True compresses what Ray actors send between nodes: it needs "
+                          "--multiprocessing_backend=ray (local actors share memory with the learner: drop it)")
     if p.multiprocessing_backend != "ray":
         return
     if (p.learner_count or 1) > 1:
@@ -317,7 +321,7 @@ def check_replay_server(cfg: Config) -> None:
     node = str(p.replay_server_node).strip()
     if node != "learner" and not (len(node) == NODE_ID_HEX and all(c in "0123456789abcdef" for c in node.lower())):
         raise ConfigError(f"--replay_server_node must be learner or a Ray node id ({NODE_ID_HEX} hex digits, as "
-                          f"`ray list nodes` shows), got '{node}'")
+                          f"`ray list nodes` shows), got '{excerpt(node)}'")
     if not p.replay_server:
         if node != "learner":
             raise ConfigError(f"--replay_server_node={node} places a replay server, but --replay_server is off: "
@@ -325,8 +329,8 @@ def check_replay_server(cfg: Config) -> None:
         return
     if p.multiprocessing_backend != "ray":
         raise ConfigError("--replay_server=True runs the replay in a Ray actor: it needs --multiprocessing_backend=ray "
-                          "(the local backend keeps the replay in the learner: add --replay_server=False, also to "
-                          "resume such a run's checkpoint there)")
+                          "(the local backend keeps the replay in the learner: drop --replay_server or give "
+                          "--replay_server=False)")
     if cfg.general.algorithm != "apex":
         raise ConfigError(f"--replay_server=True is built for --algorithm=apex only, not {cfg.general.algorithm} "
                           "(an on-policy queue would send every fresh trajectory to the server and back, and elite "

@@ -10,7 +10,11 @@ could.
 The check relies on each side's stores and loads reaching memory in program order, which
 x86-64 guarantees. On a weakly ordered CPU a pull could, rarely, mix two consecutive
 versions: harmless to the learning maths, because every trajectory records the behaviour
-policy's own outputs (logits, Q values) and the losses correct against those."""
+policy's own outputs (logits, Q values) and the losses correct against those.
+
+The one writer can die too (kill -9 inside its few-millisecond copy), leaving the sequence
+odd for good: a reader that sees the same odd sequence for PUBLISH_DEADLINE_S gives up with
+an error instead of spinning on as an orphan."""
 from __future__ import annotations
 
 import time
@@ -18,6 +22,8 @@ import time
 import torch
 import torch.multiprocessing as mp
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+PUBLISH_DEADLINE_S = 30.0   # a publish is one memcpy (milliseconds): this long odd means its writer died
 
 
 class SharedWeights:
@@ -36,6 +42,11 @@ class SharedWeights:
         publishes into a given SharedWeights (the learner, or the primary of several)."""
         with torch.no_grad():
             vector = parameters_to_vector(model.parameters()).detach().cpu()  # off the GPU first
+        return self.publish_vector(vector, version)
+
+    def publish_vector(self, vector: torch.Tensor, version: int | None = None) -> int:
+        """publish() from the flat parameters already on the host (herd/learner/publisher.py
+        copies them off a GPU without blocking the learner)."""
         self._sequence.value += 1
         self.flat.copy_(vector)
         self._version.value = self._version.value + 1 if version is None else version
@@ -53,6 +64,7 @@ class SharedWeights:
 
     def snapshot(self) -> tuple[torch.Tensor, int]:
         """(a copy of the flat weights, their version), never half of one publish."""
+        stuck, since = None, 0.0        # an odd sequence seen, and since when
         while True:
             before = self._sequence.value
             if before % 2 == 0:
@@ -60,4 +72,9 @@ class SharedWeights:
                 version = int(self._version.value)
                 if self._sequence.value == before:
                     return vector, version
+            elif before != stuck:
+                stuck, since = before, time.monotonic()
+            elif time.monotonic() - since > PUBLISH_DEADLINE_S:
+                raise RuntimeError(f"the weights' publisher stopped inside a publish (no progress for "
+                                   f"{PUBLISH_DEADLINE_S:g} s): it died or hangs")
             time.sleep(0)   # a publish is copying in (a memcpy): let it finish

@@ -86,9 +86,17 @@ def log_text(results: Path) -> str:
 
 
 def actor_pids(process) -> set[int]:
-    """The herd process's children other than multiprocessing's resource tracker."""
+    """The herd process's child processes other than multiprocessing's resource tracker,
+    counting those its actors' fork server (herd/backends/start.py) forked as its own."""
     import psutil
-    return {c.pid for c in psutil.Process(process.pid).children() if "resource_tracker" not in " ".join(c.cmdline())}
+    pids = set()
+    for child in psutil.Process(process.pid).children():
+        command = " ".join(child.cmdline())
+        if "multiprocessing.forkserver" in command:
+            pids.update(grandchild.pid for grandchild in child.children())
+        elif "resource_tracker" not in command:
+            pids.add(child.pid)
+    return pids
 
 
 def sigint_blocked_in(pid: int) -> bool:
@@ -184,6 +192,17 @@ def fixed_policy_state(model_state: dict, w) -> dict:
 
 def fixed_action(w, obs) -> int:
     return int(float(np.dot(np.asarray(w, np.float32), np.asarray(obs, np.float32))) > 0)
+
+
+def fixed_policy_run(small_cartpole_run: Path, folder: Path, w) -> Path:
+    """A copy of a real run folder whose checkpoint holds the fixed policy `w` instead of learned weights."""
+    from herd.checkpoint import load_checkpoint, save_checkpoint
+    run = copy_of_run(small_cartpole_run, folder)
+    state, path = load_checkpoint(run)
+    state["model"] = fixed_policy_state(state["model"], w)
+    save_checkpoint({k: v for k, v in state.items() if k not in ("format_version", "checksum")}, run,
+                    state["counters"]["updates"])
+    return run
 
 
 # ---------------------------------------------------------------------------------------

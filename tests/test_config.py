@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from herd.cli import build_seed_parser, explicit_options, parse_herd_args
+from herd.cli import parse_herd_args, parse_seed_args
 from herd.config import (ConfigError, Config, apply_profile, batch_shares, parse_replay_parameters, resolve)
 
 
@@ -20,7 +20,7 @@ def test_seed_flags_parse_verbatim():
             "--r_f_steps=10", "--worker_count=2", "--envs_per_worker=2",
             '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
             '{"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]', "--c-const=0.9", "--use_kl_mask=true"]
-    cfg = resolve(explicit_options(build_seed_parser().parse_args(argv)), env_kind=kind_of)
+    cfg = resolve(parse_seed_args(argv), env_kind=kind_of)
     cfg.validate()
     assert cfg.train.batch_size == 10 and cfg.parallel.envs_per_worker == 2
     assert cfg.loss.c_const == 0.9 and cfg.loss.use_kl_mask is True
@@ -36,7 +36,12 @@ def test_atari_defaults_depend_on_the_learner_device_and_say_what_was_picked():
     assert (cpu.train.batch_size, gpu.train.batch_size) == (8, 32)
     for cfg in (cpu, gpu):
         assert (cfg.train.r_f_steps, cfg.train.lr, cfg.parallel.envs_per_worker) == (20, 0.0006, 8)
-        assert [s.type for s in cfg.replays] == ["queue"] and cfg.train.learner_compile is True
+        assert [s.type for s in cfg.replays] == ["queue"]
+    # A CPU learner compiles (measured faster there); a GPU learner captures the update as
+    # one CUDA graph instead (compiling measured slower than eager on an H100), on one thread.
+    assert (cpu.train.learner_compile, cpu.train.learner_capture) == (True, False)
+    assert (gpu.train.learner_compile, gpu.train.learner_capture, gpu.train.learner_thread_count) == (False, True, 1)
+    for cfg in (cpu, gpu):
         # The learning rate decays over the whole 15M-step run.
         assert cfg.train.lr_scheduler_steps == -(-15_000_000 // (cfg.train.batch_size * 20))
     picks = machine_picks(cpu, "atari", given={"env", "device", "lr"})

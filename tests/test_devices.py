@@ -29,3 +29,32 @@ print("ok")
 def test_deterministic_switch_sets_both_flags_and_imports_inductor_only_when_needed():
     result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def test_bf16_is_picked_from_the_instructions_onednn_uses_and_says_why(monkeypatch):
+    """An AMD EPYC with AVX512-BF16 but no AMX trains 2.5x faster in bf16 (100 -> 40 ms per
+    update); herd looked for AMX alone and trained it in fp32. Catches a choice that
+    ignores AVX512-BF16, or that picks bf16 on a CPU that would emulate it."""
+    import torch
+
+    from herd import devices
+    cpu = torch.device("cpu")
+    for flags, fast, named in (({"amx_bf16", "avx512_bf16"}, True, "AMX"), ({"avx512_bf16", "avx512f"}, True,
+                                                                             "AVX512-BF16"),
+                               ({"avx2", "avx512f"}, False, "neither")):
+        monkeypatch.setattr(devices, "cpu_flags", lambda flags=flags: frozenset(flags))
+        picked, why = devices.bf16_choice(cpu)
+        assert picked is fast and named in why, (flags, why)
+        assert devices.fast_bf16(cpu) is fast
+
+
+def test_capturing_the_update_on_a_cpu_is_refused_in_one_line():
+    from herd.config import ConfigError, resolve
+    from herd.envs.registry import profile_kind
+    cfg = resolve({"env": "CartPole-v1", "device": "cpu", "learner_capture": True}, env_kind=profile_kind)
+    try:
+        cfg.validate()
+    except ConfigError as err:
+        assert "--learner_capture=True" in str(err) and "\n" not in str(err)
+    else:
+        raise AssertionError("--learner_capture=True on a CPU learner was accepted")

@@ -30,8 +30,9 @@ def make_run(root, name, seed, replay, scores, hardware=True):
     write_csv(run / "train.csv", ["update", "env_step", "wall_time", "loss", "entropy", "policy_lag", "fps"],
               [[u, 10 * u, float(u), 1.0 / u, 0.6, 2.5, 1234.0] for u in range(1, 4)])
     if hardware:
-        write_csv(run / "hardware.csv", ["wall_time", "source", "pid", "cpu_percent", "rss_mib", "shared_mib", "value"],
-                  [[5.0, "learner", 1, 90.0, 400.0, 0, ""], [5.0, "replay", "", "", "", "", 12.5]])
+        write_csv(run / "hardware.csv", ["time", "source", "metric", "value", "unit"],
+                  [[0.0, "learner", "cpu", 10.0, "%"], [5.0, "learner", "cpu", 90.0, "%"],
+                   [5.0, "learner", "rss", 400.0, "MiB"], [5.0, "replay", "stored", 12.5, "MiB"]])
     return run
 
 
@@ -47,7 +48,7 @@ def test_runs_group_by_configuration_and_curves_show_mean_and_spread(tmp_path):
     assert sorted(len(g) for g in groups) == [1, 2]
     labels = group_labels(groups)
     assert any("replay_parameters=uniform (2 runs)" in label for label in labels)
-    grid, curves = score_curves([a1, a2], "env_step")
+    grid, curves = score_curves([[a1], [a2]], "env_step")
     assert grid[0] == 10 and grid[-1] == 40 and curves.shape == (2, len(grid))
     assert curves[:, -1].tolist() == [5.0, 7.0]            # each run's last 2-game average
 
@@ -67,7 +68,7 @@ def test_plot_writes_figures_per_configuration_or_compared(tmp_path):
     runs = [make_run(tmp_path, n, s, r, [1, 2, 3]) for n, s, r in (("a1", 1, "u"), ("a2", 2, "u"), ("b", 1, "e"))]
     compared = plot_runs([str(r) for r in runs], str(tmp_path / "cmp"), compare=True)
     assert sorted(p.name for p in compared) == ["score_vs_steps.png", "score_vs_time.png", "training.png"]
-    assert all(p.read_bytes().startswith(b"\x89PNG") and p.stat().st_size > 5000 for p in compared)
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in compared)
     separate = plot_runs([str(r) for r in runs], str(tmp_path / "sep"))
     assert len(separate) == 6 and len({p.parent for p in separate}) == 2
     with pytest.raises(UserError, match="not a herd run folder"):
@@ -97,7 +98,7 @@ def test_tensorboard_dashboard_charts_the_algorithms_losses(tmp_path):
     events.Reload()
     assert "custom_scalars__config__" in events.Tags()["tensors"]
     layout = events.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0]
-    for chart in (b"train/pg_loss", b"train/value_loss", b"train/entropy", b"hardware/.*/cpu_percent"):
+    for chart in (b"train/pg_loss", b"train/value_loss", b"train/entropy", b"hardware/.*/cpu"):
         assert chart in layout
 
 
@@ -118,3 +119,38 @@ def test_other_long_values_show_from_where_they_differ(tmp_path):
         (run / "config.json").write_text(json.dumps(config))
     labels = group_labels(group_runs(runs))
     assert sorted(labels) == ["note=...first (1 run)", "note=...second (1 run)"]
+
+
+def watch_text(run, now=None) -> str:
+    from rich.console import Console
+    from herd.monitor.watch import snapshot
+    out = io.StringIO()
+    Console(file=out, width=160).print(snapshot(run, now=now))
+    return " ".join(out.getvalue().split())
+
+
+def test_watch_shows_average_frames_per_second_elapsed_time_and_eta(tmp_path):
+    """Catches watch showing only the last interval's frames/s, and no elapsed time or ETA:
+    40 steps in 4 s of training is 10 frames/s on average, so 960 steps to go is 1:36."""
+    run = make_run(tmp_path, "a", 1, "u", [1, 3, 5, 7])
+    text = watch_text(run)
+    assert "frames/s (average / last) 10 / 1234" in text
+    assert "elapsed / ETA 0:00:04 / 0:01:36" in text
+    (run / "summary.json").write_text(json.dumps({"ended": "finished"}))
+    assert "elapsed / ETA 0:00:04 / -" in watch_text(run)
+
+
+def test_watch_says_when_a_run_went_silent_without_ending(tmp_path):
+    """Catches a run killed with kill -9 shown with its stale numbers forever: silent for
+    longer than a minute and without summary.json, it gets a "no news for N s" line; a
+    run that ended, or wrote a moment ago, does not."""
+    import os
+    import time
+    run = make_run(tmp_path, "a", 1, "u", [1, 3, 5, 7])
+    written = time.time() - 300
+    for name in ("episodes.csv", "train.csv", "hardware.csv"):
+        os.utime(run / name, (written, written))
+    assert "no news for 300 s" in watch_text(run, now=written + 300)
+    assert "no news" not in watch_text(run, now=written + 10)
+    (run / "summary.json").write_text(json.dumps({"ended": "stopped"}))
+    assert "no news" not in watch_text(run, now=written + 300)

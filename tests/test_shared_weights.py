@@ -1,5 +1,6 @@
 """SharedWeights: a pull never mixes two publishes, and a reader killed mid-pull cannot
-stall the learner (the defect of a shared lock: a SIGKILLed actor left it taken)."""
+stall the learner (the defect of a shared lock: a SIGKILLed actor left it taken), nor keep
+a fresh reader from a whole publish."""
 import multiprocessing
 import os
 import signal
@@ -32,6 +33,12 @@ def read_forever(weights: SharedWeights, pulls) -> None:
     while True:
         weights.snapshot()
         pulls.value += 1
+
+
+def read_once(weights: SharedWeights, seen) -> None:
+    """seen: the version pulled when every weight is that publish's value (1.0), else -1."""
+    vector, version = weights.snapshot()
+    seen.value = version if bool((vector == 1.0).all()) else -1
 
 
 def test_pulls_are_never_torn_while_publishing():
@@ -76,3 +83,70 @@ def test_a_reader_killed_mid_pull_does_not_block_publish():
     assert published.wait(10.0), "publish is stuck behind a dead reader"
     vector, version = weights.snapshot()
     assert version == 1 and bool((vector == 1.0).all())
+    # A reader started after the kill (a replacement actor) pulls that publish, whole.
+    seen = context.Value("q", -2)
+    fresh = context.Process(target=read_once, args=(weights, seen))
+    fresh.start()
+    fresh.join(60)
+    assert fresh.exitcode == 0 and seen.value == 1, (fresh.exitcode, seen.value)
+
+
+def publish_and_die(weights: SharedWeights) -> None:
+    """Publishes, and is killed (kill -9) inside the copy: the sequence stays odd."""
+    def killed(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+    torch.Tensor.copy_ = killed         # this process only: it exists for this
+    weights.publish(uniform_model(2.0))
+
+
+def test_a_reader_gives_up_on_a_publisher_killed_mid_publish(monkeypatch):
+    """Catches a reader spinning forever (an orphaned actor burning a core) after the
+    learner died inside its copy and left the sequence odd."""
+    import herd.weights
+    monkeypatch.setattr(herd.weights, "PUBLISH_DEADLINE_S", 2.0)
+    context = multiprocessing.get_context("spawn")
+    weights = SharedWeights(uniform_model(1.0), context)
+    publisher = context.Process(target=publish_and_die, args=(weights,))
+    publisher.start()
+    publisher.join(60)
+    assert publisher.exitcode == -signal.SIGKILL
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(catch(weights.snapshot)), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert outcome and isinstance(outcome[0], RuntimeError), outcome   # not still spinning
+    assert "stopped inside a publish" in str(outcome[0])
+
+
+def catch(function):
+    try:
+        return function()
+    except Exception as err:
+        return err
+
+
+def test_the_publisher_writes_the_weights_of_each_version_it_is_given():
+    """The learner publishes through herd/learner/publisher.py (on a CPU learner in place,
+    on a GPU from a pinned copy in a thread): the store holds exactly the model's current
+    parameters under the version given. Catches a publisher that copies the parameters in
+    the wrong order, misses one, or writes a stale copy."""
+    import torch
+
+    from herd.learner.publisher import WeightPublisher
+    from herd.models import build_model
+    from herd.weights import SharedWeights
+
+    torch.manual_seed(0)
+    model = build_model("mlp", (4,), "float32", 2, 8, hidden_sizes=(16,))
+    store = SharedWeights(model)
+    publish = WeightPublisher(model, store.publish_vector)
+    for version in (3, 4):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        publish(version)
+        twin = build_model("mlp", (4,), "float32", 2, 8, hidden_sizes=(16,))
+        assert store.pull(twin, have_version=0) == version
+        for a, b in zip(model.parameters(), twin.parameters()):
+            assert torch.equal(a, b)
+    publish.close()

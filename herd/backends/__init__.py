@@ -26,7 +26,7 @@ BACKEND_CHOICES = tuple(BACKENDS) + tuple(NOT_BUILT)
 REQUIRES: dict[str, tuple[str, str]] = {"ray": ("ray", "pip install -e '.[ray]'")}
 # name -> the options of ParallelConfig its wiring function takes as keyword arguments.
 BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {"ray": ("ray_address", "actor_cpus", "replay_server",
-                                                        "replay_server_node")}
+                                                        "replay_server_node", "ray_compress_obs")}
 
 
 def check_backend(name: str) -> None:

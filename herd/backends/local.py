@@ -23,12 +23,13 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-import torch.multiprocessing as mp
 
 from herd.actors.actor import ActorSpec, run_actor
+from herd.backends.start import actor_context
 from herd.stopping import sigint_blocked
 from herd.errors import ActorFailure
 from herd.inference import InferenceChannels, run_inference_server
+from herd.learner.publisher import WeightPublisher
 from herd.learner.session import TrainingSession
 from herd.trajectory import TrajectorySlots
 from herd.weights import SharedWeights
@@ -37,7 +38,7 @@ log = logging.getLogger("herd")
 
 
 # Seconds an actor may take to deliver its first rollout, or --actor_timeout if longer.
-# Its start (a spawned Python importing torch, then making its environments) is no hang:
+# Its start (importing herd, then making its environments) is no hang:
 # under load it took over 3 s, and a timeout counted from the launch restarted every actor
 # until --max_actor_restarts ended the run (tests/integration/test_lifecycle.py, hung actor).
 START_GRACE = 60.0
@@ -178,7 +179,7 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     """Runs actors and the learner until the step budget or a stop request; returns why it ended.
     inference_device: run a batched inference server there ("cpu", "cuda") instead of a
     model in every actor."""
-    context = mp.get_context("spawn")
+    context = actor_context()          # forked from a server that imported torch already (backends/start.py)
     slots = TrajectorySlots(session.layout, worker_count * slots_per_actor, spec.envs_per_worker)
     weights = SharedWeights(session.learner.model, context)
     weights.publish(session.learner.model, version=session.counters.updates)
@@ -195,7 +196,8 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     if not session.done:
         pool.start()
     session.summary_extra["actor_restarts"] = lambda: pool.restarts   # summary.json: dead or hung actors replaced
-    publish = lambda version: weights.publish(session.learner.model, version)  # noqa: E731
+    # After every update; on a GPU learner the copy off the device does not block the update.
+    publish = WeightPublisher(session.learner.model, weights.publish_vector)
     last_health_check = time.monotonic()
     try:
         while not session.done and not stop_requested.is_set():
@@ -218,6 +220,7 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
                 last_health_check = time.monotonic()
                 session.show_progress()
     finally:
+        publish.close()
         pool.stop()
         if server is not None:
             server.join(5.0)

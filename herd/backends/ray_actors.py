@@ -36,6 +36,7 @@ from herd.actors.actor import ActorProgress, ActorSpec, Rollout, collect_rollout
 from herd.actors.policy import LocalPolicy
 from herd.envs.actor_envs import make_actor_envs
 from herd.actors.rollout import RolloutWriter
+from herd.backends.ray_wire import pack_obs
 from herd.trajectory import TrajectoryLayout, TrajectorySlots
 
 # The concurrency group of offer_weights: its own thread, never queued behind next_rollout.
@@ -97,7 +98,9 @@ class RolloutWorker:
     """A Ray actor: spec.envs_per_worker environments (either env backend), its own CPU
     model, and `slots` trajectory slots of its own; one finished rollout per call."""
 
-    def __init__(self, actor_id: int, spec: ActorSpec, layout: TrajectoryLayout, slots: int, version: int, refs: list):
+    def __init__(self, actor_id: int, spec: ActorSpec, layout: TrajectoryLayout, slots: int, version: int, refs: list,
+                 compress_obs: bool = False):
+        """compress_obs: observations leave LZ4-compressed (--ray_compress_obs, herd/backends/ray_wire.py)."""
         try:
             signal.signal(signal.SIGINT, signal.SIG_IGN)     # the learner alone decides how to stop
         except ValueError:
@@ -105,6 +108,7 @@ class RolloutWorker:
         torch.set_num_threads(spec.torch_threads)
         torch.manual_seed(spec.seed)
         self.actor_id = actor_id
+        self.compress_obs = compress_obs
         self.slots = TrajectorySlots(layout, slots, spec.envs_per_worker)    # field -> [slots, T(+1), E, ...]
         self.free = deque(range(slots))
         self.handed: list[int] = []    # slots returned by the previous call
@@ -138,7 +142,8 @@ class RolloutWorker:
         self.handed = [delivery.slot]
         self.progress.delivered(delivery.steps, delivery.episodes)
         rollout = Rollout(delivery.slot, self.actor_id, delivery.version, delivery.steps, delivery.episodes)
-        return rollout, self.slots.views(delivery.slot)
+        views = self.slots.views(delivery.slot)
+        return rollout, pack_obs(views) if self.compress_obs else views
 
     def offer_weights(self, version: int, refs: list) -> None:
         """Runs in WEIGHTS_GROUP: newer weights to take at the next refresh."""

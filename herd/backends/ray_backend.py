@@ -39,11 +39,12 @@ log = logging.getLogger("herd")
 def train_ray(session: TrainingSession, spec: ActorSpec, worker_count: int, slots_per_actor: int,
               stop_requested: threading.Event, actor_timeout: float = 60.0, max_restarts: int = 20,
               inference_device: str | None = None, ray_address: str = "local", actor_cpus: float = 1.0,
-              replay_server: bool = False, replay_server_node: str = "learner") -> str:
+              replay_server: bool = False, replay_server_node: str = "learner", ray_compress_obs: bool = False) -> str:
     """Runs Ray actors and the learner until the step budget or a stop request; returns why
     it ended. ray_address: local (a private Ray here), auto or host:port (join a cluster).
     replay_server: the replay in its own Ray actor on replay_server_node (learner or a node
-    id); the session's batch source is then a ReplayElsewhere stand-in (herd/train.py)."""
+    id); the session's batch source is then a ReplayElsewhere stand-in (herd/train.py).
+    ray_compress_obs: actors send observations LZ4-compressed (herd/backends/ray_wire.py)."""
     if inference_device is not None:   # validate() refuses it; the server shares this machine's memory
         raise ConfigError("the Ray backend runs no inference server: use --actor_inference=local")
     cluster = connect(ray_address, worker_count, actor_cpus)
@@ -67,7 +68,8 @@ def train_ray(session: TrainingSession, spec: ActorSpec, worker_count: int, slot
         board.publish(session.learner.model, session.counters.updates)
         publish = lambda version: board.publish(session.learner.model, version)  # noqa: E731
         pool = RayActorPool(spec, session.layout, worker_count, slots_per_actor, actor_cpus, board, actor_timeout,
-                            max_restarts, cluster.driver_node, session.processes, fetch_arrays=not replay_server)
+                            max_restarts, cluster.driver_node, session.processes, fetch_arrays=not replay_server,
+                            compress_obs=ray_compress_obs)
         session.summary_extra["actor_restarts"] = lambda: pool.restarts
         session.summary_extra["actor_nodes"] = lambda: dict(pool.nodes)   # node id -> actors started there
         session.summary_extra["learner_node"] = lambda: cluster.driver_node

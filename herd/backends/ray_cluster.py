@@ -14,13 +14,22 @@ It also runs with token authentication and a fresh random token per run
 reach 127.0.0.1, and without a token any of them could run code as us on our cluster.
 Choosing the mode explicitly silences Ray 2.60's warning on init, and a token in the
 environment (inherited by the raylet and every worker) leaves ~/.ray/auth_token alone.
-Joining a cluster leaves both to the user's environment: the cluster's settings rule."""
+Joining a cluster leaves both to the user's environment: the cluster's settings rule.
+A user's RAY_AUTH_MODE other than token turns the token off: that is their choice, said in
+a warning line, since it opens the private cluster to every local user.
+
+Its files (sockets, logs, session data) live in a fresh folder only this user can enter
+(tempfile.mkdtemp: 0700), removed at the end, not in the shared /tmp/ray: Ray makes that
+world-writable (0777, and so its own temp folder: hence Ray's folder is one level inside
+ours), so another local user could plant or read files there."""
 from __future__ import annotations
 
 import logging
 import math
 import os
 import secrets
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 
 from herd.errors import ConfigError
@@ -70,11 +79,14 @@ class RayCluster:
     private: bool                    # started here for this run: shut it down at the end
     driver_node: str = ""            # node id (hex) of the learner's node
     saved_env: dict = field(default_factory=dict)   # the variables we may set, as they were
+    folder: str | None = None        # private: the 0700 folder holding Ray's temp folder
 
     def shutdown(self) -> None:
         import ray
         ray.shutdown()               # private: stops its processes; joined: disconnects (our actors end with us)
         restore_auth(self.saved_env)
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def restore_auth(saved: dict) -> None:
@@ -129,8 +141,14 @@ def connect(address: str, actors: int, actor_cpus: float) -> RayCluster:
         if cluster.private:
             if "RAY_AUTH_MODE" not in os.environ:
                 use_token_auth(secrets.token_hex(32))
+            elif os.environ["RAY_AUTH_MODE"] != "token":
+                log.warning("RAY_AUTH_MODE=%s turns token authentication off: any local user can run code as you "
+                            "on the private Ray cluster (unset it to get a fresh token per run)",
+                            os.environ["RAY_AUTH_MODE"])
+            cluster.folder = tempfile.mkdtemp(prefix="herd-ray-")
             cpus = max(os.cpu_count() or 1, math.ceil(actors * actor_cpus))
-            ray.init(address="local", _node_ip_address=LOOPBACK, num_cpus=cpus, num_gpus=0, **common)
+            ray.init(address="local", _node_ip_address=LOOPBACK, num_cpus=cpus, num_gpus=0,
+                     _temp_dir=os.path.join(cluster.folder, "ray"), **common)
         else:
             try:
                 ray.init(address=address, **common)

@@ -19,6 +19,7 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from herd.actors.actor import ActorSpec
 from herd.backends.local import START_GRACE
 from herd.backends.ray_actors import WEIGHTS_GROUP, WeightsBoard, remote_worker_class
+from herd.backends.ray_wire import unpack_obs
 from herd.errors import ActorFailure
 from herd.trajectory import TrajectoryLayout
 
@@ -45,11 +46,12 @@ class RayActorPool:
 
     def __init__(self, spec: ActorSpec, layout: TrajectoryLayout, count: int, slots_per_actor: int, actor_cpus: float,
                  board: WeightsBoard, timeout: float, max_restarts: int, driver_node: str, registry: dict,
-                 fetch_arrays: bool = True):
+                 fetch_arrays: bool = True, compress_obs: bool = False):
         """fetch_arrays: receive() reads each rollout's arrays (the replay is in the learner)
-        or hands out their object ref unread (a replay server reads them)."""
+        or hands out their object ref unread (a replay server reads them). compress_obs:
+        the actors send observations LZ4-compressed (--ray_compress_obs); the reader unpacks."""
         self.spec, self.layout, self.count, self.board = spec, layout, count, board
-        self.fetch_arrays = fetch_arrays
+        self.fetch_arrays, self.compress_obs = fetch_arrays, compress_obs
         self.slots_per_actor, self.actor_cpus = slots_per_actor, actor_cpus
         self.timeout, self.max_restarts = timeout, max_restarts
         self.driver_node, self.registry = driver_node, registry   # registry: "actor-<i>" -> pid (this node's)
@@ -71,7 +73,7 @@ class RayActorPool:
         # Its own slots: one more than the queued calls, for the rollout being handed over.
         handle = self.worker_class.options(num_cpus=self.actor_cpus, scheduling_strategy="SPREAD", max_restarts=0,
                                            name=None).remote(actor_id, spec, self.layout, self.slots_per_actor + 1,
-                                                             version, refs)
+                                                             version, refs, self.compress_obs)
         actor = RemoteActor(handle, started=time.monotonic(), starting=handle.where.remote(), offered=version)
         self.actors[actor_id] = actor
         for _ in range(self.slots_per_actor):
@@ -109,7 +111,7 @@ class RayActorPool:
             try:
                 # Both returns exist once the call returned: the metadata is what was waited on.
                 rollout = ray.get(ref)
-                arrays = ray.get(arrays_ref) if self.fetch_arrays else arrays_ref
+                arrays = unpack_obs(ray.get(arrays_ref)) if self.fetch_arrays else arrays_ref
             except RayTaskError as err:          # its code raised (an env crashed): the actor is unusable
                 actor.failed = f"failed: {one_line(err)}"
                 continue

@@ -46,6 +46,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from herd.backends.local import START_GRACE
 from herd.backends.ray_pool import one_line
+from herd.backends.ray_wire import unpack_obs
 from herd.errors import ReplayLost
 from herd.learner.batches import ReplayElsewhere
 from herd.learner.learner import to_tensors
@@ -73,6 +74,10 @@ class ReplayServer(ReplayService):
 
     def where(self) -> dict:
         return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+    def add_rollout(self, views: dict, version: int) -> int:
+        """Observations packed by the actor (--ray_compress_obs) are unpacked here, where they are read."""
+        return super().add_rollout(unpack_obs(views), version)
 
     def updates(self, pairs: list) -> int:
         """Several batches' priorities, [(keys, values [B]), ...], in the order they were trained."""

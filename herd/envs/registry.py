@@ -9,11 +9,17 @@ Three kinds:
 Atari and MinAtar need a Discrete action space; vector tasks have Discrete actions or continuous
 ones (a 1-D bounded Box, which the agent sees as [-1, 1]^A: herd.envs.wrappers.RescaleClipAction).
 MuJoCo and Box2D ids need their optional extras (herd/envs/extras.py). Every error a user
-can cause is an EnvError with one line."""
+can cause is an EnvError with one line.
+
+Custom environments use gymnasium's own spelling, `pkg.module:EnvId-v0`: every public
+function here first imports `pkg.module` in the calling process (its import registers
+EnvId-v0), so actors, the evaluation worker, test mode and Ray nodes, which all build
+their environments through this module, each import it themselves (docs/environments.md)."""
 from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import math
 import re
 import warnings
@@ -61,7 +67,26 @@ def deprecation_note(caught: list[warnings.WarningMessage]) -> str:
     return ""
 
 
+def import_env_module(env_id: str) -> str:
+    """The bare id of `pkg.module:EnvId-v0` after importing `pkg.module` in this process (a
+    no-op for ids without a module, and for a module already imported). A module that cannot
+    be imported is one line naming it and its error."""
+    if ":" not in env_id:
+        return env_id
+    module, _, bare_id = env_id.partition(":")
+    if not module or not bare_id:
+        raise EnvError(f"environment '{env_id}': write a custom environment as pkg.module:EnvId-v0")
+    try:
+        importlib.import_module(module)
+    except Exception as err:  # ImportError, or whatever the module's own code raises while importing
+        first_line = (str(err).strip().splitlines() or [""])[0]
+        raise EnvError(f"environment '{env_id}': cannot import module '{module}' ({type(err).__name__}: "
+                       f"{first_line}); install its package or put it on PYTHONPATH") from None
+    return bare_id
+
+
 def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    env_id = import_env_module(env_id)
     try:
         with warnings.catch_warnings():    # probing only: herd's own line says what is wrong
             warnings.simplefilter("ignore")
@@ -98,6 +123,7 @@ def vector_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     gymnasium's warnings while probing (an out-of-date version, the env checker) are recorded,
     not printed: they came before herd's one-line error as two lines of their own. A
     deprecation is folded into that error, where it may explain it."""
+    env_id = import_env_module(env_id)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -114,6 +140,7 @@ def vector_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
 
 def env_kind(env_id: str) -> str:
     """'atari', 'minatar' or 'vector' (see the module docstring); EnvError for anything else."""
+    env_id = import_env_module(env_id)
     if is_minatar_id(env_id):
         check_minatar_id(env_id)
         return "minatar"
@@ -228,6 +255,7 @@ def make_env(env_id: str, *, seed: int | None = None, skipped_frames: int = 4, f
     envs whose velocities herd does not know)."""
     check_preprocessing(skipped_frames, frames_stacked, noop_threshold, frame_scale_resolution,
                         reward_clipping_method, max_episode_steps)
+    env_id = import_env_module(env_id)
     kind = env_kind(env_id)
     if hide_velocity and kind != "vector":
         raise EnvError(f"--hide_velocity removes velocity entries from vector observations; '{env_id}' gives "
@@ -251,6 +279,7 @@ def make_env(env_id: str, *, seed: int | None = None, skipped_frames: int = 4, f
 def episode_step_limit(env_id: str, skipped_frames: int, max_episode_steps: int | None) -> int | None:
     """The agent-step limit of a game: the caller's, or the env's own (for Atari, ALE's frame
     cap in frame-skipped steps, so an upper bound: the no-op reset uses a few frames)."""
+    env_id = import_env_module(env_id)
     if is_minatar_id(env_id):
         return max_episode_steps or MINATAR_MAX_EPISODE_STEPS
     spec = registered_spec(env_id)
@@ -263,6 +292,7 @@ def episode_step_limit(env_id: str, skipped_frames: int, max_episode_steps: int 
 
 def describe_env(env_id: str, **preprocessing) -> EnvSpec:
     """The spaces after preprocessing (same keywords as make_env), checked; builds the env once."""
+    env_id = import_env_module(env_id)
     env = make_env(env_id, **preprocessing)
     try:
         space, actions = env.observation_space, env.action_space

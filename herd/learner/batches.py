@@ -21,6 +21,7 @@ import torch
 
 from herd.errors import ReplayLost
 from herd.learner.learner import to_tensors
+from herd.learner.staging import Staging
 from herd.replay.mixer import ReplayMixer
 from herd.replay.writer import WriterQueue
 from herd.trajectory import env_columns
@@ -79,6 +80,7 @@ class PrefetchedBatches:
                  writer_queue_size: int, discarding_strategy: str):
         self.mixer = mixer
         self.device = device
+        self.staging = Staging(device)      # a copy stream of its own on a GPU
         self.per_round = per_round
         self.writer = WriterQueue(writer_queue_size, discarding_strategy)
         self.ready: queue.Queue = queue.Queue(maxsize=buffer_size)
@@ -126,11 +128,11 @@ class PrefetchedBatches:
                 if not prepared and self.writer.peek() is not None:
                     time.sleep(0.001)  # waiting for the learner to take a prepared batch
                 for mixed in prepared:
-                    tensors = to_tensors(mixed.data, mixed.replayed, self.device, pin=self.device.type == "cuda")
+                    staged = self.staging.stage(mixed.data, mixed.replayed)
                     mixed.data = None  # the tensors hold it now: don't keep the numpy copy alive
                     while not self.stopping.is_set():
                         try:
-                            self.ready.put((tensors, mixed), timeout=0.1)
+                            self.ready.put((staged, mixed), timeout=0.1)
                             break
                         except queue.Full:
                             continue
@@ -140,7 +142,8 @@ class PrefetchedBatches:
 
     def next_ready(self):
         try:
-            return self.ready.get_nowait()
+            (tensors, copied), mixed = self.ready.get_nowait()
+            return Staging.hand_over(tensors, copied), mixed
         except queue.Empty:
             if self.error is not None:
                 raise RuntimeError("batch preparation failed") from self.error

@@ -18,13 +18,21 @@ that round's gradients. We measured this against DistributedDataParallel
 (benchmarks/learners.py --grad_sync): see the README.
 
 A learner that dies breaks the round for the others: gloo notices the closed connection
-at once, a hung learner after --learner_timeout; the survivors raise LearnerFailure."""
+at once, a hung learner after --learner_timeout; the survivors raise LearnerFailure.
+
+The learners of one machine meet through a file in a private folder and talk over the
+loopback interface; what they hand each other besides tensors of numbers (host, pid, the
+run folder) is JSON in a tensor, never a pickle (docs/security-clusters.md)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+import shutil
 import socket
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -48,11 +56,43 @@ def torchrun_world_size() -> int | None:
     return None
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, for the group's rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@contextmanager
+def private_rendezvous():
+    """The path of the file through which the learners of one machine meet (a FileStore),
+    in a fresh folder only this user can enter (mkdtemp makes it 0700), removed at the end.
+    A TCP store on a port picked beforehand could be taken by someone else between the pick
+    and the bind, and any local user could connect to it; a file in a private folder can be
+    neither."""
+    folder = tempfile.mkdtemp(prefix="herd-learners-")
+    try:
+        yield os.path.join(folder, "rendezvous")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def loopback_interface() -> str:
+    """The name of the network interface that holds 127.0.0.1 (lo on Linux, lo0 on macOS)."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
+            return name
+    raise LearnerFailure("no network interface holds 127.0.0.1: the learners of this machine cannot meet")
+
+
+@contextmanager
+def gloo_on_loopback():
+    """Gloo binds its sockets to the interface GLOO_SOCKET_IFNAME names, else to the address
+    the host name resolves to (often the machine's outside address): learners that all run
+    here then listen on the network for nothing. Gloo reads the variable when the group is
+    made, so it is set around that alone and put back after."""
+    saved = os.environ.get("GLOO_SOCKET_IFNAME")
+    os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+        else:
+            os.environ["GLOO_SOCKET_IFNAME"] = saved
 
 
 def share_of(total: int, count: int, rank: int) -> tuple[int, int]:
@@ -92,12 +132,12 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def join_group(rank: int, size: int, device_type: str, timeout_s: float, port: int | None = None,
+def join_group(rank: int, size: int, device_type: str, timeout_s: float, rendezvous: str | None = None,
                local_rank: int | None = None) -> LearnerGroup:
-    """Joins the process group (rendezvous on 127.0.0.1:port, or torchrun's MASTER_ADDR/PORT
-    when port is None)."""
-    if port is not None:
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    """Joins the process group: the learners of this machine meet through the file
+    `rendezvous` (private_rendezvous) and talk over the loopback interface; torchrun's
+    learners (rendezvous None) meet where torchrun says (MASTER_ADDR/PORT), possibly on
+    several machines."""
     local = int(os.environ.get("LOCAL_RANK", rank)) if local_rank is None else local_rank
     # Gloo carries everything on CPUs; on GPUs NCCL reduces the (CUDA) round buffer, and
     # each learner must own its GPU before NCCL's first collective (one GPU per learner).
@@ -105,11 +145,52 @@ def join_group(rank: int, size: int, device_type: str, timeout_s: float, port: i
     if device_type == "cuda":
         backend = "cpu:gloo,cuda:nccl"
         torch.cuda.set_device(local % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size,
-                            timeout=timedelta(seconds=timeout_s))
-    members: list = [None] * size
-    dist.all_gather_object(members, (socket.gethostname(), os.getpid()))
-    return LearnerGroup(rank, size, local, members)
+    timeout = timedelta(seconds=timeout_s)
+    if rendezvous is None:
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size, timeout=timeout)
+    else:
+        with gloo_on_loopback():
+            dist.init_process_group(backend, store=dist.FileStore(rendezvous, size), rank=rank, world_size=size,
+                                    timeout=timeout)
+    # Tensors of JSON bytes, never pickles: what a peer sends is read as data, not run as code.
+    mine = encode_record([socket.gethostname(), os.getpid()], MEMBER_BYTES)
+    records = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(records, mine)
+    return LearnerGroup(rank, size, local, [member(decode_record(r)) for r in records])
+
+
+MEMBER_BYTES = 1024         # one learner's [host name, pid] as JSON (host names: 255 bytes at most)
+PRIMARY_BYTES = 65536       # what the primary hands the others (from_primary): a path, a seed
+
+
+def encode_record(value, size: int) -> torch.Tensor:
+    """`value` as JSON in a [size] uint8 tensor: 8 bytes of length (little-endian), then UTF-8."""
+    data = json.dumps(value).encode()
+    if len(data) > size - 8:
+        raise ValueError(f"{len(data)} bytes of JSON do not fit a record of {size}")
+    record = torch.zeros(size, dtype=torch.uint8)
+    record[:8 + len(data)] = torch.frombuffer(bytearray(len(data).to_bytes(8, "little") + data), dtype=torch.uint8)
+    return record
+
+
+def decode_record(record: torch.Tensor):
+    """The JSON value in a record from a peer; LearnerFailure (one line) for anything else."""
+    raw = record.cpu().numpy().tobytes()
+    length = int.from_bytes(raw[:8], "little")
+    if length > len(raw) - 8:
+        raise LearnerFailure(f"a learner sent a record claiming {length} bytes (at most {len(raw) - 8})")
+    try:
+        return json.loads(raw[8:8 + length].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise LearnerFailure("a learner sent a record that is not JSON") from None
+
+
+def member(value) -> tuple[str, int]:
+    """(host, pid) from a peer's record, checked."""
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
+            and isinstance(value[1], int) and not isinstance(value[1], bool)):
+        raise LearnerFailure("a learner sent a member record that is not [host, pid]")
+    return value[0], value[1]
 
 
 def torchrun_group(device_type: str, timeout_s: float) -> LearnerGroup | None:
@@ -122,10 +203,15 @@ def torchrun_group(device_type: str, timeout_s: float) -> LearnerGroup | None:
 
 
 def from_primary(values: list) -> list:
-    """The primary's values (picklable objects) on every learner: the run folder, the seed."""
-    values = list(values)
-    dist.broadcast_object_list(values, src=0)
-    return values
+    """The primary's values (JSON: strings, numbers, None) on every learner: the run folder,
+    the seed. Sent as JSON bytes in a tensor; the caller checks the types it needs."""
+    record = encode_record(list(values), PRIMARY_BYTES) if dist.get_rank() == 0 else \
+        torch.zeros(PRIMARY_BYTES, dtype=torch.uint8)
+    dist.broadcast(record, src=0)
+    received = decode_record(record)
+    if not (isinstance(received, list) and len(received) == len(values)):
+        raise LearnerFailure(f"the primary learner sent {type(received).__name__} for {len(values)} values")
+    return received
 
 
 def short_reason(err: Exception) -> str:

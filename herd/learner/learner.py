@@ -30,10 +30,14 @@ CAPTURE_WARMUP = 3
 def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch.device,
                pin: bool = False) -> dict[str, torch.Tensor]:
     """numpy batch (field -> [time, B, ...]) to torch on the learner device; with `pin`,
-    through pinned memory with a non-blocking copy (GPU learners)."""
+    through pinned memory with a non-blocking copy (GPU learners). Fields already in
+    tensors (replays in device memory) stay where they are."""
     arrays = {**batch, "replayed": replayed}
     tensors = {}
     for name, array in arrays.items():
+        if isinstance(array, torch.Tensor):
+            tensors[name] = array.to(device, non_blocking=True)
+            continue
         tensor = torch.from_numpy(np.ascontiguousarray(array))
         if pin:
             tensor = tensor.pin_memory()

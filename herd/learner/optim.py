@@ -20,28 +20,25 @@ import torch
 from torch import Tensor
 
 
-def _commit(olds: list[Tensor], news: list[Tensor], ok: Tensor) -> None:
-    """old <- new where ok (a 0-dim bool tensor), per tensor; no host read."""
-    for old, new in zip(olds, news):
-        old.copy_(torch.where(ok, new, old))
-
-
-def _all_finite(tensors: list[Tensor]) -> Tensor:
-    """One 0-dim bool: every element of every tensor is finite. x * 0 is 0 for a finite x
-    and NaN for inf or NaN, and a sum with one NaN is NaN; unlike a norm, this never
-    overflows on large finite values."""
-    zeros = torch._foreach_mul(tensors, 0.0)
-    return torch.isfinite(torch.stack([z.sum() for z in zeros]).sum())
-
-
-def _one_minus(tensors: list[Tensor]) -> list[Tensor]:
-    torch._foreach_neg_(tensors)
-    torch._foreach_add_(tensors, 1.0)
-    return tensors
+def _norm(tensors: list[Tensor]) -> Tensor:
+    """The 2-norm of all the tensors together (0-dim), inf or NaN if any element is: one
+    read pass, no allocation; an upper bound of every |x|."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
 
 
 class GuardedStep:
-    """Mixin: step(ok, lr) -> applied (a 0-dim bool tensor on the parameters' device)."""
+    """Mixin: step(ok, lr) -> applied, a 0-dim bool tensor on the parameters' device.
+
+    Each step decides first, then updates in place (fresh tensors of parameter size cost a
+    page-faulting allocation each, more than the arithmetic on a CPU):
+      1. applied = ok and no weight can leave float32's range. Each optimizer's step is
+         bounded, |update| <= lr * MAX_RATIO whatever the gradients (RMSprop:
+         1 / sqrt(1 - alpha); Adam: see its class), so ||p|| + lr * MAX_RATIO, a bound of
+         every new |p|, decides it on two scalars before anything moves;
+      2. the gradients are zeroed where the step is not applied (masked_fill_: a NaN times
+         0 would still be NaN), the state's decay factors become 1 and the learning rate
+         0: a skipped step leaves weights and state exactly as they were.
+    """
 
     def _params_with_grads(self) -> list[Tensor]:
         if len(self.param_groups) != 1:
@@ -56,10 +53,30 @@ class GuardedStep:
             value = self.state[param][name] = value.to(param.device)
         return value
 
+    def _scratch(self, params: list[Tensor]) -> list[Tensor]:
+        """Buffers shaped like params, kept between steps (not in the state_dict: they hold
+        nothing from one step to the next)."""
+        key = tuple(id(p) for p in params)
+        if getattr(self, "_scratch_key", None) != key:
+            self._scratch_key = key
+            self._scratch_buffers = [torch.empty_like(p) for p in params]
+        return self._scratch_buffers
+
+    def _decide(self, params: list[Tensor], ok: Tensor, lr: Tensor, max_ratio: float) -> tuple[Tensor, list[Tensor]]:
+        """(applied, the gradients, zeroed unless applied)."""
+        applied = ok & torch.isfinite(_norm(params) + lr * max_ratio)
+        grads = [p.grad for p in params]
+        skip = ~applied
+        for grad in grads:
+            grad.masked_fill_(skip, 0.0)
+        return applied, grads
+
 
 class GuardedRMSprop(GuardedStep, torch.optim.RMSprop):
     """IMPALA's RMSprop (torch's non-centered form without momentum or weight decay):
-    square_avg <- alpha square_avg + (1 - alpha) g^2;  p <- p - lr g / (sqrt(square_avg) + eps)."""
+    square_avg <- alpha square_avg + (1 - alpha) g^2;  p <- p - lr g / (sqrt(square_avg) + eps).
+    |g| / sqrt(square_avg) <= |g| / sqrt((1 - alpha) g^2): the step is at most
+    lr / sqrt(1 - alpha) (10 lr at alpha 0.99)."""
 
     def __init__(self, params, lr: float, alpha: float = 0.99, eps: float = 1e-8):
         super().__init__(params, lr=lr, alpha=alpha, eps=eps, momentum=0.0, centered=False, weight_decay=0.0)
@@ -67,37 +84,42 @@ class GuardedRMSprop(GuardedStep, torch.optim.RMSprop):
     @torch.no_grad()
     def step(self, ok: Tensor, lr: Tensor) -> Tensor:  # type: ignore[override]
         group = self.param_groups[0]
+        alpha = group["alpha"]
         params = self._params_with_grads()
         for p in params:
             if not self.state[p]:
                 self.state[p] = {"step": torch.zeros((), device=p.device),
                                  "square_avg": torch.zeros_like(p, memory_format=torch.preserve_format)}
-        grads = [p.grad for p in params]
+        applied, grads = self._decide(params, ok, lr, 1.0 / (1.0 - alpha) ** 0.5)
         squares = [self._state_tensor(p, "square_avg") for p in params]
         steps = [self._state_tensor(p, "step") for p in params]
-        alpha = group["alpha"]
-        new_squares = torch._foreach_mul(squares, alpha)
-        torch._foreach_addcmul_(new_squares, grads, grads, value=1.0 - alpha)
-        denominators = torch._foreach_sqrt(new_squares)
+        torch._foreach_mul_(squares, torch.where(applied, alpha, 1.0))
+        torch._foreach_addcmul_(squares, grads, grads, value=1.0 - alpha)
+        # p += g / denominator, with denominator = -(sqrt(square_avg) + eps) / lr: a skipped
+        # step divides 0 by -inf.
+        denominators = self._scratch(params)
+        torch._foreach_copy_(denominators, squares)
+        torch._foreach_sqrt_(denominators)
         torch._foreach_add_(denominators, group["eps"])
-        updates = torch._foreach_div(grads, denominators)
-        torch._foreach_mul_(updates, lr)
-        new_params = torch._foreach_sub(params, updates)
-        applied = ok & _all_finite(new_params) & _all_finite(new_squares)
-        _commit(params, new_params, applied)
-        _commit(squares, new_squares, applied)
+        torch._foreach_div_(denominators, -(lr * applied))
+        torch._foreach_addcdiv_(params, grads, denominators)
         # A list of the flag, not the flag itself: torch's CPU path reads a lone scalar
         # tensor argument of _foreach_add_ on the host (.item()); a list it does not.
-        torch._foreach_add_(steps, [applied.float()] * len(steps))
+        torch._foreach_add_(steps, [applied.to(steps[0].dtype)] * len(steps))
         return applied
 
 
 class GuardedAdam(GuardedStep, torch.optim.Adam):
     """torch's Adam (no AMSGrad, no weight decay), bias-corrected from a per-parameter
-    device step count."""
+    device step count. Its step is bounded: |m_t| <= (1 - b1) sum_k b1^k |g_(t-k)| and
+    sqrt(v_t) >= sqrt(1 - b2) b2^(k/2) |g_(t-k)| for every k, so |m_t| / sqrt(v_t) <=
+    (1 - b1) / sqrt(1 - b2) / (1 - b1 / sqrt(b2)) (about 32 at the defaults), and the bias
+    corrections multiply that by sqrt(1 - b2^t) / (1 - b1^t) <= 1 / (1 - b1)."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
         super().__init__(params, lr=lr, betas=betas, eps=eps)
+        b1, b2 = betas
+        self.max_ratio = (1 - b1) / (1 - b2) ** 0.5 / (1 - b1 / b2 ** 0.5) / (1 - b1)
 
     @torch.no_grad()
     def step(self, ok: Tensor, lr: Tensor) -> Tensor:  # type: ignore[override]
@@ -109,34 +131,34 @@ class GuardedAdam(GuardedStep, torch.optim.Adam):
                 self.state[p] = {"step": torch.zeros((), device=p.device),
                                  "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
                                  "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
-        grads = [p.grad for p in params]
+        applied, grads = self._decide(params, ok, lr, self.max_ratio)
         means = [self._state_tensor(p, "exp_avg") for p in params]
         squares = [self._state_tensor(p, "exp_avg_sq") for p in params]
         steps = [self._state_tensor(p, "step") for p in params]
-        new_steps = torch._foreach_add(steps, 1.0)
-        new_means = torch._foreach_lerp(means, grads, 1.0 - beta1)
-        new_squares = torch._foreach_mul(squares, beta2)
-        torch._foreach_addcmul_(new_squares, grads, grads, value=1.0 - beta2)
-        # step size lr / (1 - beta1^t); denominator sqrt(v) / sqrt(1 - beta2^t) + eps, as torch.
-        bias1 = _one_minus(torch._foreach_pow(beta1, new_steps))
-        bias2_sqrt = torch._foreach_sqrt(_one_minus(torch._foreach_pow(beta2, new_steps)))
-        denominators = torch._foreach_sqrt(new_squares)
+        torch._foreach_lerp_(means, grads, torch.where(applied, 1.0 - beta1, 0.0))
+        torch._foreach_mul_(squares, torch.where(applied, beta2, 1.0))
+        torch._foreach_addcmul_(squares, grads, grads, value=1.0 - beta2)
+        torch._foreach_add_(steps, [applied.to(steps[0].dtype)] * len(steps))
+        # As torch: p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps), written as
+        # p += m / denominator (every parameter's step count moves together: one is enough).
+        t = steps[0].clamp(min=1)
+        bias1 = 1 - beta1 ** t
+        bias2_sqrt = (1 - beta2 ** t).sqrt()
+        denominators = self._scratch(params)
+        torch._foreach_copy_(denominators, squares)
+        torch._foreach_sqrt_(denominators)
         torch._foreach_div_(denominators, bias2_sqrt)
         torch._foreach_add_(denominators, group["eps"])
-        updates = torch._foreach_div(new_means, denominators)
-        torch._foreach_div_(updates, bias1)
-        torch._foreach_mul_(updates, lr)
-        new_params = torch._foreach_sub(params, updates)
-        applied = ok & _all_finite(new_params) & _all_finite(new_means) & _all_finite(new_squares)
-        _commit(params, new_params, applied)
-        _commit(means, new_means, applied)
-        _commit(squares, new_squares, applied)
-        _commit(steps, new_steps, applied)
+        torch._foreach_div_(denominators, -(lr * applied) / bias1)
+        # A skipped step: means and squares as they were, and m / -inf = 0 added.
+        torch._foreach_addcdiv_(params, means, denominators)
         return applied
 
 
 class GuardedSGD(GuardedStep, torch.optim.SGD):
-    """Plain gradient descent, p <- p - lr g (tests that check gradients through the weights)."""
+    """Plain gradient descent, p <- p - lr g (tests that check gradients through the
+    weights). Unbounded steps: a gradient's own size is checked (the learner has already
+    refused non-finite ones)."""
 
     def __init__(self, params, lr: float):
         super().__init__(params, lr=lr)
@@ -144,9 +166,9 @@ class GuardedSGD(GuardedStep, torch.optim.SGD):
     @torch.no_grad()
     def step(self, ok: Tensor, lr: Tensor) -> Tensor:  # type: ignore[override]
         params = self._params_with_grads()
-        new_params = torch._foreach_sub(params, torch._foreach_mul([p.grad for p in params], lr))
-        applied = ok & _all_finite(new_params)
-        _commit(params, new_params, applied)
+        ok = ok & torch.isfinite(lr * _norm([p.grad for p in params]))
+        applied, grads = self._decide(params, ok, lr, 1.0)
+        torch._foreach_add_(params, torch._foreach_mul(grads, -(lr * applied)))
         return applied
 
 

@@ -61,7 +61,14 @@ class MetricSums:
         """(the interval's mean of each metric (NaN where every value was non-finite),
         skipped updates, longest run of skipped updates in a row, counting on from the
         previous interval's run); one host read."""
-        packed = torch.cat([self.sums, self.counts, torch.stack([self.skipped, self.longest_skip_run])]).tolist()
+        packed = torch.cat([self.sums, self.counts, torch.stack([self.skipped, self.longest_skip_run])])
+        if self.device.type == "cuda":
+            # Wait on a blocking event, which sleeps, rather than in tolist's copy, which
+            # spins a core for as long as the queued updates take.
+            done = torch.cuda.Event(blocking=True)
+            done.record()
+            done.synchronize()
+        packed = packed.tolist()
         M = len(self.names)
         means = {name: (packed[i] / packed[M + i] if packed[M + i] else float("nan"))
                  for i, name in enumerate(self.names)}

@@ -1,24 +1,22 @@
 """Hardware figures of a run, every few seconds, into hardware.csv and TensorBoard.
 
-One row per process and per figure source at each sample (long format: the set of actor
-processes changes when one is restarted):
+One row per figure (long format: the set of actor processes changes when one is
+restarted, and each figure keeps its own unit):
 
-    wall_time, source, pid, cpu_percent, rss_mib, shared_mib, value
+    time, source, metric, value, unit
 
-    source = learner | actor-<i> | inference     one of the run's processes (on the learner's
-             | replay-server                     node); cpu_percent is of one core (200 = two
-                                                 cores busy)
-             system                              cpu_percent of the whole machine (all cores =
-                                                 100), rss_mib = memory in use
-             replay                              value = MiB held by the replays' storage
-             gpu<i>                              NVIDIA GPUs through NVML (the optional
-                                                 nvidia-ml-py package): cpu_percent = GPU
-                                                 utilisation, rss_mib = its memory in use,
-                                                 value = power draw in watts
+    time    seconds since the monitor started
+    source  learner | actor-<i> | inference | replay-server: one of the run's processes (on
+            the learner's node): cpu (% of one core: 200 = two cores busy), rss and
+            shared (MiB)
+            system: cpu (% of the whole machine: all cores = 100), memory_used (MiB)
+            replay: stored (MiB held by the replays' storage)
+            gpu<i>: NVIDIA GPUs through NVML (the optional nvidia-ml-py package):
+            utilisation (%), memory_used (MiB), power (W)
 
 Where NVML or a GPU is missing, there are simply no gpu rows: no warning, no error. The
 sampler runs in a daemon thread of the learner's process; psutil reads /proc, so it costs
-the run a few milliseconds per sample."""
+the run a few milliseconds per sample. TensorBoard gets hardware/<source>/<metric>."""
 from __future__ import annotations
 
 import csv
@@ -33,7 +31,7 @@ import psutil
 
 log = logging.getLogger("herd")
 
-COLUMNS = ["wall_time", "source", "pid", "cpu_percent", "rss_mib", "shared_mib", "value"]
+COLUMNS = ["time", "source", "metric", "value", "unit"]
 MIB = 2**20
 
 
@@ -59,9 +57,15 @@ def gpu_rows(handles: list) -> list[dict]:
             power = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
         except Exception:  # a GPU that stops answering is reported as missing, not fatal
             continue
-        rows.append({"source": f"gpu{index}", "cpu_percent": utilisation, "rss_mib": round(memory, 1),
-                     "value": round(power, 1)})
+        rows += [figure(f"gpu{index}", "utilisation", utilisation, "%"),
+                 figure(f"gpu{index}", "memory_used", round(memory, 1), "MiB"),
+                 figure(f"gpu{index}", "power", round(power, 1), "W")]
     return rows
+
+
+def figure(source: str, metric: str, value: float, unit: str) -> dict:
+    """One row of hardware.csv (without its time)."""
+    return {"source": source, "metric": metric, "value": value, "unit": unit}
 
 
 class HardwareMonitor:
@@ -94,9 +98,9 @@ class HardwareMonitor:
                     process = self.tracked[pid] = psutil.Process(pid)
                     process.cpu_percent(None)            # baseline: the first reading of a process is 0
                 memory = process.memory_info()
-                rows.append({"source": source, "pid": pid, "cpu_percent": process.cpu_percent(None),
-                             "rss_mib": round(memory.rss / MIB, 1),
-                             "shared_mib": round(getattr(memory, "shared", 0) / MIB, 1)})
+                rows += [figure(source, "cpu", process.cpu_percent(None), "%"),
+                         figure(source, "rss", round(memory.rss / MIB, 1), "MiB"),
+                         figure(source, "shared", round(getattr(memory, "shared", 0) / MIB, 1), "MiB")]
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 self.tracked.pop(pid, None)              # ended (a restarted actor): no row
         return rows
@@ -105,22 +109,19 @@ class HardwareMonitor:
         """One round of rows (also what the thread writes)."""
         memory = psutil.virtual_memory()
         rows = self.process_rows()
-        rows.append({"source": "system", "cpu_percent": psutil.cpu_percent(None),
-                     "rss_mib": round((memory.total - memory.available) / MIB, 1)})
-        rows.append({"source": "replay", "value": round(self.replay_bytes() / MIB, 1)})
+        rows += [figure("system", "cpu", psutil.cpu_percent(None), "%"),
+                 figure("system", "memory_used", round((memory.total - memory.available) / MIB, 1), "MiB"),
+                 figure("replay", "stored", round(self.replay_bytes() / MIB, 1), "MiB")]
         rows.extend(gpu_rows(self.gpus))
-        wall = round(self.clock() - self.start_time, 2)
-        return [{"wall_time": wall, **row} for row in rows]
+        now = round(self.clock() - self.start_time, 2)
+        return [{"time": now, **row} for row in rows]
 
     def write(self, rows: list[dict]) -> None:
         with open(self.path, "a", newline="") as f:
             csv.writer(f).writerows([[row.get(c, "") for c in COLUMNS] for row in rows])
         if self.writer is not None:
             for row in rows:
-                for column in ("cpu_percent", "rss_mib", "value"):
-                    if row.get(column, "") != "":
-                        self.writer.add_scalar(f"hardware/{row['source']}/{column}", row[column],
-                                               int(row["wall_time"]))
+                self.writer.add_scalar(f"hardware/{row['source']}/{row['metric']}", row["value"], int(row["time"]))
 
     def run(self) -> None:
         while not self.stopping.wait(self.interval):

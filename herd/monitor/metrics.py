@@ -7,10 +7,18 @@ happen in a thread of their own, so the learner never waits on the disk."""
 from __future__ import annotations
 
 import csv
+import logging
 import os
 import threading
 import time
 from pathlib import Path
+
+
+log = logging.getLogger("herd")
+
+# Rows a table keeps while its file cannot be written (a full disk, a vanished folder):
+# the oldest beyond this are dropped (and counted), so a long outage costs bounded memory.
+MAX_PENDING_ROWS = 100_000
 
 
 class CsvTable:
@@ -22,6 +30,8 @@ class CsvTable:
         self.rows: list[list] = []
         self.lock = threading.Lock()        # add() and a background flush may overlap
         self.last_flush = time.monotonic()
+        self.failing = False                # the last flush failed: rows are kept and retried
+        self.dropped = 0                    # rows dropped while failing (MAX_PENDING_ROWS)
         if not path.exists():
             with open(path, "w", newline="") as f:
                 csv.writer(f).writerow(columns)
@@ -34,18 +44,44 @@ class CsvTable:
     def add(self, **values) -> None:
         with self.lock:
             self.rows.append([values.get(c, "") for c in self.columns])
+            if len(self.rows) > MAX_PENDING_ROWS:      # only while the file cannot be written
+                del self.rows[0]
+                self.dropped += 1
         if self.flusher is None and time.monotonic() - self.last_flush >= self.flush_seconds:
             self.flush()
 
     def flush(self) -> None:
+        """Appends the buffered rows. An OSError (a full disk) never escapes: one line says
+        so, the rows stay buffered (at most MAX_PENDING_ROWS) and the next flush retries."""
         with self.lock:
             rows, self.rows = self.rows, []
-        if rows:
+        self.last_flush = time.monotonic()
+        if not rows:
+            return
+        try:
             with open(self.path, "a", newline="") as f:
                 csv.writer(f).writerows(rows)
                 f.flush()
                 os.fsync(f.fileno())
-        self.last_flush = time.monotonic()
+        except OSError as err:
+            self.keep(rows, err)
+            return
+        if self.failing:
+            self.failing = False
+            log.warning("%s is written again%s", self.path.name,
+                        f" ({self.dropped} rows were dropped meanwhile)" if self.dropped else "")
+
+    def keep(self, rows: list[list], err: OSError) -> None:
+        with self.lock:
+            self.rows[:0] = rows
+            extra = len(self.rows) - MAX_PENDING_ROWS
+            if extra > 0:
+                del self.rows[:extra]
+                self.dropped += extra
+        if not self.failing:
+            self.failing = True
+            log.warning("cannot write %s (%s): keeping up to %d rows in memory and retrying every %g s", self.path,
+                        err.strerror or err, MAX_PENDING_ROWS, self.flush_seconds)
 
     def flush_periodically(self) -> None:
         while not self.stopping.wait(self.flush_seconds):
@@ -56,6 +92,8 @@ class CsvTable:
         if self.flusher is not None:
             self.flusher.join()
         self.flush()
+        if self.rows:
+            log.warning("%d rows of %s could not be written", len(self.rows), self.path.name)
 
 
 EPISODE_COLUMNS = ["episode", "score", "length", "env_step", "update", "wall_time", "unix_time"]
@@ -71,9 +109,9 @@ def dashboard_layout(train_columns: list[str]) -> dict:
                      "policy lag (updates)": ["Multiline", ["train/policy_lag"]]},
         "learner": {"losses": ["Multiline", [f"train/{c}" for c in losses]],
                     "gradient norm and learning rate": ["Multiline", ["train/grad_norm", "train/lr"]]},
-        "hardware": {"CPU % per process": ["Multiline", [r"hardware/.*/cpu_percent"]],
-                     "memory MiB per process": ["Multiline", [r"hardware/.*/rss_mib"]],
-                     "replay MiB, GPU watts": ["Multiline", [r"hardware/.*/value"]]},
+        "hardware": {"CPU % per process": ["Multiline", [r"hardware/.*/cpu"]],
+                     "memory MiB per process": ["Multiline", [r"hardware/.*/(rss|memory_used)"]],
+                     "replay MiB, GPU watts": ["Multiline", [r"hardware/replay/stored", r"hardware/gpu.*/power"]]},
     }
 
 

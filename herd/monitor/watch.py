@@ -1,5 +1,7 @@
 """`herd watch RUN`: one terminal screen, refreshed in place, with what a run is doing:
-steps, score, fps, policy lag, losses, replay memory and each process's CPU and memory.
+steps, elapsed time and ETA, score, frames/s (average and last), policy lag, losses,
+replay memory and each process's CPU and memory; and a "no news for N s" line when the
+run has written nothing for a minute without ending (it died).
 It only reads the run's own files (episodes.csv, train.csv, hardware.csv, summary.json),
 so it can watch a run started anywhere, and it ends when the run writes its summary."""
 from __future__ import annotations
@@ -10,8 +12,15 @@ from pathlib import Path
 
 import numpy as np
 
+from herd.monitor.hardware import COLUMNS
 from herd.monitor.progress import format_score
 from herd.monitor.runfiles import check_run_dir, moving_average, read_config, read_table
+
+# The files a running run keeps writing: the hardware figures every --hardware_interval
+# (5 s), the metrics every log interval. Silent for longer than STALE_S, a run without a
+# summary.json has most likely died (kill -9, a lost machine).
+NEWS_FILES = ("hardware.csv", "train.csv", "episodes.csv", "log.txt")
+STALE_S = 60.0
 
 
 def last(table: dict, column: str) -> float:
@@ -19,59 +28,106 @@ def last(table: dict, column: str) -> float:
     return float(values[-1]) if values is not None and len(values) else float("nan")
 
 
-def latest_hardware(hardware: dict) -> list[tuple[str, float, float, float]]:
-    """(source, cpu %, rss MiB, value) of the newest sample."""
-    if not hardware:
-        return []
-    newest = hardware["wall_time"] == hardware["wall_time"][-1]
-    return [(source, cpu, rss, value) for source, cpu, rss, value in
-            zip(hardware["source"][newest], hardware["cpu_percent"][newest], hardware["rss_mib"][newest],
-                hardware["value"][newest])]
+def latest_hardware(table: dict) -> dict[str, dict[str, tuple[float, str]]]:
+    """{source: {metric: (value, unit)}} of hardware.csv's newest sample."""
+    if not table:
+        return {}
+    newest = table["time"] == table["time"][-1]
+    figures: dict[str, dict[str, tuple[float, str]]] = {}
+    for source, metric, value, unit in zip(table["source"][newest], table["metric"][newest], table["value"][newest],
+                                           table["unit"][newest]):
+        figures.setdefault(source, {})[metric] = (value, unit)
+    return figures
 
 
 def read_hardware(run: Path) -> dict:
-    """hardware.csv with its source column kept as text."""
+    """hardware.csv (time, source, metric, value, unit) with its text columns kept as text."""
     table = read_table(run / "hardware.csv")
+    if set(table) != set(COLUMNS):     # empty, or the columns herd wrote before (wall_time, pid, ...): not shown
+        return {}
     if table:
         import csv
         with open(run / "hardware.csv", newline="") as f:
-            table["source"] = np.array([row["source"] for row in csv.DictReader(f)])
+            rows = list(csv.DictReader(f))
+        for column in ("source", "metric", "unit"):
+            table[column] = np.array([row[column] for row in rows])
     return table
 
 
-def snapshot(run: Path):
-    """A rich renderable of the run now."""
+def clock(seconds: float) -> str:
+    """1:02:03, or '-' for an unknown time."""
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):
+        return "-"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def last_news(run: Path) -> float:
+    """Unix time of the newest write to the run's metric files (0: none yet)."""
+    times = [path.stat().st_mtime for name in NEWS_FILES if (path := run / name).is_file()]
+    return max(times, default=0.0)
+
+
+def timing(train: dict, episodes: dict, budget: float) -> tuple[float, float, float, float]:
+    """(steps, training seconds, average frames/s over the run, ETA in seconds) from the
+    newest rows (env_step and wall_time continue across resumed parts)."""
+    rows = [(last(t, "env_step"), last(t, "wall_time")) for t in (train, episodes) if t]
+    steps, seconds = max(rows, default=(float("nan"), float("nan")))
+    average = steps / seconds if seconds and seconds > 0 else float("nan")
+    eta = (budget - steps) / average if average and average > 0 else float("nan")
+    return steps, seconds, average, max(eta, 0.0) if eta == eta else eta
+
+
+def hardware_table(run: Path):
+    from rich.table import Table
+    table = Table(title="hardware (newest sample)", show_edge=False)
+    for column in ("source", "CPU %", "memory MiB", "other"):
+        table.add_column(column)
+    for source, figures in latest_hardware(read_hardware(run)).items():
+        value = lambda metric: figures.get(metric, (float("nan"), ""))[0]  # noqa: E731
+        memory = value("rss") if "rss" in figures else value("memory_used")
+        other = ", ".join(f"{v:.1f} {unit}" + (" stored" if metric == "stored" else "")
+                          for metric, (v, unit) in figures.items() if metric in ("stored", "power"))
+        cpu = value("cpu") if "cpu" in figures else value("utilisation")
+        table.add_row(source, format_score(cpu, 0), format_score(memory, 0), other)
+    return table
+
+
+def snapshot(run: Path, now: float | None = None):
+    """A rich renderable of the run now (now: a Unix time, for tests)."""
     from rich.console import Group
     from rich.table import Table
 
+    now = time.time() if now is None else now
     config = read_config(run)
     episodes, train = read_table(run / "episodes.csv"), read_table(run / "train.csv")
     summary_path = run / "summary.json"
     ended = json.loads(summary_path.read_text()).get("ended") if summary_path.is_file() else None
     window = int(config.get("avg_buff_size", 100))
     average = moving_average(episodes["score"], window)[-1] if episodes else float("nan")
-    steps = max(last(episodes, "env_step"), last(train, "env_step"))
     budget = config.get("environment_max_steps") or float("nan")
+    steps, seconds, fps, eta = timing(train, episodes, budget)
     progress = Table.grid(padding=(0, 2))
-    for name, value in (
-            ("run", f"{run.name} ({config.get('env')}, {config.get('algorithm', 'impala')})"
+    rows = [("run", f"{run.name} ({config.get('env')}, {config.get('algorithm', 'impala')})"
                     + (f" - ended: {ended}" if ended else "")),
             ("environment steps", f"{steps:,.0f} of {budget:,.0f}" if steps == steps else "-"),
+            ("elapsed / ETA", f"{clock(seconds)} / {'-' if ended else clock(eta)}"),
             ("updates", format_score(last(train, "update"), 0)),
             ("games", f"{len(episodes.get('score', []))}"),
             (f"score (last {window})", format_score(average)),
             ("eval score", format_score(last(read_table(run / "eval.csv"), "mean"))),
-            ("frames/s", format_score(last(train, "fps"), 0)),
+            ("frames/s (average / last)", f"{format_score(fps, 0)} / {format_score(last(train, 'fps'), 0)}"),
             ("policy lag (updates)", format_score(last(train, "policy_lag"), 1)),
-            ("loss / entropy", f"{format_score(last(train, 'loss'), 3)} / {format_score(last(train, 'entropy'), 3)}")):
+            ("loss / entropy", f"{format_score(last(train, 'loss'), 3)} / {format_score(last(train, 'entropy'), 3)}")]
+    news = last_news(run)
+    quiet = max(STALE_S, 3 * float(config.get("hardware_interval") or 0))
+    if not ended and news and now - news > quiet:
+        rows.append(("no news", f"no news for {now - news:.0f} s: the run may have died "
+                                "(nothing written and no summary.json)"))
+    for name, value in rows:
         progress.add_row(name, value)
-    hardware = Table(title="hardware (newest sample)", show_edge=False)
-    for column in ("source", "CPU %", "memory MiB", "other"):
-        hardware.add_column(column)
-    for source, cpu, rss, value in latest_hardware(read_hardware(run)):
-        other = f"{value:.1f} MiB stored" if source == "replay" else (f"{value:.0f} W" if value == value else "")
-        hardware.add_row(source, format_score(cpu, 0), format_score(rss, 0), other)
-    return Group(progress, hardware)
+    return Group(progress, hardware_table(run))
 
 
 def watch(path: str, interval: float = 1.0, once: bool = False, console=None) -> int:

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from herd.replay.replay import Replay
 
@@ -30,6 +31,16 @@ class MixedBatch:
     versions: np.ndarray            # [B] the policy versions that made the columns
     probabilities: np.ndarray       # [B] the chance each column had of being drawn from its replay
     keys: list                      # (replay index, columns slice, ReplayKeys): for update()
+
+
+def concat_columns(parts: list) -> "np.ndarray | torch.Tensor":
+    """The replays' shares joined on the batch axis: [time, B, ...]. Host arrays stay numpy;
+    if any share is a device tensor (device storage), all go to its device and join there."""
+    tensors = [p for p in parts if isinstance(p, torch.Tensor)]
+    if not tensors:
+        return np.concatenate(parts, axis=1)
+    device = tensors[0].device
+    return torch.cat([torch.as_tensor(p).to(device, non_blocking=True) for p in parts], dim=1)
 
 
 class ReplayMixer:
@@ -89,7 +100,7 @@ class ReplayMixer:
             column += share
         if not self.has_queue:
             self.credit -= self.batch_cost
-        batch = {name: np.concatenate([p[name] for p in parts], axis=1) for name in parts[0]}
+        batch = {name: concat_columns([p[name] for p in parts]) for name in parts[0]}
         return MixedBatch(batch, np.concatenate(replayed), np.concatenate(versions), np.concatenate(probabilities),
                           keys)
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from herd.errors import ConfigError
+from herd.inputs import excerpt
 from herd.replay.circular import CircularSampler
+from herd.replay.device_storage import DeviceTrajectoryStorage
 from herd.replay.distances import DISTANCES
 from herd.replay.elite import (DEFAULT_SCORE_STEPS, ELITE_STRATEGIES, INSERT_STRATEGIES, SAMPLE_STRATEGIES,
                                EliteSampler)
@@ -28,6 +30,10 @@ class BuildOptions:
     anneal_rounds_base: int = 10000  # custom, prioritized: the run's lr_scheduler_steps
     seed: int = 0
     n_step: int = 1                 # prioritized: transitions carry n-step windows (Ape-X's --n_step)
+    # Where queue, uniform and circular replays keep their items: None on the host (numpy), or a
+    # torch device (the learner's GPU: herd/replay/device_storage.py). Elite/attentive and
+    # prioritized replays keep host storage (their scoring and transition reads are numpy).
+    storage_device: Any = None
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,9 @@ def build_queue(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
     # Room for one batch share plus one actor rollout, so fresh trajectories are never
     # overwritten before the learner used them; never compressed (each is read once, soon).
     capacity = max(spec.capacity, o.share + o.rollout_size)
-    return Replay("queue", TrajectoryStorage(layout, capacity), FifoSampler(capacity), on_policy=True)
+    storage = (TrajectoryStorage(layout, capacity) if o.storage_device is None
+               else DeviceTrajectoryStorage(layout, capacity, o.storage_device))
+    return Replay("queue", storage, FifoSampler(capacity), on_policy=True)
 
 
 def off_policy_storage(spec, layout: TrajectoryLayout, o: BuildOptions) -> TrajectoryStorage:
@@ -49,7 +57,9 @@ def off_policy_storage(spec, layout: TrajectoryLayout, o: BuildOptions) -> Traje
 
 
 def build_standard(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
-    return Replay("standard", off_policy_storage(spec, layout, o), UniformSampler(spec.capacity), on_policy=False)
+    storage = (off_policy_storage(spec, layout, o) if o.storage_device is None
+               else DeviceTrajectoryStorage(layout, spec.capacity, o.storage_device))
+    return Replay("standard", storage, UniformSampler(spec.capacity), on_policy=False)
 
 
 # The custom (elite/attentive) type's keys: allowed values, or None for a number checked below.
@@ -77,10 +87,10 @@ def is_positive_number(value) -> bool:
 def check_custom_options(where: str, extra: dict) -> None:
     for key, value in extra.items():
         if key not in CUSTOM_KEYS:
-            raise ConfigError(f"{where}: unknown key '{key}' for type 'custom' (known: {', '.join(CUSTOM_KEYS)})")
+            raise ConfigError(f"{where}: unknown key '{excerpt(key)}' for type 'custom' (known: {', '.join(CUSTOM_KEYS)})")
         allowed = CUSTOM_KEYS[key]
         if allowed is not None and value not in allowed:
-            raise ConfigError(f"{where}: {key} '{value}' is not one of {', '.join(allowed)}")
+            raise ConfigError(f"{where}: {key} '{excerpt(value)}' is not one of {', '.join(allowed)}")
     if "dist_function" not in extra:
         raise ConfigError(f"{where}: type 'custom' needs a dist_function ({', '.join(DISTANCES)})")
     checks = (("lambda_batch_multiplier", 1, lambda v: is_int_at_least(v, 1), "an integer >= 1"),
@@ -91,7 +101,7 @@ def check_custom_options(where: str, extra: dict) -> None:
     for key, default, ok, what in checks:
         value = extra.get(key, default)
         if not ok(value):
-            raise ConfigError(f"{where}: {key} must be {what}, got {value!r}")
+            raise ConfigError(f"{where}: {key} must be {what}, got {excerpt(value)}")
 
 
 def build_custom(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
@@ -130,11 +140,11 @@ def is_number(value) -> bool:
 def check_prioritized_options(where: str, extra: dict) -> None:
     for key, value in extra.items():
         if key not in PRIORITIZED_KEYS:
-            raise ConfigError(f"{where}: unknown key '{key}' for type 'prioritized' "
+            raise ConfigError(f"{where}: unknown key '{excerpt(key)}' for type 'prioritized' "
                               f"(known: {', '.join(PRIORITIZED_KEYS)})")
         _, ok, what = PRIORITIZED_KEYS[key]
         if not ok(value):
-            raise ConfigError(f"{where}: {key} must be {what}, got {value!r}")
+            raise ConfigError(f"{where}: {key} must be {what}, got {excerpt(value)}")
 
 
 def build_prioritized(spec, layout: TrajectoryLayout, o: BuildOptions) -> TransitionReplay:
@@ -165,7 +175,10 @@ def build_circular(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
     BATCHES (N), each of the replay's share; every batch is served iterations_per_batch (K)
     times. Never compressed: each batch is read K times within moments."""
     sampler = CircularSampler(spec.capacity, o.share, spec.option("iterations_per_batch", CIRCULAR_DEFAULT_ITERATIONS))
-    return Replay("circular", TrajectoryStorage(layout, sampler.capacity), sampler, on_policy=True)
+    # On a GPU learner the batches stay in device memory, as the queue's do.
+    storage = (TrajectoryStorage(layout, sampler.capacity) if o.storage_device is None
+               else DeviceTrajectoryStorage(layout, sampler.capacity, o.storage_device))
+    return Replay("circular", storage, sampler, on_policy=True)
 
 
 REPLAY_KINDS: dict[str, ReplayKind] = {

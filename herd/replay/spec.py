@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from herd.errors import ConfigError
+from herd.inputs import excerpt, parse_json
 from herd.replay.registry import CIRCULAR_DEFAULT_ITERATIONS, REPLAY_KINDS
 
 
@@ -34,7 +35,7 @@ def parse_replay_parameters(text: str | list | None) -> list[ReplaySpec]:
         raise ConfigError("--replay_parameters is not set")
     if isinstance(text, str):
         try:
-            entries = json.loads(text)
+            entries = parse_json("--replay_parameters", text)   # size and depth checked first
         except json.JSONDecodeError as err:
             raise ConfigError(f"--replay_parameters is not valid JSON ({err.msg} at character {err.pos}): "
                               "give a list like '[{\"type\": \"queue\", \"capacity\": 1, \"sample_ratio\": 1}]'") from None
@@ -59,16 +60,16 @@ def parse_replay_entry(index: int, entry: Any) -> ReplaySpec:
         raise ConfigError(f"{where} lacks {', '.join(missing)}")
     kind = entry["type"]
     if not isinstance(kind, str) or kind not in REPLAY_KINDS:
-        raise ConfigError(f"{where}: unknown replay type {kind!r} (use one of {', '.join(REPLAY_KINDS)})")
+        raise ConfigError(f"{where}: unknown replay type '{excerpt(kind)}' (use one of {', '.join(REPLAY_KINDS)})")
     capacity, ratio = entry["capacity"], entry["sample_ratio"]
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise ConfigError(f"{where}: capacity must be an integer >= 1, got {capacity!r}")
+        raise ConfigError(f"{where}: capacity must be an integer >= 1, got {excerpt(capacity)}")
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
-        raise ConfigError(f"{where}: sample_ratio must be a number in [0, 1], got {ratio!r}")
+        raise ConfigError(f"{where}: sample_ratio must be a number in [0, 1], got {excerpt(ratio)}")
     extra = {k: v for k, v in entry.items() if k not in ("type", "capacity", "sample_ratio")}
     check = REPLAY_KINDS[kind].check_options
     if check is None and extra:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(extra))} for type '{kind}'")
+        raise ConfigError(f"{where}: unknown key(s) {excerpt(', '.join(sorted(map(str, extra))))} for type '{kind}'")
     if check is not None:
         check(where, extra)
     return ReplaySpec(kind, capacity, float(ratio), tuple(sorted(extra.items())))

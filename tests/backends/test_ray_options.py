@@ -51,7 +51,8 @@ def test_addresses_that_name_a_cluster_pass_the_syntax_check():
     for address in ("local", "auto", "10.0.0.5:6379", "head.example.org:6379"):
         assert checked(ray_address=address).parallel.ray_address == address
     assert backend_options("ray", checked().parallel) == {"ray_address": "local", "actor_cpus": 1.0,
-                                                          "replay_server": False, "replay_server_node": "learner"}
+                                                          "replay_server": False, "replay_server_node": "learner",
+                                                          "ray_compress_obs": False}
     node = "ab" * 28
     served = checked(algorithm="apex", multiprocessing_backend="ray", replay_server="True", replay_server_node=node)
     assert backend_options("ray", served.parallel)["replay_server_node"] == node

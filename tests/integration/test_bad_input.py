@@ -68,11 +68,15 @@ def command(entry, args):
     return ["--op_mode=train", *args] if entry == "main" else ["train", *args]
 
 
+# `herd train` takes no test-mode option (herd/cli_options.py): it refuses one before its value is checked.
+HERD_TRAIN_WORDS = {"--apex_test_epsilon must be in [0, 1]": "--apex_test_epsilon is not an option of herd train"}
+
+
 @pytest.mark.parametrize("entry", ["main", "herd"])
 @pytest.mark.parametrize("args, words", CASES)
 def test_bad_input_is_one_line_and_nonzero(cli, tmp_path, entry, args, words):
     result = cli(command(entry, args), tmp_path / "results", entry=entry)
-    assert_refused(result, words, tmp_path)
+    assert_refused(result, HERD_TRAIN_WORDS.get(words, words) if entry == "herd" else words, tmp_path)
 
 
 @pytest.mark.parametrize("entry", ["main", "herd"])

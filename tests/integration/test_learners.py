@@ -159,9 +159,9 @@ def test_resume_a_one_learner_run_with_two_the_primary_keeps_the_replay(stopped_
 
 
 def test_torchrun_starts_the_learners(tmp_path):
-    from herd.learner.distributed import free_port
-    # A free port: with --master_port=0 torchrun hands its workers MASTER_PORT=0 and they wait forever.
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+    # --standalone: torchrun's own store binds a port of its choosing (no port picked here
+    # and bound later, which another process could take in between).
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                "-m", "herd.cli",
                "train", "--env=CartPole-v1", "--worker_count=2", f"--envs_per_worker={E}", "--tensorboard=False",
                "--environment_max_steps=3000", "--seed=6", f"--results_dir={tmp_path}"]

@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from herd_testing import (ANGLE_ONLY, BALANCER, ROOT, copy_of_run, fixed_action, fixed_policy_state, only_run,
-                          run_cli)
-from herd.checkpoint import load_checkpoint, save_checkpoint
+from herd_testing import ANGLE_ONLY, BALANCER, ROOT, fixed_action, fixed_policy_run, only_run, run_cli
 from herd.evaluate import MAX_TEST_ENVS, VIDEO_EPISODES, ProgressBar, split_episodes
 
 SOLVED = 475
@@ -31,16 +29,6 @@ def folder_hashes(folder):
 
 def no_display_env():
     return {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
-
-
-def fixed_policy_run(small_cartpole_run, folder, w):
-    """A copy of a real run folder whose checkpoint holds the fixed policy `w` instead of learned weights."""
-    run = copy_of_run(small_cartpole_run, folder)
-    state, path = load_checkpoint(run)
-    state["model"] = fixed_policy_state(state["model"], w)
-    save_checkpoint({k: v for k, v in state.items() if k not in ("format_version", "checksum")}, run,
-                    state["counters"]["updates"])
-    return run
 
 
 @pytest.fixture(scope="module")

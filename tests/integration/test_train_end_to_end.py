@@ -54,7 +54,9 @@ def cartpole_run(tmp_path_factory):
                          "--envs_per_worker=4", "--batch_size=4", "--r_f_steps=16", "--save_model_period=20",
                          "--max_policy_lag=0", "--seed=3", "--hardware_interval=0.25"], results)
     children = []
-    wait_for(lambda: len(children.extend(psutil.Process(process.pid).children()) or children) >= 2, 30, 0.05)
+    # Recursive: the actors are forked by a fork server, the herd process's child.
+    wait_for(lambda: len(children.extend(psutil.Process(process.pid).children(recursive=True)) or children) >= 4, 30,
+             0.05)
     _, err = process.communicate(timeout=120)
     return {"returncode": process.returncode, "stderr": err, "children": children, "shm_before": before,
             "results": results}
@@ -82,7 +84,7 @@ def test_cartpole_run_fills_its_folder_and_cleans_up(cartpole_run):
     train_rows = (run / "train.csv").read_text().splitlines()
     assert len(train_rows) > 1 and "policy_lag" in train_rows[0]
     hardware = (run / "hardware.csv").read_text()
-    assert hardware.startswith("wall_time,source,pid") and ",actor-1," in hardware and ",learner," in hardware
+    assert hardware.startswith("time,source,metric,value,unit") and ",actor-1,cpu," in hardware and ",learner,rss," in hardware
     # No leaked shared memory and no orphaned actor processes.
     assert not leaked_shm(cartpole_run["shm_before"])
     assert wait_for(lambda: not any_alive(children), 5)

@@ -1,11 +1,11 @@
 """The learner's update without host reads (design.md rule 12), checked against the step
 it replaced (herd/learner/reference.py, herd 9aa5e12 verbatim).
 
-Host reads are counted two ways, added: the Tensor methods through which a device value
-reaches Python (float(), int(), bool(), .item(), .tolist(), .numpy(): a TorchFunctionMode
-sees every call), and, with torch.profiler, the ops whose output shape depends on data
-(aten::nonzero, from a boolean-mask selection). On a CPU they cost nothing, but they are
-the calls that stall a GPU, so the count made here holds there."""
+Host reads are counted by herd/learner/counting.py: the Tensor methods through which a
+device value reaches Python (float(), int(), bool(), .item(), .tolist(), .numpy()) and
+the ops whose output shape depends on data (aten::nonzero, from a boolean-mask
+selection). On a CPU they cost nothing, but they are the calls that stall a GPU, so the
+count made here holds there."""
 from __future__ import annotations
 
 import copy
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.profiler import ProfilerActivity, profile
 
 from herd.checkpoint import load_checkpoint
+from herd.learner.counting import count
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.reference import ReferenceLearner, reference_impala_loss, reference_optimizer, reference_scheduler
 from herd.learner.step_metrics import MetricSums
@@ -25,9 +25,6 @@ from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
 
 T, A, OBS = 6, 4, (5,)
-READ_METHODS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__bool__,
-                torch.Tensor.__float__, torch.Tensor.__int__}
-DATA_DEPENDENT_SHAPES = ("aten::nonzero",)
 NAMES = ("loss", "pg_loss", "value_loss", "entropy", "policy_cloning_loss", "value_cloning_loss",
          "kl_mask_fraction", "mean_rho", "grad_norm", "lr")
 
@@ -64,20 +61,8 @@ def reference(weights: ImpalaLossWeights, optimizer: str = "rmsprop", lr: float 
                             functools.partial(reference_impala_loss, weights=weights), 1.0)
 
 
-class ReadCounter(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += func in READ_METHODS
-        return func(*args, **(kwargs or {}))
-
-
 def host_reads(fn) -> int:
-    with profile(activities=[ProfilerActivity.CPU]) as prof, ReadCounter() as reads:
-        fn()
-    return reads.count + sum(e.count for e in prof.key_averages() if e.key in DATA_DEPENDENT_SHAPES)
+    return count(fn).host_reads
 
 
 def train(learner, data, sums: MetricSums | None = None, read_every: int = 0) -> None:
@@ -188,8 +173,8 @@ def test_the_optimizers_run_foreach_kernels():
     on a GPU), not as a Python loop of per-parameter addcdiv/addcmul/lerp as torch's
     single-tensor path runs. (Recorded at the Python level: on a CPU, aten itself runs a
     foreach op tensor by tensor.)"""
-    for name, foreach in (("rmsprop", {"_foreach_addcmul_", "_foreach_div", "_foreach_sqrt"}),
-                          ("adam", {"_foreach_lerp", "_foreach_addcmul_", "_foreach_div"})):
+    for name, foreach in (("rmsprop", {"_foreach_addcmul_", "_foreach_addcdiv_", "_foreach_sqrt_"}),
+                          ("adam", {"_foreach_lerp_", "_foreach_addcmul_", "_foreach_addcdiv_"})):
         learner = fast(ImpalaLossWeights(), name)
         data = batches(2)
         learner.step(data[0])

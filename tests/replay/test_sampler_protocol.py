@@ -14,6 +14,7 @@ import torch
 from herd.algos.impala import impala_layout
 from herd.learner.batches import DirectBatches, PrefetchedBatches
 from herd.replay.circular import CircularSampler
+from herd.replay.device_storage import DeviceTrajectoryStorage
 from herd.replay.elite import EliteSampler
 from herd.replay.mixer import ReplayMixer
 from herd.replay.prioritized import PrioritizedSampler
@@ -106,37 +107,48 @@ def trajectory(tag: float) -> dict:
     return {name: np.full(shape, tag, dtype=dtype) for name, (shape, dtype) in LAYOUT.fields().items()}
 
 
-def recording_replay(capacity: int = 3) -> Replay:
-    return Replay("recording", TrajectoryStorage(LAYOUT, capacity), RecordingSampler(capacity), on_policy=False)
+def recording_replay(capacity: int = 3, on_device: bool = False) -> Replay:
+    """on_device: the storage a GPU learner's replays use (herd/replay/device_storage.py),
+    here holding CPU tensors: the protocol is the same whichever storage holds the items."""
+    storage = (DeviceTrajectoryStorage(LAYOUT, capacity, torch.device("cpu")) if on_device
+               else TrajectoryStorage(LAYOUT, capacity))
+    return Replay("recording", storage, RecordingSampler(capacity), on_policy=False)
 
 
-def test_an_update_for_an_overwritten_item_is_dropped_and_counted():
-    replay = recording_replay()
+STORAGES = pytest.mark.parametrize("on_device", [False, True], ids=["host-storage", "device-storage"])
+
+
+@STORAGES
+def test_an_update_for_an_overwritten_item_is_dropped_and_counted(on_device):
+    replay = recording_replay(on_device=on_device)
     for tag in range(3):
         replay.add(trajectory(tag), version=tag)
     data, _, keys, _ = replay.sample(3, np.random.default_rng(0))
-    tags = data["reward"][0].tolist()                               # which trajectory each column holds
+    tags = [float(t) for t in data["reward"][0]]                     # which trajectory each column holds
     replay.add(trajectory(9), version=9)                            # overwrites position 0 (ring order)
     applied = replay.update(keys, np.array(tags) + 100)
     assert applied == 2 and replay.stale_updates == 1
     assert replay.sampler.updates == {p: t + 100 for p, t in zip(keys.positions.tolist(), tags) if p != 0}
 
 
-def test_keys_survive_a_checkpoint():
-    replay = recording_replay()
+@STORAGES
+def test_keys_survive_a_checkpoint(on_device):
+    replay = recording_replay(on_device=on_device)
     for tag in range(4):
         replay.add(trajectory(tag), version=tag)
-    twin = recording_replay()
+    twin = recording_replay(on_device=not on_device)
     twin.load_state_dict(replay.state_dict())
     assert twin.generation.tolist() == replay.generation.tolist() == [2, 1, 1]
 
 
+@STORAGES
 @pytest.mark.parametrize("prefetched", [False, True])
-def test_keys_reach_the_learner_through_the_mixer_and_the_threads(prefetched):
+def test_keys_reach_the_learner_through_the_mixer_and_the_threads(prefetched, on_device):
     specs = parse_replay_parameters('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5},'
                                     ' {"type": "standard", "capacity": 4, "sample_ratio": 0.5}]')
     shares = batch_shares(specs, 4)
-    replays = [build_replay(specs[0], LAYOUT, shares[0], 2), recording_replay(capacity=4)]
+    replays = [build_replay(specs[0], LAYOUT, shares[0], 2, storage_device=torch.device("cpu") if on_device else None),
+               recording_replay(capacity=4, on_device=on_device)]
     mixer = ReplayMixer(replays, shares, fill_in_factor=1.0, seed=0)
     source = (PrefetchedBatches(mixer, torch.device("cpu"), threads=1, per_round=1, buffer_size=2,
                                 writer_queue_size=8, discarding_strategy="wait") if prefetched

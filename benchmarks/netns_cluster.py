@@ -1,0 +1,240 @@
+"""herd's Ray actors across hosts on a real network stack: network namespaces joined by
+shaped veth links (herd/cluster), a Ray head on host 0 (0 CPUs) and a worker node of
+--host_cpus CPUs on each of hosts 1..N, each running --actors_per_host of herd's own Ray
+actors (RolloutWorker: real envs, real model). Per configuration (hosts x link bandwidth):
+
+    rtt          TCP round trip between a worker host and host 0 (1 byte, p50)
+    free         the learner replaced by a sink that takes every rollout at once: what the
+                 actors (or the link) can deliver; hand-off latency = from an actor's return
+                 to the sink holding the arrays (p50/p90/p99), i.e. Ray's transfer between nodes
+    paced        a fixed-rate sink (--rate rollouts/s): a learner that trains at a known pace
+    bytes/step   bytes host 0 received on its link per agent step (everything: the arrays,
+                 Ray's messages), measured from the link's own counters
+    lz4          the same with observations LZ4-compressed in the actor, decompressed by the sink
+
+and, with --learner_seconds, herd's real learner (`herd train --multiprocessing_backend=ray`)
+on host 0 with the same actors, its steady frames/s from train.csv.
+
+All hosts share this machine's cores (2 here), so frames/s cannot grow with hosts the way a
+real cluster's does: what grows is the network's share. The throughput model built from
+these numbers is in docs/netns-cluster.md. Needs root (network namespaces).
+Usage: python benchmarks/netns_cluster.py [--hosts 1,2] [--bandwidths none,100,30] [--seconds 12]
+Last line: netns_cluster: hosts=<n> frames_per_s=<x> p50_ms=<y> bytes_per_step=<z> (the first
+configuration of the largest host count, free sink, no compression)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from herd.cluster.netns import LinkShape, NetnsCluster  # noqa: E402
+from herd.cluster.ray_hosts import RayHosts, measure_rtt  # noqa: E402
+
+
+# ---------------------------------------------------------------- inside host 0 (the driver)
+
+def rx_bytes() -> int:
+    """Bytes received on this namespace's link (ip netns exec mounts the namespace's /sys)."""
+    return int(Path("/sys/class/net/eth0/statistics/rx_bytes").read_text())
+
+
+def inner(options: dict) -> dict:
+    """Runs on host 0: the actors on the worker nodes, then each sink; returns the numbers."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"    # hosts' own addresses (ray_scaling sets 0: loopback)
+    import numpy as np
+    import ray
+    from ray_scaling import StampedWorker, spec_and_layout
+    from herd.actors.actor import ActorSpec
+    from herd.backends.ray_actors import WeightsBoard
+    from herd.backends.ray_wire import pack_obs, unpack_obs
+    from herd.models import build_model
+
+    class CompressingWorker(StampedWorker):
+        """herd's actor, its observations LZ4-compressed before they leave the node (what
+        --ray_compress_obs does: herd/backends/ray_wire.py)."""
+
+        def next_rollout(self):
+            rollout, arrays, stamp = super().next_rollout()
+            return rollout, pack_obs(arrays), stamp
+
+    def sink(actors, rate, seconds, compressed):
+        """Takes rollouts as they come (rate None) or one every 1/rate s, for `seconds`."""
+        owner = {a.next_rollout.remote(): i for i, a in enumerate(actors) for _ in range(options["inflight"])}
+        latencies, steps, taken, start, received = [], 0, 0, time.monotonic(), rx_bytes()
+        raw = packed = 0
+        while (now := time.monotonic()) - start < seconds:
+            if rate is not None and taken >= (now - start) * rate:
+                time.sleep(min(0.002, 1 / rate))
+                continue
+            ready, _ = ray.wait(list(owner), num_returns=1, timeout=0.5)
+            if not ready:
+                continue
+            rollout, arrays, stamp = ray.get(ready[0])
+            if compressed:
+                packed += len(arrays["obs"].data)
+                arrays = unpack_obs(arrays)
+                raw += arrays["obs"].nbytes
+            latencies.append(time.time() - stamp)
+            steps += rollout.steps
+            taken += 1
+            owner[actors[owner.pop(ready[0])].next_rollout.remote()] = rollout.actor_id
+        elapsed, received = time.monotonic() - start, rx_bytes() - received
+        ray.get(list(owner))                    # the calls still queued finish before the next sink starts
+        lat = np.array(latencies or [float("nan")]) * 1e3
+        return {"rollouts_per_s": round(taken / elapsed, 2), "frames_per_s": round(steps / elapsed, 1),
+                "p50_ms": round(float(np.median(lat)), 2), "p90_ms": round(float(np.percentile(lat, 90)), 2),
+                "p99_ms": round(float(np.percentile(lat, 99)), 2),
+                "bytes_per_step": round(received / max(steps, 1), 1),
+                "lz4_ratio": round(raw / packed, 2) if packed else None}
+
+    spec, layout = spec_and_layout(options["env"], options["envs"], options["unroll"])
+    ray.init(address=options["address"], logging_level="ERROR", log_to_driver=False)
+    board = WeightsBoard()
+    board.publish(build_model(**spec.model_kwargs), 0)
+    results = {}
+    for compressed in (False, True) if options["lz4"] else (False,):
+        worker = ray.remote(CompressingWorker if compressed else StampedWorker)
+        count = options["hosts"] * options["actors_per_host"]
+        actors = [worker.options(num_cpus=options["host_cpus"] / options["actors_per_host"],
+                                 scheduling_strategy="SPREAD")
+                  .remote(i, ActorSpec(**{**spec.__dict__, "seed": 1 + 10_000 * i}), layout,
+                          options["inflight"] + 2, *board.newest()) for i in range(count)]
+        ray.get([a.where.remote() for a in actors])
+        sink(actors, None, 4.0, compressed)                       # warm-up: first forward passes, resets
+        name = "lz4" if compressed else "raw"
+        results[name] = {"free": sink(actors, None, options["seconds"], compressed)}
+        if options["rate"]:
+            results[name]["paced"] = sink(actors, options["rate"], options["seconds"], compressed)
+        for actor in actors:
+            ray.kill(actor)
+    ray.shutdown()
+    return results
+
+
+# ---------------------------------------------------------------- outside (the harness)
+
+def configuration(hosts: int, bandwidth: float | None, args) -> dict:
+    """One cluster of 1 + `hosts` hosts, every link at `bandwidth` Mbit/s: the sinks."""
+    with NetnsCluster(hosts + 1, LinkShape(bandwidth_mbit=bandwidth, latency_ms=args.latency_ms)) as net:
+        ray = RayHosts(net, cpus=[0] + [args.host_cpus] * hosts)
+        try:
+            ray.start()
+            rtt = measure_rtt(net, 1, 0)
+            options = {"address": ray.address, "hosts": hosts, "env": args.env, "envs": args.envs,
+                       "unroll": args.unroll, "actors_per_host": args.actors_per_host, "host_cpus": args.host_cpus,
+                       "inflight": args.inflight, "seconds": args.seconds, "rate": args.rate, "lz4": args.lz4}
+            done = net.hosts[0].run([sys.executable, str(Path(__file__).resolve()), "--inner", json.dumps(options)],
+                                    env={**ray.env(), "PYTHONPATH": f"{HERE.parent}:{HERE}"}, capture_output=True,
+                                    text=True, timeout=600)
+            if done.returncode != 0:
+                raise RuntimeError(f"the driver failed: {done.stderr[-2000:]}")
+            sinks = json.loads(done.stdout.strip().splitlines()[-1])
+            learner = real_learner(net, ray, hosts, args) if args.learner_seconds else None
+            learner_lz4 = real_learner(net, ray, hosts, args, ["--ray_compress_obs=True"]) \
+                if args.learner_seconds and args.lz4 else None
+        finally:
+            ray.close()
+    return {"hosts": hosts, "bandwidth_mbit": bandwidth, "latency_ms": args.latency_ms, "rtt_ms": rtt,
+            **sinks, "learner": learner, "learner_lz4": learner_lz4}
+
+
+def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
+    """herd train on host 0 with the same actors for --learner_seconds, then Ctrl+C; its
+    steady rate from train.csv (the first third of the rows left out: start-up)."""
+    import csv
+    import tempfile
+    results = Path(tempfile.mkdtemp(prefix="netns_learner_"))
+    before = net.hosts[0].link_bytes()
+    argv = [sys.executable, "-m", "herd.cli", "train", f"--env={args.env}", "--multiprocessing_backend=ray",
+            f"--ray_address={ray.address}", f"--worker_count={hosts * args.actors_per_host}",
+            f"--envs_per_worker={args.envs}", f"--r_f_steps={args.unroll}", f"--actor_cpus={args.host_cpus / args.actors_per_host:g}",
+            "--tensorboard=False", "--environment_max_steps=100000000", "--learner_compile=False",
+            "--verbose_learner_out_int=2", f"--results_dir={results}", *extra]
+    process = net.hosts[0].popen(argv, env={**ray.env(), "PYTHONPATH": str(HERE.parent)}, cwd=HERE.parent,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        process.wait(args.learner_seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=300)
+    after = net.hosts[0].link_bytes()
+    received, sent = after["rx"] - before["rx"], after["tx"] - before["tx"]
+    runs = [p for p in results.iterdir() if p.is_dir()]
+    rows = list(csv.DictReader((runs[0] / "train.csv").open())) if runs else []
+    summary = json.loads((runs[0] / "summary.json").read_text()) if runs else {}
+    shutil.rmtree(results, ignore_errors=True)          # its checkpoints: nothing the record needs
+    if len(rows) < 3:
+        return {"error": f"too few updates logged ({len(rows)}): {err[-500:]}"}
+    steady = rows[len(rows) // 3:]
+    frames = float(steady[-1]["env_step"]) - float(steady[0]["env_step"])
+    seconds = float(steady[-1]["wall_time"]) - float(steady[0]["wall_time"])
+    return {"frames_per_s": round(frames / seconds, 1), "updates": summary.get("training_steps"),
+            "environment_steps": summary.get("environment_steps"),
+            "bytes_per_step": round(received / max(summary.get("environment_steps") or 1, 1), 1),
+            # what host 0 sent per step: the weights the actors pulled (and Ray's messages)
+            "sent_bytes_per_step": round(sent / max(summary.get("environment_steps") or 1, 1), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--inner", help=argparse.SUPPRESS)
+    parser.add_argument("--hosts", default="1,2", help="worker hosts (besides host 0, the learner's)")
+    parser.add_argument("--bandwidths", default="none,100,30", help="Mbit/s of every link (none: unshaped)")
+    parser.add_argument("--latency_ms", type=float, default=0.0, help="one-way delay per link (needs tc netem)")
+    parser.add_argument("--env", default="PongNoFrameskip-v4")
+    parser.add_argument("--envs", type=int, default=4, help="environments per actor")
+    parser.add_argument("--unroll", type=int, default=20, help="steps per rollout (T)")
+    parser.add_argument("--actors_per_host", type=int, default=1)
+    parser.add_argument("--host_cpus", type=float, default=1)
+    parser.add_argument("--inflight", type=int, default=2, help="queued calls per actor")
+    parser.add_argument("--rate", type=float, default=2.0, help="the paced sink's rollouts/s (0: no paced sink)")
+    parser.add_argument("--seconds", type=float, default=12)
+    parser.add_argument("--lz4", type=int, default=1, help="also measure LZ4-compressed observations")
+    parser.add_argument("--learner_seconds", type=float, default=0, help="also run herd's real learner this long")
+    parser.add_argument("--record", default="", help="suffix of the results file")
+    args = parser.parse_args()
+    if args.inner:
+        print(json.dumps(inner(json.loads(args.inner))))
+        return
+    from common import print_table, record
+    runs = []
+    for hosts in (int(h) for h in args.hosts.split(",")):
+        for bandwidth in args.bandwidths.split(","):
+            runs.append(configuration(hosts, None if bandwidth == "none" else float(bandwidth), args))
+            print(json.dumps(runs[-1]), flush=True)
+    rows = []
+    for r in runs:
+        for name in ("raw", "lz4"):
+            for mode in ("free", "paced"):
+                m = r.get(name, {}).get(mode)
+                if m:
+                    rows.append([r["hosts"], r["bandwidth_mbit"] or "-", f"{r['rtt_ms']['p50_ms']:.3f}", name, mode,
+                                 m["frames_per_s"], m["p50_ms"], m["p90_ms"], m["p99_ms"], m["bytes_per_step"]])
+        for name in ("learner", "learner_lz4"):
+            if r.get(name):
+                rows.append([r["hosts"], r["bandwidth_mbit"] or "-", f"{r['rtt_ms']['p50_ms']:.3f}",
+                             "lz4" if name == "learner_lz4" else "raw", "learner", r[name].get("frames_per_s"), "", "",
+                             "", r[name].get("bytes_per_step")])
+    print_table(["hosts", "Mbit/s", "rtt ms", "obs", "sink", "frames/s", "p50 ms", "p90 ms", "p99 ms", "bytes/step"],
+                rows)
+    path = record(f"netns_cluster_{args.env.split('-')[0]}{args.record}",
+                  {"command": " ".join(["python", "benchmarks/netns_cluster.py", *sys.argv[1:]]),
+                   "note": "all hosts share this machine's cores, loaded by other agents' jobs", "args": vars(args),
+                   "runs": runs})
+    print(f"recorded {path}")
+    top = [r for r in runs if r["hosts"] == max(x["hosts"] for x in runs)][0]["raw"]["free"]
+    print(f"netns_cluster: hosts={max(r['hosts'] for r in runs)} frames_per_s={top['frames_per_s']} "
+          f"p50_ms={top['p50_ms']} bytes_per_step={top['bytes_per_step']}")
+
+
+if __name__ == "__main__":
+    main()

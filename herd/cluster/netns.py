@@ -1,0 +1,325 @@
+"""N hosts on this machine as Linux network namespaces: the harness that tests and
+benchmarks herd's multi-node paths on a real network stack (issue 30).
+
+    host 0 (ns <run>-h0)   eth0 10.213.0.1 ─veth─ p0 ┐
+    host 1 (ns <run>-h1)   eth0 10.213.0.2 ─veth─ p1 ├─ br0 (ns <run>-br)
+    ...                                              ┘
+
+Every host is a namespace of its own with one link (a veth pair) to a bridge that lives
+in a namespace of its own too: nothing is made in the machine's own namespace, and the
+subnet exists only on this run's private bridge (no route leads out of it, so two runs, or
+two helpers, never see each other's hosts). Each link can be shaped in both directions:
+a bandwidth limit (tc tbf) and a one-way latency (tc netem; refused in one line where the
+kernel has no sch_netem).
+
+Cleaning up. Every namespace of a run is named <run>-..., where <run> is
+`herdnet<owner pid>x<random>`. Closing (the context manager, atexit, SIGINT/SIGTERM) kills
+every process inside the run's namespaces (`ip netns pids`) and deletes them; a reaper
+process (this file run as a script, in its own session) does the same once its owner dies
+without closing (kill -9); and every new cluster first removes the namespaces of runs
+whose owner process is gone. This file uses the standard library and psutil only: the
+reaper runs it as a script.
+
+Where namespaces cannot be made (not root, no CAP_SYS_ADMIN, no iproute2 that can be
+installed), the cluster refuses with NamespaceError: one line saying why."""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import psutil
+
+PREFIX = "herdnet"
+SUBNET = "10.213.0"          # host i is SUBNET.(i+1)/24, on this run's own bridge only
+DEVICE = "eth0"              # each host's one link, as on a real machine
+MAX_HOSTS = 200
+
+
+class NamespaceError(RuntimeError):
+    """The harness cannot do what was asked here; str() is one line saying why."""
+
+
+@dataclass(frozen=True)
+class LinkShape:
+    """What one host's link does to its packets, in each direction."""
+    bandwidth_mbit: float | None = None     # tc tbf rate (None: the veth's own speed)
+    latency_ms: float = 0.0                 # one-way delay added to what the host sends (tc netem)
+
+    def check(self) -> None:
+        if self.bandwidth_mbit is not None and not 0 < self.bandwidth_mbit <= 400_000:
+            raise NamespaceError(f"bandwidth_mbit={self.bandwidth_mbit}: give a rate in (0, 400000] Mbit/s or None")
+        if not 0 <= self.latency_ms <= 10_000:
+            raise NamespaceError(f"latency_ms={self.latency_ms}: give a delay in [0, 10000] ms")
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """`ip ARGS`; NamespaceError with ip's own first line when it fails and check is set."""
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[0]
+        raise NamespaceError(f"`ip {' '.join(args)}` failed: {reason}")
+    return done
+
+
+def ensure_iproute2() -> None:
+    """`ip` and `tc` on PATH, installing iproute2 with apt-get where they are missing (as CI
+    runs: root on a fresh machine); one line (NamespaceError) where that cannot be done."""
+    if shutil.which("ip") and shutil.which("tc"):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise NamespaceError("network namespaces need iproute2 (`ip`, `tc`), which is missing and cannot be installed "
+                             "here (needs root and apt-get): install iproute2")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "iproute2"]):
+        done = subprocess.run(argv, capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["?"])[-1]
+            raise NamespaceError(f"installing iproute2 failed ({' '.join(argv)}: {tail})")
+
+
+def namespaces() -> list[str]:
+    """Names of this machine's named network namespaces."""
+    done = ip("netns", "list", check=False)
+    return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
+
+
+def pids_in(namespace: str) -> list[int]:
+    done = ip("netns", "pids", namespace, check=False)
+    return [int(p) for p in done.stdout.split() if p.strip().isdigit()]
+
+
+def kill_all_in(namespace: str, grace_s: float = 3.0) -> None:
+    """SIGTERM to every process in the namespace, SIGKILL to those left after grace_s."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        pids = pids_in(namespace)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+            time.sleep(0.05)
+        if not pids:
+            return
+
+
+def remove_run(run: str) -> None:
+    """Every process in the run's namespaces killed, then the namespaces deleted (their
+    veth ends and the bridge go with them)."""
+    mine = [ns for ns in namespaces() if ns.startswith(run + "-")]
+    for ns in mine:
+        kill_all_in(ns)
+    for ns in mine:
+        ip("netns", "del", ns, check=False)
+
+
+def owner_of(namespace: str) -> int | None:
+    """The owner pid encoded in a harness namespace's name, None for other namespaces."""
+    head = namespace.split("-")[0]
+    if not head.startswith(PREFIX) or "x" not in head:
+        return None
+    digits = head[len(PREFIX):].split("x")[0]
+    return int(digits) if digits.isdigit() else None
+
+
+def sweep_leftovers() -> list[str]:
+    """Removes the namespaces of harness runs whose owner process is gone; returns their runs."""
+    dead = sorted({ns.split("-")[0] for ns in namespaces()
+                   if (pid := owner_of(ns)) is not None and not psutil.pid_exists(pid)})
+    for run in dead:
+        remove_run(run)
+    return dead
+
+
+class Host:
+    """One host: a namespace with one link (DEVICE) to the bridge."""
+
+    def __init__(self, run: str, index: int):
+        self.index = index
+        self.namespace = f"{run}-h{index}"
+        self.address = f"{SUBNET}.{index + 1}"
+        self.port = f"p{index}"                  # its link's end on the bridge
+        self.bridge_ns = f"{run}-br"
+
+    def command(self, argv: list[str]) -> list[str]:
+        """argv run inside this host's namespace."""
+        return ["ip", "netns", "exec", self.namespace, *argv]
+
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(self.command(argv), **kwargs)
+
+    def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(argv), **kwargs)
+
+    def pids(self) -> list[int]:
+        return pids_in(self.namespace)
+
+    def set_link(self, up: bool) -> None:
+        """Cuts (or restores) the host's cable: its port on the bridge goes down."""
+        ip("-n", self.bridge_ns, "link", "set", self.port, "up" if up else "down")
+
+    def link_bytes(self) -> dict:
+        """{'tx': bytes the host sent, 'rx': bytes it received} on its link so far."""
+        done = ip("-n", self.namespace, "-j", "-s", "link", "show", "dev", DEVICE)
+        stats = json.loads(done.stdout)[0]["stats64"]
+        return {"tx": int(stats["tx"]["bytes"]), "rx": int(stats["rx"]["bytes"])}
+
+    def kill_processes(self) -> None:
+        """Every process on this host killed (a machine that loses power)."""
+        kill_all_in(self.namespace, grace_s=0.0)
+
+
+def shape_args(shape: LinkShape) -> list[str] | None:
+    """The root qdisc for one direction of a link, or None for an unshaped link."""
+    if shape.latency_ms > 0:
+        rate = ["rate", f"{shape.bandwidth_mbit:g}mbit"] if shape.bandwidth_mbit else []
+        return ["netem", "delay", f"{shape.latency_ms:g}ms", "limit", "100000", *rate]
+    if shape.bandwidth_mbit:
+        # burst: at least 4 ms at the rate and more than one 64 KiB GSO packet (veth offloads
+        # segmentation: a packet larger than the bucket would never leave).
+        burst = max(int(shape.bandwidth_mbit * 1e6 / 8 * 0.004), 256 * 1024)
+        return ["tbf", "rate", f"{shape.bandwidth_mbit:g}mbit", "burst", str(burst), "latency", "100ms"]
+    return None
+
+
+def tc(namespace: str, device: str, qdisc: list[str]) -> None:
+    done = subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", device, "root", *qdisc],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or ["?"])[0]
+        if qdisc[0] == "netem" and "unknown" in reason.lower():
+            raise NamespaceError("link latency needs tc netem, which this kernel lacks (CONFIG_NET_SCH_NETEM): "
+                                 "ask for latency_ms=0 (bandwidth limits use tbf) or use a kernel with sch_netem")
+        raise NamespaceError(f"tc {qdisc[0]} on {namespace}/{device} failed: {reason}")
+
+
+class NetnsCluster:
+    """`hosts` hosts joined by a bridge; a context manager. shape: every link's shape, or
+    shapes: one per host. Host 0 is where a Ray head and the learner go by convention."""
+
+    def __init__(self, hosts: int, shape: LinkShape = LinkShape(), shapes: list[LinkShape] | None = None):
+        if not 1 <= hosts <= MAX_HOSTS:
+            raise NamespaceError(f"hosts={hosts}: give 1 to {MAX_HOSTS}")
+        self.shapes = list(shapes) if shapes is not None else [shape] * hosts
+        if len(self.shapes) != hosts:
+            raise NamespaceError(f"{len(self.shapes)} link shapes for {hosts} hosts: give one per host")
+        for s in self.shapes:
+            s.check()
+        self.run = f"{PREFIX}{os.getpid()}x{secrets.token_hex(3)}"
+        self.hosts = [Host(self.run, i) for i in range(hosts)]
+        self.closed = True
+        self.reaper: subprocess.Popen | None = None
+        self.previous_handlers: dict = {}
+
+    def __enter__(self) -> NetnsCluster:
+        self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def open(self) -> None:
+        if os.geteuid() != 0:
+            raise NamespaceError("network namespaces cannot be made here: they need root (CAP_SYS_ADMIN, "
+                                 "CAP_NET_ADMIN); run as root")
+        ensure_iproute2()
+        sweep_leftovers()
+        self.closed = False
+        self.guard()
+        try:
+            self.build()
+        except BaseException:
+            self.close()
+            raise
+
+    def build(self) -> None:
+        bridge = f"{self.run}-br"
+        try:
+            ip("netns", "add", bridge)
+        except NamespaceError as err:
+            raise NamespaceError(f"network namespaces cannot be made here: {err}") from None
+        ip("-n", bridge, "link", "add", "br0", "type", "bridge")
+        ip("-n", bridge, "link", "set", "br0", "up")
+        for host, shape in zip(self.hosts, self.shapes):
+            ip("netns", "add", host.namespace)
+            # Both ends made directly inside their namespaces: no name ever appears in the
+            # machine's own namespace, so concurrent runs cannot collide.
+            ip("link", "add", DEVICE, "netns", host.namespace, "type", "veth", "peer", "name", host.port,
+               "netns", bridge)
+            ip("-n", bridge, "link", "set", host.port, "master", "br0")
+            ip("-n", bridge, "link", "set", host.port, "up")
+            ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", DEVICE)
+            ip("-n", host.namespace, "link", "set", DEVICE, "up")
+            ip("-n", host.namespace, "link", "set", "lo", "up")
+            qdisc = shape_args(shape)
+            if qdisc:
+                tc(host.namespace, DEVICE, qdisc)        # what the host sends
+                tc(bridge, host.port, qdisc)             # what it receives
+
+    def guard(self) -> None:
+        """Cleanup however this process ends: atexit, SIGINT/SIGTERM (then the previous
+        handler runs), and a reaper that outlives a kill -9."""
+        atexit.register(self.close)
+        if threading_main():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous_handlers[sig] = signal.signal(sig, self.on_signal)
+        self.reaper = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--reap", self.run],
+                                       stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       start_new_session=True)
+
+    def on_signal(self, signum, frame) -> None:
+        self.close()
+        previous = self.previous_handlers.get(signum, signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        remove_run(self.run)
+        for sig, handler in self.previous_handlers.items():
+            if signal.getsignal(sig) == self.on_signal:
+                signal.signal(sig, handler)
+        self.previous_handlers = {}
+        atexit.unregister(self.close)
+        if self.reaper is not None:
+            self.reaper.stdin.close()        # EOF: the reaper finds nothing left and exits
+            self.reaper.wait(timeout=60)
+            self.reaper = None
+
+    def namespaces(self) -> list[str]:
+        """This run's namespaces that exist now."""
+        return [ns for ns in namespaces() if ns.startswith(self.run + "-")]
+
+
+def threading_main() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+def reap(run: str) -> None:
+    """The reaper: waits for EOF on stdin (its owner closed the cluster or died), then
+    removes whatever of `run` is left."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)       # a terminal's Ctrl+C is for the owner
+    try:
+        sys.stdin.buffer.read()
+    finally:
+        remove_run(run)
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--reap":
+    reap(sys.argv[2])

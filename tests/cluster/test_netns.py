@@ -1,0 +1,134 @@
+"""The harness itself (herd/cluster/netns.py): hosts that reach each other only over their
+links, a bandwidth limit that holds, nothing left behind when its owner is killed with
+SIGKILL, and one line (not a silent pass) where namespaces cannot be made."""
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+
+from herd_testing import ROOT, wait_for
+from herd.cluster.netns import LinkShape, NamespaceError, namespaces
+
+# Sends SIZE bytes from host 0 to host 1 over TCP; prints the seconds it took.
+SINK = ("import socket,sys\ns=socket.socket();s.bind((sys.argv[1],5001));s.listen(1);print('up',flush=True)\n"
+        "c,_=s.accept()\nwhile c.recv(1<<20): pass\n")
+SOURCE = ("import socket,sys,time\nc=socket.create_connection((sys.argv[1],5001));b=bytes(1<<20);t=time.perf_counter()\n"
+          "for _ in range(int(sys.argv[2])): c.sendall(b)\nc.shutdown(socket.SHUT_WR);c.recv(1);"
+          "print(time.perf_counter()-t)\n")
+
+
+def test_a_bandwidth_limit_holds_and_a_cut_link_carries_nothing(hosts_or_fail):
+    """Catches a tbf that is not applied (or applied to the wrong end): 8 MiB at 40 Mbit/s
+    cannot take less than 1.68 s (the limit is an upper bound: load only slows it down).
+    And a host whose link is down cannot be reached (the test of a lost host relies on it)."""
+    with hosts_or_fail(2, LinkShape(bandwidth_mbit=40)) as net:
+        sink = net.hosts[1].popen([sys.executable, "-c", SINK, net.hosts[1].address], stdout=subprocess.PIPE, text=True)
+        assert sink.stdout.readline().strip() == "up"
+        sent = net.hosts[0].run([sys.executable, "-c", SOURCE, net.hosts[1].address, "8"], capture_output=True,
+                                text=True, timeout=120)
+        sink.wait(timeout=30)
+        assert sent.returncode == 0, sent.stderr
+        seconds = float(sent.stdout)
+        # 8 MiB = 67.1 Mbit; tbf's burst (256 KiB) may pass at once: at least (67.1 - 2.1) / 40 s.
+        assert seconds >= 65.0 / 40 * 0.97, seconds
+        assert net.hosts[1].link_bytes()["rx"] >= 8 * 2**20        # it went over host 1's link
+
+        net.hosts[1].set_link(False)
+        cut = net.hosts[0].run([sys.executable, "-c", "import socket,sys;socket.create_connection((sys.argv[1],5001),"
+                                "timeout=2)", net.hosts[1].address], capture_output=True, text=True, timeout=60)
+        assert cut.returncode != 0 and "timed out" in cut.stderr, cut.stderr
+
+
+OWNER = """
+import sys, time
+from herd.cluster.netns import NetnsCluster
+net = NetnsCluster(2).__enter__()
+sleeper = net.hosts[1].popen(["sleep", "1000"])
+print(net.run, sleeper.pid, flush=True)
+time.sleep(1000)
+"""
+
+
+def test_an_owner_killed_with_sigkill_leaves_no_namespace_and_no_process():
+    """Catches cleanup that only runs on a normal exit (atexit, signal handlers): after
+    kill -9 of the owner, its reaper must still kill the hosts' processes and delete every
+    namespace of the run."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        run, pid = owner.stdout.readline().split()
+        sleeper = psutil.Process(int(pid))
+        assert sleeper.is_running() and any(ns.startswith(run + "-") for ns in namespaces())
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    assert wait_for(lambda: not any(ns.startswith(run + "-") for ns in namespaces()), 60), namespaces()
+    assert wait_for(lambda: not psutil.pid_exists(int(pid)) or sleeper.status() == psutil.STATUS_ZOMBIE, 30)
+
+
+NOT_ROOT = """
+import os, sys
+from herd.cluster.netns import NamespaceError, NetnsCluster
+os.setgid(65534); os.setuid(65534)
+try:
+    NetnsCluster(2).open()
+except NamespaceError as err:
+    print(err); sys.exit(2)
+sys.exit(0)
+"""
+
+
+def test_where_namespaces_cannot_be_made_the_harness_refuses_in_one_line():
+    """Catches a harness that goes on (or passes) without namespaces: as an unprivileged
+    user it must raise NamespaceError, one line naming why, and make nothing."""
+    before = set(namespaces())
+    done = subprocess.run([sys.executable, "-c", NOT_ROOT], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1 and "network namespaces cannot be made here" in lines[0] and "root" in lines[0], lines
+    assert set(namespaces()) <= before
+    assert issubclass(NamespaceError, RuntimeError)
+
+
+def test_a_new_cluster_removes_what_dead_runs_left_behind(hosts_or_fail):
+    """Catches leftovers piling up when both an owner and its reaper died (a machine
+    reboot of the process table, a container kill): namespaces named for a run whose
+    owner process is gone are removed, with their processes, by the next cluster."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()                                  # a pid that no longer runs
+    stale = f"herdnet{gone.pid}x000000-h0"
+    subprocess.run(["ip", "netns", "add", stale], check=True)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", stale, "sleep", "1000"])
+    try:
+        assert wait_for(lambda: str(sleeper.pid) in subprocess.run(["ip", "netns", "pids", stale], capture_output=True,
+                                                                   text=True).stdout, 10)
+        with hosts_or_fail(1) as net:
+            assert stale not in namespaces() and net.namespaces()
+        assert wait_for(lambda: sleeper.poll() is not None, 10)
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        subprocess.run(["ip", "netns", "del", stale], capture_output=True)
+
+
+def test_link_latency_is_added_or_refused_in_one_line_leaving_nothing_behind():
+    """Catches a latency that is silently not applied. Where the kernel has tc netem, 5 ms
+    one-way on every link must make a round trip between two hosts take >= 10 ms; where it
+    has none (this machine's kernel), the cluster must refuse in one line naming netem and
+    remove the namespaces it had already made."""
+    from herd.cluster.netns import NetnsCluster
+    from herd.cluster.ray_hosts import measure_rtt
+    net = NetnsCluster(2, LinkShape(latency_ms=5))
+    try:
+        net.open()
+    except NamespaceError as err:
+        assert "netem" in str(err) and "\n" not in str(err), err
+        assert not any(ns.startswith(net.run + "-") for ns in namespaces())
+        return
+    try:
+        assert measure_rtt(net, 0, 1, count=20)["p50_ms"] >= 10.0
+    finally:
+        net.close()
