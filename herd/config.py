@@ -29,7 +29,7 @@ from herd.inputs import check_option_value, excerpt
 from herd.models import NETWORKS
 from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, MACHINE_PROFILES, PROFILES, inference_servers_for,
                            machine_profile)
-from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters
+from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters, passes_per_batch
 from herd.replay.writer import DISCARDING_STRATEGIES
 from herd.validation import parse_eval_interval, transition_items, validate
 
@@ -57,7 +57,7 @@ class GeneralConfig:
     results_dir: str = opt("results", "folder that holds one sub-folder per run")
     save_replay: bool = opt(True, "save the replays' contents (LZ4-packed) with every checkpoint; turn off for very large buffers")
     device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda", ("cpu", "auto", "cuda"))
-    algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER) or apex (Ape-X: prioritized replay, n-step double dueling DQN; its own defaults, see README)", tuple(ALGORITHMS))
+    algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER), apex (Ape-X: prioritized replay, n-step double dueling DQN; its own defaults, see README) or impact (IMPACT: a target network, a clipped surrogate and a circular buffer that trains on each batch several times; docs/impact.md)", tuple(ALGORITHMS))
     # -- run names (issue 29) --
     name: Optional[str] = opt(None, "a name for the run: its folder is <results_dir>/<name>_<env>_<algorithm>_<date-time>")
     tag: Optional[str] = opt(None, "labels for the run, comma-separated (kept in config.json; the folder name carries them after the name; herd plot ignores both when grouping)")
@@ -85,7 +85,7 @@ class TrainingConfig:
     learner_precision: Optional[str] = opt(None, "learner arithmetic: fp32, bf16 (autocast: about 2x faster on CPUs with AMX and on GPUs with bf16), or auto (bf16 where the hardware has it, else fp32)", ("auto", "fp32", "bf16"))
     replay_ratio: Optional[float] = opt(None, "without a queue replay: items the learner samples per item added (trajectories, or transitions for Ape-X), held both ways (actors wait while the learner lags); unset: 1")
     n_step: int = opt(3, "Ape-X: steps of the n-step return (the last steps of a trajectory bootstrap from its final observation with fewer)")
-    target_update_period: Optional[int] = opt(None, "Ape-X: learner updates between syncs of the target network")
+    target_update_period: Optional[int] = opt(None, "Ape-X and IMPACT: learner updates between syncs (hard copies) of the target network")
     apex_epsilon: float = opt(0.4, "Ape-X: actor i of N explores with epsilon^(1 + apex_alpha * i / (N - 1))")
     apex_alpha: float = opt(7.0, "Ape-X: the exponent spread of the actors' epsilons")
     # --- learning-rate schedule (issue 16) ---
@@ -188,7 +188,7 @@ class NetworkConfig:
     hidden_sizes: tuple = opt((64, 64), "MLP hidden layer sizes")
     # -- LSTM core (issue 13) --
     use_lstm: bool = opt(False, "an LSTM core between the torso (any network) and the policy/value heads; actors carry its state across trajectories, the learner unrolls it over T with resets at episode ends (IMPALA only)")
-    lstm_size: int = opt(256, "hidden units of the LSTM core (--use_lstm)")
+    lstm_size: Optional[int] = opt(None, "hidden units of the LSTM core (--use_lstm; default 64 on vector tasks, the MLP's width, 256 on frames)")
 
 
 @dataclass
@@ -204,6 +204,13 @@ class LossConfig:
     value_cloning_loss_weight: float = opt(0.005, "weight of the value cloning loss")
     use_kl_mask: bool = opt(False, "LASER: mask transitions whose KL(target||behaviour) exceeds the threshold")
     kl_div_threshold: float = opt(0.3, "LASER KL threshold")
+    # --- IMPACT (issue 26) ---
+    clip_param: float = opt(0.4, "IMPACT: epsilon of the clipped surrogate, which keeps the learner's policy within 1 +- epsilon of the target network's")
+    importance_weight_clip: float = opt(2.0, "IMPACT: truncation (rho-bar) of the target-to-behaviour importance weights in the surrogate")
+    use_kl_loss: bool = opt(False, "IMPACT: add a KL(target || learner) penalty with an adaptive coefficient")
+    kl_coeff: float = opt(1.0, "IMPACT: the KL penalty's initial coefficient (x1.5 when the KL exceeds 2 x kl_target, x0.5 below half of it)")
+    kl_target: float = opt(0.01, "IMPACT: the KL the adaptive coefficient aims at")
+    # --- end IMPACT ---
 
 
 # -- continuous control (issue 13) ------------------------------------------------------
@@ -373,7 +380,7 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     if cfg.train.learner_compile is None:
         # On a CPU compiling measured 1.0-1.1x faster for long Atari runs; on an H100 it was
         # slower than eager (13.2 against 9.4 ms at batch 32), where the captured graph wins.
-        cfg.train.learner_compile = (not on_gpu and kind == "atari" and cfg.general.algorithm == "impala"
+        cfg.train.learner_compile = (not on_gpu and kind == "atari" and cfg.general.algorithm in ("impala", "impact")
                                      and cfg.train.environment_max_steps >= COMPILE_FROM_STEPS)
     if cfg.train.learner_capture is None:
         cfg.train.learner_capture = (on_gpu and getattr(ALGORITHMS[cfg.general.algorithm], "capturable_loss", False)
@@ -386,7 +393,8 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         fresh = sum(s for spec, s in zip(specs, shares) if spec.on_policy) or cfg.train.batch_size / (
             cfg.train.replay_ratio or 1.0)
         # A transition replay's items are steps; every other replay's are trajectories.
-        per_update = max(1, round(fresh * (1 if transition_items(specs) else cfg.train.r_f_steps)))
+        per_update = max(1, round(fresh * (1 if transition_items(specs) else cfg.train.r_f_steps)
+                                  / passes_per_batch(specs)))     # a circular buffer trains each batch K times
         cfg.train.lr_scheduler_steps = max(1, math.ceil(cfg.train.environment_max_steps / per_update))
     if cfg.loss.use_policy_cloning_loss is None:
         cfg.loss.use_policy_cloning_loss = off_policy

@@ -230,9 +230,9 @@ def check_continuous(cfg: Config, spec: EnvSpec, algorithm: Algorithm) -> None:
     if c.normalize_observations and spec.kind != "vector":
         raise ConfigError("--normalize_observations applies to vector observations; Atari frames are scaled to "
                           "[0, 1] already")
-    if c.normalize_observations and cfg.general.algorithm != "impala":
-        raise ConfigError(f"--normalize_observations is built for --algorithm=impala, not {cfg.general.algorithm} "
-                          "(its target network would normalise with older statistics)")
+    if c.normalize_observations and cfg.general.algorithm not in ("impala", "impact"):
+        raise ConfigError(f"--normalize_observations is built for --algorithm=impala or impact, not "
+                          f"{cfg.general.algorithm} (its target network would normalise with older statistics)")
     if c.normalize_observations and cfg.parallel.learner_count > 1:
         raise ConfigError(f"--normalize_observations with --learner_count={cfg.parallel.learner_count}: each "
                           "learner would gather its own statistics and the weights would differ; use one learner")

@@ -25,6 +25,11 @@ SMALL_INPUTS: dict[str, Any] = dict(
     lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01, clip_rewards=False,
     feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
     use_replay_compression=False, reward_scale=0.1,
+    # An LSTM core as wide as the MLP (issue 26): with 256 units the policy head reads 4x
+    # the inputs of the feed-forward one, Adam moves each weight by about lr per update
+    # regardless, and the policy's entropy fell from ln 2 to 0.13 within 50 updates on
+    # CartPole (0.62 feed-forward, 0.53 with 64 units): runs that learned then collapsed.
+    lstm_size=64,
 )
 # Defaults that depend on the kind of environment. The README's table of differing
 # defaults says where and why they differ from the seed's.
@@ -33,7 +38,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # MACHINE_PROFILES below.
     "atari": dict(
         optimizer="rmsprop", rmsprop_eps=1e-5, environment_max_steps=15_000_000, clip_rewards=True,
-        feature_out_layer_size=512, learner_precision="auto", shared_queue_size=16, caching=True,
+        feature_out_layer_size=512, lstm_size=256, learner_precision="auto", shared_queue_size=16, caching=True,
         use_replay_compression=True, normalize_observations=False, reward_scale=1.0,
     ),
     "vector": dict(
@@ -57,7 +62,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         lr=0.001, batch_size=16, r_f_steps=20, optimizer="adam", rmsprop_eps=0.01,
         environment_max_steps=5_000_000, clip_rewards=False, envs_per_worker=16,
         replay_parameters=QUEUE_ONLY,
-        feature_out_layer_size=128, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4,
+        feature_out_layer_size=128, lstm_size=256, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4,
         caching=False, use_replay_compression=False,
     ),
     # --- end MinAtar ----------------------------------------------------------------------
@@ -85,7 +90,14 @@ COMPILE_FROM_STEPS = 1_000_000
 
 # Ape-X's defaults per environment kind, applied before (so over) the kind's own profile
 # where --algorithm=apex. Transitions, not trajectories, are its batch items (README, Ape-X).
+# IMPACT (Luo et al. 2020; docs/impact.md): the paper's Atari circular buffer (N = 4 batches,
+# each trained on K = 2 times) on every kind, and a target network synced once per N x K
+# updates (a full turn of the buffer). The rest is IMPALA's profile for the kind.
+CIRCULAR = '[{"type": "circular", "capacity": 4, "sample_ratio": 1, "iterations_per_batch": 2}]'
+IMPACT_PROFILE: dict[str, Any] = dict(replay_parameters=CIRCULAR, target_update_period=8)
+
 ALGORITHM_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    "impact": {kind: dict(IMPACT_PROFILE) for kind in ("atari", "vector", "continuous", "minatar")},
     "apex": {
         # Horgan et al.: Adam-like small steps (the paper: RMSprop 0.00025/4), n=3, target sync
         # every 2500 updates, a replay ratio near 1; batch 128 instead of 512 on a CPU.

@@ -58,7 +58,8 @@ def _positive(cfg: Config) -> dict[str, Any]:
         "env_threads": cfg.parallel.env_threads, "verbose_worker_out_int": cfg.stats.verbose_worker_out_int,
         "learner_count": cfg.parallel.learner_count,
         "n_step": cfg.train.n_step,
-        **({"target_update_period": cfg.train.target_update_period} if cfg.general.algorithm == "apex" else {}),
+        **({"target_update_period": cfg.train.target_update_period}
+           if cfg.general.algorithm in ("apex", "impact") else {}),
     }
 
 
@@ -197,6 +198,7 @@ def validate(cfg: Config) -> None:
     if cfg.general.actor_inference == "server" and not algorithm.inference_server:
         raise ConfigError(f"--actor_inference=server: {algorithm.name} actors need their own model "
                           "(use --actor_inference=local)")
+    validate_impact(cfg, specs, shares)
     validate_learners(cfg, specs)
     validate_inference(cfg)
 
@@ -233,6 +235,36 @@ def validate_inference(cfg: Config) -> None:
                           "while the other still fills the current one")
 
 
+def validate_impact(cfg: Config, specs: list, shares: list) -> None:
+    """IMPACT's options and the circular buffer (checked whatever the algorithm where a
+    value is bad anyway); what makes no sense together is refused in one line."""
+    lo = cfg.loss
+    if not 0 < lo.clip_param < 1:
+        raise ConfigError(f"--clip_param must be in (0, 1) (the surrogate keeps the ratio within 1 +- it), "
+                          f"got {lo.clip_param}")
+    if not 0 < lo.importance_weight_clip < float("inf"):
+        raise ConfigError(f"--importance_weight_clip must be a number > 0, got {lo.importance_weight_clip}")
+    if not 0 <= lo.kl_coeff < float("inf") or not 0 < lo.kl_target < float("inf"):
+        raise ConfigError(f"--kl_coeff must be >= 0 and --kl_target > 0, got {lo.kl_coeff} and {lo.kl_target}")
+    for spec, share in zip(specs, shares):
+        if spec.type != "circular":
+            continue
+        if len(specs) > 1:
+            raise ConfigError("--replay_parameters: a circular buffer serves whole batches, so it is the only "
+                              "replay (sample_ratio 1); mixing it with other replays makes no batch of its own")
+        if spec.capacity * share < cfg.parallel.envs_per_worker:
+            raise ConfigError(f"--replay_parameters: the circular buffer's {spec.capacity} batches of {share} "
+                              f"trajectories hold less than one actor's rollout ({cfg.parallel.envs_per_worker} "
+                              "trajectories, --envs_per_worker): raise its capacity (batches) or --batch_size")
+    if cfg.general.algorithm != "impact":
+        if lo.use_kl_loss:
+            raise ConfigError(f"--use_kl_loss is IMPACT's penalty: use --algorithm=impact, not {cfg.general.algorithm}")
+        return
+    if lo.use_kl_mask or lo.use_policy_cloning_loss or lo.use_value_cloning_loss:
+        raise ConfigError("--algorithm=impact has no LASER mask or CLEAR cloning terms (its surrogate is clipped "
+                          "against a target network instead): drop --use_kl_mask and the cloning losses")
+
+
 def validate_learners(cfg: Config, specs: list) -> None:
     """--learner_count N splits the actors and every batch across N learners."""
     n, batch = cfg.parallel.learner_count, cfg.train.batch_size
@@ -244,8 +276,8 @@ def validate_learners(cfg: Config, specs: list) -> None:
                           "drop --learner_count or make them equal")
     if n == 1:
         return
-    if cfg.general.algorithm != "impala":
-        raise ConfigError(f"--learner_count={n}: several learners train IMPALA only so far; "
+    if cfg.general.algorithm not in ("impala", "impact"):
+        raise ConfigError(f"--learner_count={n}: several learners train IMPALA and IMPACT only so far; "
                           f"use --learner_count=1 with --algorithm={cfg.general.algorithm}")
     here = int(os.environ.get("LOCAL_WORLD_SIZE", n))      # learners on this machine (torchrun: per node)
     if learner_device(cfg.general.device).type == "cuda" and torch.cuda.device_count() < here:
@@ -268,8 +300,8 @@ def validate_lstm(cfg: Config) -> None:
     """--use_lstm (issue 13): IMPALA's recurrent core."""
     if cfg.network.lstm_size < 1:
         raise ConfigError(f"--lstm_size must be >= 1, got {cfg.network.lstm_size}")
-    if cfg.network.use_lstm and cfg.general.algorithm != "impala":
-        raise ConfigError(f"--use_lstm: the LSTM core trains with --algorithm=impala only, not "
+    if cfg.network.use_lstm and cfg.general.algorithm not in ("impala", "impact"):
+        raise ConfigError(f"--use_lstm: the LSTM core trains with --algorithm=impala or impact only, not "
                           f"{cfg.general.algorithm} (its transition replay has no recurrent state)")
 
 

@@ -216,3 +216,14 @@ def test_interval_in_updates_or_seconds():
     for bad in ("0", "-5", "1.5", "fast", "infs", "nans"):
         with pytest.raises(ConfigError, match="--eval_interval"):
             parse_eval_interval(bad)
+
+
+def test_the_lstm_core_is_as_wide_as_the_mlp_on_vector_tasks():
+    """Catches the 256-unit default on vector tasks (issue 26): the policy head then read 4x
+    the MLP's inputs and CartPole's policy collapsed to one action in some seeds. Frames
+    keep 256; an explicit --lstm_size wins."""
+    vector = resolve({"env": "CartPole-v1", "use_lstm": True}, env_kind=kind_of)
+    frames = resolve({"env": "PongNoFrameskip-v4", "use_lstm": True}, env_kind=kind_of)
+    given = resolve({"env": "CartPole-v1", "use_lstm": True, "lstm_size": 32}, env_kind=kind_of)
+    assert vector.network.lstm_size == vector.network.hidden_sizes[-1] == 64
+    assert frames.network.lstm_size == 256 and given.network.lstm_size == 32

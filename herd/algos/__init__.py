@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from herd.algos.apex import APEX
 from herd.algos.base import Algorithm, trajectory_layout
+from herd.algos.impact import IMPACT
 from herd.algos.impala import IMPALA
 from herd.errors import ConfigError
 
-ALGORITHMS: dict[str, Algorithm] = {"impala": IMPALA, "apex": APEX}
+ALGORITHMS: dict[str, Algorithm] = {"impala": IMPALA, "apex": APEX, "impact": IMPACT}
 
 __all__ = ["ALGORITHMS", "Algorithm", "get_algorithm", "trajectory_layout"]
 

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from herd.errors import ConfigError
 from herd.inputs import excerpt
+from herd.replay.circular import CircularSampler
 from herd.replay.device_storage import DeviceTrajectoryStorage
 from herd.replay.distances import DISTANCES
 from herd.replay.elite import (DEFAULT_SCORE_STEPS, ELITE_STRATEGIES, INSERT_STRATEGIES, SAMPLE_STRATEGIES,
@@ -29,7 +30,7 @@ class BuildOptions:
     anneal_rounds_base: int = 10000  # custom, prioritized: the run's lr_scheduler_steps
     seed: int = 0
     n_step: int = 1                 # prioritized: transitions carry n-step windows (Ape-X's --n_step)
-    # Where queue and uniform replays keep their items: None on the host (numpy), or a
+    # Where queue, uniform and circular replays keep their items: None on the host (numpy), or a
     # torch device (the learner's GPU: herd/replay/device_storage.py). Elite/attentive and
     # prioritized replays keep host storage (their scoring and transition reads are numpy).
     storage_device: Any = None
@@ -156,11 +157,37 @@ def build_prioritized(spec, layout: TrajectoryLayout, o: BuildOptions) -> Transi
     return TransitionReplay("prioritized", off_policy_storage(spec, layout, o), sampler, n_step=o.n_step)
 
 
+# The circular type's one key: K, the passes over each batch (IMPACT's
+# circular_buffer_iterations_per_batch; its capacity, N batches, is the entry's capacity).
+CIRCULAR_DEFAULT_ITERATIONS = 2
+
+
+def check_circular_options(where: str, extra: dict) -> None:
+    for key, value in extra.items():
+        if key != "iterations_per_batch":
+            raise ConfigError(f"{where}: unknown key '{key}' for type 'circular' (known: iterations_per_batch)")
+        if not is_int_at_least(value, 1):
+            raise ConfigError(f"{where}: iterations_per_batch must be an integer >= 1, got {value!r}")
+
+
+def build_circular(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
+    """IMPACT's circular buffer (herd/replay/circular.py): the entry's capacity counts
+    BATCHES (N), each of the replay's share; every batch is served iterations_per_batch (K)
+    times. Never compressed: each batch is read K times within moments."""
+    sampler = CircularSampler(spec.capacity, o.share, spec.option("iterations_per_batch", CIRCULAR_DEFAULT_ITERATIONS))
+    # On a GPU learner the batches stay in device memory, as the queue's do.
+    storage = (TrajectoryStorage(layout, sampler.capacity) if o.storage_device is None
+               else DeviceTrajectoryStorage(layout, sampler.capacity, o.storage_device))
+    return Replay("circular", storage, sampler, on_policy=True)
+
+
 REPLAY_KINDS: dict[str, ReplayKind] = {
     "queue": ReplayKind(on_policy=True, check_options=None, build=build_queue),
     "standard": ReplayKind(on_policy=False, check_options=None, build=build_standard),
     "custom": ReplayKind(on_policy=False, check_options=check_custom_options, build=build_custom),
     "prioritized": ReplayKind(on_policy=False, check_options=check_prioritized_options, build=build_prioritized),
+    # on_policy: fresh data the mixer waits for (a batch with uses left), never CLEAR's "replayed".
+    "circular": ReplayKind(on_policy=True, check_options=check_circular_options, build=build_circular),
 }
 
 

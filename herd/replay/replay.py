@@ -51,8 +51,11 @@ class Replay:
         return self.sampler.available()
 
     def room(self) -> int:
-        """Trajectories that can be added before an unused one is overwritten."""
-        return self.storage.capacity - self.sampler.available()
+        """Trajectories that can be added before an unused one is overwritten. A sampler
+        whose items are not single positions (the circular buffer's whole batches) says so
+        itself with a room() of its own."""
+        room = getattr(self.sampler, "room", None)
+        return room() if room is not None else self.storage.capacity - self.sampler.available()
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], np.ndarray, ReplayKeys,
                                                               np.ndarray]:

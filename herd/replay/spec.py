@@ -10,7 +10,7 @@ from typing import Any
 
 from herd.errors import ConfigError
 from herd.inputs import excerpt, parse_json
-from herd.replay.registry import REPLAY_KINDS
+from herd.replay.registry import CIRCULAR_DEFAULT_ITERATIONS, REPLAY_KINDS
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,13 @@ def parse_replay_entry(index: int, entry: Any) -> ReplaySpec:
     if check is not None:
         check(where, extra)
     return ReplaySpec(kind, capacity, float(ratio), tuple(sorted(extra.items())))
+
+
+def passes_per_batch(specs: list[ReplaySpec]) -> int:
+    """Learner updates per batch of fresh trajectories: a circular buffer's
+    iterations_per_batch (K), else 1."""
+    return max([spec.option("iterations_per_batch", CIRCULAR_DEFAULT_ITERATIONS) for spec in specs
+                if spec.type == "circular"] or [1])
 
 
 def batch_shares(specs: list[ReplaySpec], batch_size: int) -> list[int]:

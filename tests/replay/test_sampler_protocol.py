@@ -13,6 +13,7 @@ import torch
 
 from herd.algos.impala import impala_layout
 from herd.learner.batches import DirectBatches, PrefetchedBatches
+from herd.replay.circular import CircularSampler
 from herd.replay.device_storage import DeviceTrajectoryStorage
 from herd.replay.elite import EliteSampler
 from herd.replay.mixer import ReplayMixer
@@ -46,6 +47,7 @@ SAMPLERS = {
     "attentive sampling": lambda: elite(sample_strategy="attentive_sampling", lambda_batch_multiplier=3),
     "elite insertion": lambda: elite(insert_strategy="elite_insertion", elite_batch_size=4),
     "prioritized": lambda: PrioritizedSampler(CAPACITY, alpha=0.6, beta=0.4, beta_annealing_steps=5),
+    "circular": lambda: CircularSampler(num_batches=3, share=2, iterations=2),   # batches of 2: sample(2)
 }
 
 
