@@ -36,6 +36,7 @@ class Impact:
     action_kinds = IMPALA.action_kinds
     # The actor side is IMPALA's (composition: the same functions, not a subclass).
     step_fields = staticmethod(IMPALA.step_fields)
+    read_fields = staticmethod(IMPALA.read_fields)      # the behaviour policy and value; features for elite
     act = staticmethod(IMPALA.act)
     actor_options = staticmethod(IMPALA.actor_options)
     act_kwargs = staticmethod(IMPALA.act_kwargs)
