@@ -99,6 +99,10 @@ def test_a_host_cut_off_mid_run_and_then_killed_does_not_stop_the_run(cluster, t
         assert wait_for(lambda: "first update" in log_text(tmp_path), 180), "no update within 180 s"
         assert wait_for(lambda: rollout_hosts(net), 30)
         lost = rollout_hosts(net)[0]
+        # Its actor's start recorded by the learner (summary.json's actor_nodes counts
+        # confirmed starts): a cut before that would leave the lost node uncounted.
+        assert wait_for(lambda: f"runs on node {ray.node_ids[lost.index][:12]}" in log_text(tmp_path), 60), \
+            log_text(tmp_path)[-3000:]
         lost.set_link(False)                                   # the cable is pulled
         assert wait_for(lambda: "restarting it" in log_text(tmp_path) or process.poll() is not None, 120), \
             log_text(tmp_path)[-3000:]
