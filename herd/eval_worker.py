@@ -9,7 +9,11 @@ update): when an evaluation is due and the worker is idle, it publishes the weig
 into the worker's own shared memory; the worker waits for a new version, evaluates it,
 and goes back to waiting. So training never waits for an evaluation, a slow evaluation
 only skips the ones that came due meanwhile, and the worker runs at a low CPU priority:
-on a small machine its games take what training leaves (benchmarks/eval_overhead.py)."""
+on a small machine its games take what training leaves (benchmarks/eval_overhead.py).
+
+So on a busy machine the worker may not get a core until training ends. A run that
+finishes (not one that is stopped) therefore waits, up to FINISH_TIMEOUT_S, for the
+evaluation that came due last: the run's final report has the weights it asked about."""
 from __future__ import annotations
 
 import csv
@@ -39,6 +43,9 @@ POLL_S = 0.2
 CRASHED = 3          # the worker's exit code when an evaluation raised
 MAX_RESTARTS = 5     # then evaluation stops for the rest of the run (training goes on)
 NICENESS = 19        # where SCHED_IDLE is not offered: the lowest priority there is
+FINISH_TIMEOUT_S = 300.0   # a finished run waits at most this long for its last due evaluation
+# The worker's stop flag: run on, finish what was published then end, or end now.
+RUN, FINISH, STOP_NOW = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -93,8 +100,8 @@ def yield_to_training() -> None:
         pass
 
 
-def run_evaluations(spec: EvalSpec, weights: SharedWeights, env_steps, run_dir: Path, stop) -> None:
-    """The worker process's body."""
+def run_evaluations(spec: EvalSpec, weights: SharedWeights, env_steps, run_dir: Path, stop, evaluated) -> None:
+    """The worker process's body. `evaluated`: the version of the last evaluation written."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # the learner's process decides when to stop
     yield_to_training()
     quiet_sdl(display=False)
@@ -111,8 +118,10 @@ def run_evaluations(spec: EvalSpec, weights: SharedWeights, env_steps, run_dir: 
     try:
         # A learner killed outright (kill -9, the OOM killer) never sets `stop`: without
         # the parent check this process would poll for new weights forever.
-        while not stop.value and (parent is None or parent.is_alive()):
+        while stop.value != STOP_NOW and (parent is None or parent.is_alive()):
             if weights.version == seen:
+                if stop.value == FINISH:
+                    break
                 time.sleep(POLL_S)
                 continue
             seen = weights.pull(model, seen)
@@ -142,6 +151,7 @@ def run_evaluations(spec: EvalSpec, weights: SharedWeights, env_steps, run_dir: 
                     tensorboard_video(writer, video, steps)
             if writer is not None:
                 writer.flush()
+            evaluated.value = seen
     finally:
         if writer is not None:
             writer.close()
@@ -161,14 +171,16 @@ class Evaluator:
         self.env_steps = context.Value("q", 0, lock=False)
         # A plain shared flag, not an Event: a worker killed while waiting on an Event's
         # condition would leave set() waiting forever for it to acknowledge the wake-up.
-        self.stop = context.Value("b", 0, lock=False)
+        self.stop = context.Value("b", RUN, lock=False)
+        self.evaluated = context.Value("q", -1, lock=False)   # written by the worker
         self.last_update, self.last_time = 0, time.monotonic()
         self.restarts, self.on_restart = 0, on_restart
         self.process = self.start_worker()
 
     def start_worker(self):
         process = self.context.Process(target=run_evaluations, name="herd-eval", daemon=True,
-                                       args=(self.spec, self.weights, self.env_steps, self.run_dir, self.stop))
+                                       args=(self.spec, self.weights, self.env_steps, self.run_dir, self.stop,
+                                             self.evaluated))
         with sigint_blocked():           # Ctrl+C is for the learner's process to handle
             process.start()
         return process
@@ -202,8 +214,22 @@ class Evaluator:
         self.env_steps.value = env_steps
         self.weights.publish(model, version=updates)     # a busy worker takes the newest when done
 
-    def close(self, timeout: float = 5.0) -> None:
-        self.stop.value = 1
+    def close(self, finished: bool = False, interrupted=None, timeout: float = 5.0) -> None:
+        """Ends the worker. finished: the run ended by itself, so the worker first completes
+        the evaluation that came due last (up to FINISH_TIMEOUT_S, or until `interrupted`,
+        an Event, is set); otherwise (a stop, a failure) it ends now."""
+        if finished and self.process.is_alive() and self.evaluated.value < self.weights.version:
+            log.info("waiting (at most %.0f s) for the evaluation of update %d", FINISH_TIMEOUT_S,
+                     self.weights.version)
+            self.stop.value = FINISH
+            deadline = time.monotonic() + FINISH_TIMEOUT_S
+            while self.process.is_alive() and time.monotonic() < deadline:
+                if interrupted is not None and interrupted.is_set():
+                    break
+                self.process.join(POLL_S)
+            if self.process.is_alive():
+                log.warning("the last evaluation did not finish: it is not in eval.csv")
+        self.stop.value = STOP_NOW
         self.process.join(timeout)
         if self.process.is_alive():                      # in the middle of a long game
             self.process.terminate()

@@ -287,7 +287,7 @@ def train_learner(plan: Plan, run_dir: Path, group: LearnerGroup | None) -> int:
         log.error("file system error: %s", one_line(err))
     finally:
         if evaluator is not None:
-            evaluator.close()
+            evaluator.close(finished=reason == "finished", interrupted=stop)
         if monitor is not None:
             monitor.close()
         if session is not None and not session.finish(reason, failed_save):

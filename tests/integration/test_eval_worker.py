@@ -67,6 +67,20 @@ def test_the_worker_follows_new_weights_survives_a_crash_and_stops_with_the_run(
     assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
 
 
+def test_a_finished_run_waits_for_its_last_due_evaluation_and_a_stopped_one_does_not(tmp_path):
+    # On a busy machine the low-priority worker may get no core until training ends: a run
+    # that finishes still reports the evaluation it asked for; a stopped run ends at once.
+    model_kwargs = dict(network="mlp", obs_shape=(4,), obs_dtype="float32", num_actions=2, feature_size=64)
+    for finished, folder in ((True, tmp_path / "finished"), (False, tmp_path / "stopped")):
+        folder.mkdir()
+        model, evaluator = cartpole_evaluator(folder, model_kwargs)
+        evaluator.on_update(model, 10, env_steps=1000)     # published before the worker is up
+        evaluator.close(finished=finished)
+        assert not evaluator.process.is_alive()
+        rows = read_rows(folder / "eval.csv") if (folder / "eval.csv").exists() else []
+        assert [r["update"] for r in rows] == (["10"] if finished else [])
+
+
 def report_scheduler(queue):
     from herd.eval_worker import yield_to_training
     yield_to_training()
