@@ -77,6 +77,10 @@ class TrainingSession:
                  metrics: RunMetrics | None, progress: ProgressLine, run_dir: Path, options: SessionOptions):
         self.layout = layout        # what one trajectory holds; backends size their slots by it
         self.learner = learner
+        # A loss that keeps work per stored batch (IMPACT's target outputs) is told which
+        # batch comes next; None for every other loss.
+        self.expect_batch = getattr(learner.loss_fn, "expect_batch", None)
+        self.publishes = 0          # weights handed to the actors this session (once per batch)
         self.batches = batches      # herd.learner.batches' protocol (DirectBatches, PrefetchedBatches, ...)
         self.stats = stats
         self.metrics = metrics      # None in a process that is not the primary one
@@ -166,6 +170,8 @@ class TrainingSession:
                 # there; one more step would wait for learners that have left.
                 break
             batch, mixed = ready                                # tensors, herd.replay.mixer.MixedBatch
+            if self.expect_batch is not None:
+                self.expect_batch(mixed.reuse_key)              # IMPACT: target outputs once per stored batch
             metrics = self.learner.step(batch)                  # device tensors: nothing read here
             if self.sync is not None:
                 self.count_received()
@@ -190,7 +196,11 @@ class TrainingSession:
                 log.info("first update (update %d) after %d environment steps", self.counters.updates,
                          self.counters.env_steps)
             self.recent_lag.append(float(np.mean(self.counters.updates - 1 - mixed.versions)))
-            on_update(self.counters.updates)
+            if mixed.last_pass:
+                # Once per batch: a batch served K times (IMPACT's circular buffer) publishes
+                # after its last pass only.
+                on_update(self.counters.updates)
+                self.publishes += 1
             for hook in self.update_hooks:
                 hook(self.counters.updates)
             trained += 1
@@ -328,6 +338,7 @@ class TrainingSession:
             "environment_steps": self.counters.env_steps,
             "skipped_updates": self.counters.skipped_updates,
             "stale_rollouts_dropped": self.counters.stale_rollouts,
+            "weights_published": self.publishes,
             "last_lr": float(self.learner.scheduler.lr),
             **({"least_exploring_actor": self.options.least_exploring_actor,
                 "least_exploring_average_score": self.marked_stats.average if self.marked_stats.episodes else None}

@@ -21,7 +21,13 @@ uses: x1.5 when the KL exceeds twice --kl_target, x0.5 when it is below half of 
 a device tensor (no host read in an update) and is saved with the target network.
 
 Metrics are detached 0-dim tensors on the loss's device (the learner reads them once per
-logging interval)."""
+logging interval).
+
+The target network's outputs are computed once per stored batch, as in the paper: the
+circular buffer serves a batch K times, and the session tells the loss which stored batch
+comes next (`expect_batch`, the mixer's reuse_key); later passes reuse the outputs of the
+first, even after a target sync in between. They are not checkpointed: a resumed run
+computes them again on the first pass it trains."""
 from __future__ import annotations
 
 import copy
@@ -101,11 +107,35 @@ class ImpactLoss:
         self.distribution = distribution
         self.kl_coeff = torch.tensor(float(kl_coeff), device=next(model.parameters()).device)
         self.calls = 0
+        self.next_key: tuple | None = None       # the stored batch the next call trains on
+        # ((replay, slot), ...) -> (generations, target logits [T+1, B, P]): one entry per
+        # slot of the circular buffer, replaced when the slot holds a new batch.
+        self.target_cache: dict[tuple, tuple[tuple, Tensor]] = {}
+        self.target_passes = 0                   # target forward passes run (each batch once)
+
+    def expect_batch(self, reuse_key: tuple | None) -> None:
+        """The next call's batch: a reuse key (herd/replay/mixer.py MixedBatch.reuse_key) of
+        stored data served several times, or None for data seen once."""
+        self.next_key = reuse_key
+
+    def cached_target_logits(self, batch: dict[str, Tensor]) -> Tensor:
+        key, self.next_key = self.next_key, None
+        if key is None:
+            return self.target_logits(batch)
+        slots = tuple((replay, slot) for replay, slot, _ in key)
+        generations = tuple(generation for _, _, generation in key)
+        hit = self.target_cache.get(slots)
+        if hit is not None and hit[0] == generations:
+            return hit[1]
+        logits = self.target_logits(batch)
+        self.target_cache[slots] = (generations, logits)
+        return logits
 
     def target_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """The target network's policy over the batch's [T+1, B] observations (an LSTM
         target unrolls from the same stored start states as the learner)."""
         core = core_input_from_batch(batch)
+        self.target_passes += 1
         with torch.no_grad():
             out = self.target(batch["obs"]) if core is None else self.target(batch["obs"], core)
         return out.logits.float()                                               # [T+1, B, P]
@@ -115,7 +145,7 @@ class ImpactLoss:
             # The first update's target is the learner as it starts: its weights may have
             # come after this loss was built (a loaded model, several learners' broadcast).
             self.target.load_state_dict(self.model.state_dict())
-        loss, metrics = impact_loss(batch, out, self.target_logits(batch), self.weights, self.kl_coeff,
+        loss, metrics = impact_loss(batch, out, self.cached_target_logits(batch), self.weights, self.kl_coeff,
                                     self.distribution)
         if self.weights.use_kl_loss:
             kl, target = metrics["kl_target"], self.weights.kl_target

@@ -15,7 +15,12 @@ one batch with uses waits (`available()` counts the positions of the batches wit
 left), and `room()` (how many trajectories can come before a batch with uses would be
 overwritten) makes a prefetching writer, and so the actors, wait rather than evict.
 Every sample must ask for exactly one batch (`share` positions): the registry builds it
-with the replay's share of the batch."""
+with the replay's share of the batch.
+
+`served` tells which batch the last sample() served and whether that was its last pass:
+IMPACT computes the target network's outputs for a batch once (herd/losses/impact.py), and
+the learner publishes its weights after a batch's last pass only (herd/replay/mixer.py's
+MixedBatch.reuse_key and last_pass)."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,6 +37,7 @@ class CircularSampler:
         self.filling = 0                                         # the slot new trajectories go to
         self.filled_slots = 0                                    # slots ever written (stored())
         self.evicted_unused = 0                                  # batches overwritten with uses left
+        self.served: tuple[int, bool] | None = None     # (slot, whether it was the last pass) of the last sample
 
     @property
     def capacity(self) -> int:
@@ -80,6 +86,7 @@ class CircularSampler:
             raise ValueError("the circular buffer holds no batch with uses left")
         slot = int(servable[rng.integers(len(servable))]) if len(servable) > 1 else int(servable[0])
         self.uses_left[slot] -= 1
+        self.served = (slot, bool(self.uses_left[slot] == 0))
         positions = np.arange(slot * self.share, (slot + 1) * self.share, dtype=np.int64)
         return positions, np.full(n, 1.0 / len(servable))
 

@@ -31,6 +31,13 @@ class MixedBatch:
     versions: np.ndarray            # [B] the policy versions that made the columns
     probabilities: np.ndarray       # [B] the chance each column had of being drawn from its replay
     keys: list                      # (replay index, columns slice, ReplayKeys): for update()
+    # Where every column comes from a replay that serves stored batches several times (the
+    # circular buffer): ((replay index, slot, generation), ...), the same on every pass over
+    # the same stored data, so work on it can be kept (IMPACT's target outputs). Else None.
+    reuse_key: tuple | None = None
+    # False while a batch will be served again: the learner publishes its weights once per
+    # batch, after its last pass (IMPACT), not after every pass.
+    last_pass: bool = True
 
 
 def concat_columns(parts: list) -> "np.ndarray | torch.Tensor":
@@ -86,7 +93,7 @@ class ReplayMixer:
         return self.has_queue or self.credit >= self.batch_cost
 
     def sample(self) -> MixedBatch:
-        parts, replayed, versions, probabilities, keys = [], [], [], [], []
+        parts, replayed, versions, probabilities, keys, passes = [], [], [], [], [], []
         column = 0
         for index, (replay, share) in enumerate(zip(self.replays, self.shares)):
             if share == 0:
@@ -97,12 +104,17 @@ class ReplayMixer:
             versions.append(version)
             probabilities.append(chance)
             keys.append((index, slice(column, column + share), replay_keys))
+            served = replay.batch_pass(replay_keys)
+            if served is not None:
+                passes.append((index, served))
             column += share
         if not self.has_queue:
             self.credit -= self.batch_cost
         batch = {name: concat_columns([p[name] for p in parts]) for name in parts[0]}
+        reusable = len(passes) == len(keys)       # no fresh or re-drawn column in this batch
+        reuse_key = tuple((index, p.slot, p.generation) for index, p in passes) if reusable else None
         return MixedBatch(batch, np.concatenate(replayed), np.concatenate(versions), np.concatenate(probabilities),
-                          keys)
+                          keys, reuse_key=reuse_key, last_pass=all(p.last for _, p in passes))
 
     def update(self, keys: list, values: np.ndarray) -> int:
         """values [B] for the columns of a batch that sample() returned with `keys`; items

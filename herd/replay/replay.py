@@ -18,6 +18,14 @@ from herd.replay.storage import TrajectoryStorage
 
 
 @dataclass(frozen=True)
+class BatchPass:
+    """One serving of a stored batch by a replay that serves whole batches several times."""
+    slot: int                        # where the batch is stored
+    generation: int                  # writes to the slot's first position: tells its batches apart
+    last: bool                       # its last pass: the buffer will not serve it again
+
+
+@dataclass(frozen=True)
 class ReplayKeys:
     positions: np.ndarray            # [n] int64
     generations: np.ndarray          # [n] int64: writes to each position when it was sampled
@@ -64,6 +72,16 @@ class Replay:
         positions, probabilities = self.sampler.sample(n, rng)
         keys = ReplayKeys(positions, self.generation[positions].copy())
         return self.storage.read(positions), self.storage.version[positions], keys, probabilities
+
+    def batch_pass(self, keys: ReplayKeys) -> BatchPass | None:
+        """For a sampler that serves whole stored batches several times (the circular
+        buffer: it says so with `served`), which batch the last sample() gave (its `keys`)
+        and which pass it was; None for every other replay."""
+        served = getattr(self.sampler, "served", None)
+        if served is None:
+            return None
+        slot, last = served
+        return BatchPass(slot, int(keys.generations[0]), last)
 
     def update(self, keys: ReplayKeys, values: np.ndarray) -> int:
         """Passes values [n] for sampled items to the sampler, except for items overwritten

@@ -24,8 +24,9 @@ def read_rows(path):
 
 
 def test_cartpole_trains_each_batch_k_times_and_resumes_exactly(tmp_path):
-    """Catches a circular buffer that the learner does not drain K times per batch, a
-    checkpoint without the target network or the buffer, and a resume that changes them."""
+    """Catches a circular buffer that the learner does not drain K times per batch, weights
+    published after every pass, a checkpoint without the target network or the buffer, and
+    a resume that changes them."""
     first = tmp_path / "first"
     result = run_cli(["train", *CARTPOLE, "--environment_max_steps=3000"], first, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -43,6 +44,8 @@ def test_cartpole_trains_each_batch_k_times_and_resumes_exactly(tmp_path):
     batches = steps // (T * BATCH)
     assert updates == K * batches - int(sampler["uses_left"].sum()) and updates > 0
     assert state["loss_state"]["calls"] == updates and sampler["evicted_unused"] == 0
+    # Weights go to the actors once per batch, after its last pass (not after each pass).
+    assert summary["weights_published"] == batches - np.count_nonzero(sampler["uses_left"]) < updates
 
     same = tmp_path / "same"
     result = run_cli(["resume", str(run), f"--environment_max_steps={steps}"], same, timeout=120)

@@ -206,6 +206,40 @@ def test_the_target_network_syncs_on_its_period_and_only_then():
     assert same_weights(snapshots[3][2], snapshots[4][2]) and not same_weights(snapshots[2][2], snapshots[1][2])
 
 
+def test_the_target_outputs_are_computed_once_per_stored_batch():
+    """Catches a target network run on every pass over a batch the circular buffer serves
+    K times (the paper computes its outputs once per batch), outputs recomputed after a
+    target sync between passes, and a cache that serves one batch's outputs for another."""
+    torch.manual_seed(0)
+    model = TinyPolicy()
+    loss_fn = ImpactLoss(model, WEIGHTS, target_update_period=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    first_key, second_key = ((0, 0, 1),), ((0, 1, 1),)        # (replay, slot, generation)
+    passes = [(first_key, 0), (first_key, 0), (second_key, 1), (first_key, 0), (second_key, 1), (None, 2)]
+    ran, first_logits = [], None
+    for index, (key, seed) in enumerate(passes):
+        batch = tiny_batch(seed)
+        out = model(batch["obs"])
+        if index == 3:
+            # After the sync at update 2 the target's own outputs have moved on; this pass
+            # must still train against the outputs of batch 0's first pass.
+            with torch.no_grad():
+                assert not torch.allclose(loss_fn.target(batch["obs"]).logits, first_logits)
+                expected, _ = impact_loss(batch, out, first_logits, WEIGHTS)
+        loss_fn.expect_batch(key)
+        before = loss_fn.target_passes
+        loss, _ = loss_fn(batch, out)
+        ran.append(loss_fn.target_passes - before)
+        if index == 0:
+            first_logits = loss_fn.target_cache[((0, 0),)][1].clone()
+        if index == 3:
+            assert float(loss) == pytest.approx(float(expected), abs=1e-6)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert ran == [1, 0, 1, 0, 0, 1]           # once per stored batch, and for the batch seen once
+
+
 def test_the_kl_coefficient_adapts_both_ways():
     """Catches a fixed or wrongly signed adaptive KL coefficient (x1.5 above 2 x target,
     x0.5 below half of it), and a coefficient that forgets itself across calls."""

@@ -67,6 +67,48 @@ def test_a_full_buffer_evicts_its_oldest_batch_and_counts_the_lost_passes():
     assert not mixer.ready()
 
 
+def test_each_pass_names_its_stored_batch_and_only_the_last_pass_publishes():
+    """Catches a reuse key that changes between passes over one stored batch (IMPACT would
+    run its target network on every pass) or that two batches share, a slot rewritten with a
+    new batch keeping its old key (stale target outputs), and a last_pass flag that is not
+    exactly the K-th serving (weights published per pass, or never)."""
+    mixer = circular_mixer(num_batches=2, iterations=3, seed=1)
+    for tag in range(3 * SHARE):              # batch 0's slot is overwritten by batch 2
+        mixer.add(trajectory(tag), version=tag)
+    served = []
+    while mixer.ready():
+        mixed = mixer.sample()
+        served.append((tags_of({"reward": mixed.data["reward"]}), mixed.reuse_key, mixed.last_pass))
+    keys = {}
+    for tags, key, _ in served:
+        keys.setdefault(tags, set()).add(key)
+    assert set(keys) == {(3, 4, 5), (6, 7, 8)} and all(len(k) == 1 for k in keys.values())
+    (first,), (second,) = keys[(3, 4, 5)], keys[(6, 7, 8)]     # slots 1 and 0
+    assert first != second and first[0][1] != second[0][1]     # two slots
+    assert Counter(last for _, _, last in served) == {False: 4, True: 2}
+    assert all(last == (sum(t == tags for t, _, _ in served[:i + 1]) == 3) for i, (tags, _, last) in enumerate(served))
+    # Batch 3 goes where batch 1 was: same slot, another generation, another key.
+    for tag in range(3 * SHARE, 4 * SHARE):
+        mixer.add(trajectory(tag), version=tag)
+    newest = mixer.sample()
+    assert tags_of({"reward": newest.data["reward"]}) == (9, 10, 11) and newest.reuse_key not in (first, second)
+    assert newest.reuse_key[0][1] == first[0][1]
+
+
+def test_a_batch_with_fresh_columns_has_no_reuse_key():
+    """Catches a queue's fresh columns mixed into a circular batch being given cached
+    target outputs from another pass."""
+    specs = parse_replay_parameters(json.dumps([
+        {"type": "circular", "capacity": 2, "sample_ratio": 0.5, "iterations_per_batch": 2},
+        {"type": "queue", "capacity": 4, "sample_ratio": 0.5}]))
+    mixer = ReplayMixer([build_replay(specs[0], LAYOUT, 2, 2), build_replay(specs[1], LAYOUT, 2, 2)], [2, 2],
+                        fill_in_factor=1.0, seed=0)
+    for tag in range(4):
+        mixer.add(trajectory(tag), version=tag)
+    mixed = mixer.sample()
+    assert mixed.reuse_key is None and mixed.last_pass is False
+
+
 def test_a_full_buffer_makes_the_writer_wait_instead_of_evicting():
     """Catches prefetching that overwrites batches with uses left: with the buffer full,
     rollouts wait in the writer queue until a batch is used up, so none is lost."""
