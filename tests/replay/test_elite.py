@@ -112,6 +112,34 @@ def test_strategy4_prefers_the_least_sampled_within_groups():
     assert draw(sampler, 3) == {1, 6, 4}                     # last group all sampled once: distance
 
 
+@pytest.mark.parametrize("sample_strategy,strategy", [("elite_sampling", "strategy1"),
+                                                      ("elite_sampling", "strategy2"),
+                                                      ("attentive_sampling", "strategy1")])
+def test_while_annealing_the_sampler_picks_what_uniform_would_not_and_then_samples_uniformly(sample_strategy,
+                                                                                           strategy):
+    """Catches a sampler that falls back to uniform draws while its multiplier is above 1
+    (scoring skipped, the strategy ignored) and one that keeps scoring after annealing."""
+    sampler = filled_sampler(sample_strategy=sample_strategy, elite_sampling_strategy=strategy,
+                             lambda_batch_multiplier=4, anneal_rounds=60)
+    sampler.set_attentive_scorer(lambda positions, anchor, rng: DIST[positions])
+    uniform = filled_sampler(sample_strategy=None)
+    rng, uniform_rng = np.random.default_rng(0), np.random.default_rng(0)
+    during, after, uniform_picks, rounds_during = np.zeros(8), np.zeros(8), np.zeros(8), 0
+    for _ in range(120):
+        annealing = sampler.current_multiplier() >= 2
+        picks = sampler.sample(2, rng)[0]
+        np.add.at(during if annealing else after, picks, 1)
+        rounds_during += annealing
+        np.add.at(uniform_picks, uniform.sample(2, uniform_rng)[0], 1)
+    assert rounds_during >= 40
+    # 4 to 8 candidates for 2 picks: the farthest (position 2) is never among those taken,
+    # the nearest (3) is taken whenever it is a candidate (at least half the rounds).
+    assert during[2] == 0 and uniform_picks[2] >= 15
+    assert during[3] >= 0.5 * rounds_during > 2 * rounds_during / 8
+    # Multiplier 1: every candidate is taken, the farthest too, about as often as uniformly.
+    assert after[2] >= 0.5 * after.sum() / 8
+
+
 def test_nan_distance_is_never_preferred():
     assert choose(np.array([np.nan, 2.0, 1.0]), np.zeros(3, dtype=np.int64), 2, "strategy1").tolist() == [2, 1]
 
