@@ -56,11 +56,12 @@ def build_mixer(plan: Plan, model: torch.nn.Module | None, device: torch.device,
     specs = cfg.replays
     shares = batch_shares(specs, cfg.train.batch_size // cfg.parallel.learner_count)
     seed = cfg.general.seed + 1000 * rank       # each learner samples its replays its own way
-    # A GPU learner keeps queue and uniform replays in its memory and gathers batches there.
+    # A GPU learner keeps every replay kind (queue, standard, custom elite/attentive, prioritized,
+    # circular) in its memory and gathers batches there; prioritized keeps its priorities there too.
     storage_device = device if device.type == "cuda" else None
-    if storage_device is not None and any(spec.type in ("queue", "standard") for spec in specs):
-        log.info("replays: queue and standard keep their trajectories in %s memory (uncompressed uint8 frames; "
-                 "--use_replay_compression applies to host replays)", device)
+    if storage_device is not None and specs:
+        log.info("replays: %s keep their trajectories in %s memory (uncompressed uint8 frames; "
+                 "--use_replay_compression applies to host replays)", ", ".join(sorted({s.type for s in specs})), device)
     replays = [build_replay(spec, plan.layout, share, cfg.parallel.envs_per_worker, compress=r.use_replay_compression,
                             compression_level=r.lz4_compression_level, anneal_rounds_base=cfg.train.lr_scheduler_steps,
                             seed=seed + index, n_step=cfg.train.n_step, storage_device=storage_device)

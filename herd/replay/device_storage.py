@@ -53,6 +53,14 @@ class DeviceTrajectoryStorage:
         index = torch.as_tensor(np.asarray(positions, dtype=np.int64)).to(self.device, non_blocking=True)
         return {name: tensor.index_select(1, index) for name, tensor in self.tensors.items()}
 
+    def read_steps(self, positions: np.ndarray, steps: np.ndarray, names: tuple) -> dict[str, torch.Tensor]:
+        """TrajectoryStorage.read_steps on the device: only the time steps `steps` [k] of the
+        fields `names`, field -> [k, C, ...] device tensors for positions [C] (what elite
+        scoring reads; the frames never leave the device)."""
+        rows = torch.as_tensor(np.asarray(steps, dtype=np.int64)).to(self.device, non_blocking=True)        # [k]
+        columns = torch.as_tensor(np.asarray(positions, dtype=np.int64)).to(self.device, non_blocking=True)  # [C]
+        return {name: self.tensors[name].index_select(0, rows).index_select(1, columns) for name in names}
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 

@@ -53,7 +53,7 @@ from herd.models import action_distribution_of
 from herd.models.core import recurrent_core
 from herd.ops.distributions import Categorical, get_distribution
 from herd.replay.distances import distance
-from herd.replay.recurrent import recurrent_scorers, scored_steps
+from herd.replay.recurrent import on_device, recurrent_scorers, scored_steps
 from herd.replay.samplers import RingPositions
 
 Scorer = Callable[[np.ndarray, np.random.Generator], np.ndarray]
@@ -228,7 +228,9 @@ class EliteSampler:
 def model_scorers(storage, model: torch.nn.Module, device: torch.device, dist_function: str,
                   p: float = 2, score_steps: Optional[int] = None,
                   bf16: bool = False) -> tuple[Scorer, AttentiveScorer]:
-    """The two scorers over `storage` (a TrajectoryStorage) with the current `model`.
+    """The two scorers over `storage` (a TrajectoryStorage, or a DeviceTrajectoryStorage on a
+    GPU learner: read_steps then gives device tensors and no frame is copied to the host;
+    only the distances [C] come back, for the numpy strategies) with the current `model`.
 
     The learner trains `model` in another thread: the forward passes run under no_grad
     (thread-local, so the learner's autograd is untouched) and never switch train/eval
@@ -256,17 +258,17 @@ def model_scorers(storage, model: torch.nn.Module, device: torch.device, dist_fu
         """The time steps [k] scored this round: all T, or score_steps of them at random."""
         return scored_steps(T, score_steps, rng)
 
-    def features_of(obs: np.ndarray) -> torch.Tensor:
-        """obs [k, C, ...] (numpy) -> current-model features [k, C, F] on `device`."""
+    def features_of(obs) -> torch.Tensor:
+        """obs [k, C, ...] (numpy or tensor) -> current-model features [k, C, F] on `device`."""
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            return model(torch.from_numpy(obs).to(device)).features.float()
+            return model(on_device(obs, device)).features.float()
 
     def gaussian_kl(positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         fields = tuple(f"behaviour_{name}" for name in dist.param_names)
         data = storage.read_steps(positions, steps_of(rng), ("obs", *fields))    # obs [k, C, ...], params [k, C, A]
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            current = model(torch.from_numpy(data["obs"]).to(device)).logits.float()   # [k, C, 2A]
-        stored = dist.join(*(torch.from_numpy(data[f]).to(device) for f in fields))   # [k, C, 2A]
+            current = model(on_device(data["obs"], device)).logits.float()   # [k, C, 2A]
+        stored = dist.join(*(on_device(data[f], device) for f in fields))   # [k, C, 2A]
         return dist.kl(stored, current).mean(dim=0).cpu().numpy().astype(np.float64)  # [C]
 
     def off_policy(positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -274,14 +276,16 @@ def model_scorers(storage, model: torch.nn.Module, device: torch.device, dist_fu
             return gaussian_kl(positions, rng)
         data = storage.read_steps(positions, steps_of(rng), ("obs", "features"))  # obs [k, C, ...], features [k, C, F]
         current = features_of(data["obs"])                                      # [k, C, F], one forward pass
-        stored = torch.from_numpy(data["features"]).to(device)
+        stored = on_device(data["features"], device)
+        # The distances [C] come back to the host: the strategies (choose) are numpy, and C
+        # floats are all that crosses, never the frames.
         return distance(dist_function, current, stored, p).cpu().numpy().astype(np.float64)  # [C]
 
     def attentive(positions: np.ndarray, anchor: int, rng: np.random.Generator) -> np.ndarray:
-        obs = storage.read_steps(positions, steps_of(rng), ("obs",))["obs"]     # [k, C, ...]
+        obs = on_device(storage.read_steps(positions, steps_of(rng), ("obs",))["obs"], device)     # [k, C, ...]
         k, C = obs.shape[:2]
-        last = storage.read_steps(np.array([anchor]), np.array([T]), ("obs",))["obs"][0]  # [1, ...]: anchor's last state
-        flat = np.concatenate([obs.reshape(k * C, *obs.shape[2:]), last])[None]  # [1, k*C+1, ...]
+        last = on_device(storage.read_steps(np.array([anchor]), np.array([T]), ("obs",))["obs"][0], device)  # [1, ...]
+        flat = torch.cat([obs.reshape(k * C, *obs.shape[2:]), last])[None]      # [1, k*C+1, ...]
         features = features_of(flat)[0]                                          # [k*C+1, F], one forward pass
         candidates = features[:-1].reshape(k, C, -1).mean(dim=0, keepdim=True)   # [1, C, F]
         anchor_features = features[-1].expand_as(candidates)                     # [1, C, F]

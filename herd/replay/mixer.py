@@ -118,10 +118,12 @@ class ReplayMixer:
 
     def update(self, keys: list, values: np.ndarray) -> int:
         """values [B] for the columns of a batch that sample() returned with `keys`; items
-        overwritten since are skipped (see Replay.update). Returns how many were applied."""
+        overwritten since are skipped (see Replay.update). Returns how many were applied.
+        A tensor stays a tensor (sliced where it is): a device replay takes it without a host read."""
+        values = values if isinstance(values, torch.Tensor) else np.asarray(values)
         applied = 0
         for index, columns, replay_keys in keys:
-            applied += self.replays[index].update(replay_keys, np.asarray(values)[columns])
+            applied += self.replays[index].update(replay_keys, values[columns])
         return applied
 
     def nbytes(self) -> int:

@@ -20,18 +20,45 @@ from herd.replay.samplers import RingPositions
 from herd.replay.sumtree import SumTree
 
 
-class PrioritizedSampler:
-    def __init__(self, capacity: int, steps: int = 1, alpha: float = 0.6, beta: float = 0.4,
-                 beta_annealing_steps: int = 0, epsilon: float = 1e-6):
-        """capacity: trajectories; steps: leaves (transitions) per trajectory;
-        beta_annealing_steps: sample() calls over which beta rises linearly to 1 (0: fixed)."""
+class PrioritizedRing:
+    """What the host and the device prioritized samplers share: the ring of trajectory
+    positions, beta's annealing and the importance weights (host arrays of [n])."""
+
+    def __init__(self, capacity: int, steps: int, alpha: float, beta: float, beta_annealing_steps: int,
+                 epsilon: float):
         self.ring = RingPositions(capacity)
         self.steps = steps
         self.alpha, self.beta0, self.epsilon = alpha, beta, epsilon
         self.beta_annealing_steps = beta_annealing_steps
+        self.samples = 0             # sample() calls so far: what beta anneals over
+
+    def available(self) -> int:
+        """Items (leaves) that can be drawn."""
+        return self.ring.filled * self.steps
+
+    def stored(self) -> int:
+        return self.ring.filled
+
+    @property
+    def beta(self) -> float:
+        if self.beta_annealing_steps <= 0:
+            return self.beta0
+        return self.beta0 + (1.0 - self.beta0) * min(1.0, self.samples / self.beta_annealing_steps)
+
+    def importance_weights(self, probabilities: np.ndarray) -> np.ndarray:
+        """(N * P(i))^-beta / max over the batch: in (0, 1], the rarest item weighs 1."""
+        weights = (self.available() * np.asarray(probabilities, dtype=np.float64)) ** -self.beta
+        return weights / weights.max()
+
+
+class PrioritizedSampler(PrioritizedRing):
+    def __init__(self, capacity: int, steps: int = 1, alpha: float = 0.6, beta: float = 0.4,
+                 beta_annealing_steps: int = 0, epsilon: float = 1e-6):
+        """capacity: trajectories; steps: leaves (transitions) per trajectory;
+        beta_annealing_steps: sample() calls over which beta rises linearly to 1 (0: fixed)."""
+        super().__init__(capacity, steps, alpha, beta, beta_annealing_steps, epsilon)
         self.tree = SumTree(capacity * steps)
         self.max_priority = 1.0      # of raw priorities (|TD|), before epsilon and alpha
-        self.samples = 0             # sample() calls so far: what beta anneals over
 
     def to_tree(self, priorities: np.ndarray) -> np.ndarray:
         return (np.abs(priorities) + self.epsilon) ** self.alpha
@@ -50,29 +77,11 @@ class PrioritizedSampler:
         self.tree.set(position * self.steps + np.arange(self.steps), self.to_tree(raw))
         return position
 
-    def available(self) -> int:
-        """Items (leaves) that can be drawn."""
-        return self.ring.filled * self.steps
-
-    def stored(self) -> int:
-        return self.ring.filled
-
-    @property
-    def beta(self) -> float:
-        if self.beta_annealing_steps <= 0:
-            return self.beta0
-        return self.beta0 + (1.0 - self.beta0) * min(1.0, self.samples / self.beta_annealing_steps)
-
     def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """n leaves (stratified over the priority mass) and each one's P(i)."""
         leaves = self.tree.sample(n, rng)
         self.samples += 1
         return leaves, self.tree.get(leaves) / self.tree.total
-
-    def importance_weights(self, probabilities: np.ndarray) -> np.ndarray:
-        """(N * P(i))^-beta / max over the batch: in (0, 1], the rarest item weighs 1."""
-        weights = (self.available() * np.asarray(probabilities, dtype=np.float64)) ** -self.beta
-        return weights / weights.max()
 
     def update(self, positions: np.ndarray, values: np.ndarray) -> None:
         """New raw priorities (the learner's |TD errors|) for sampled leaves."""

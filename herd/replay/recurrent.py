@@ -18,6 +18,12 @@ from herd.models.core import CORE_STATE, CoreInput, state_from_rows
 from herd.replay.distances import distance
 
 
+def on_device(data, device: torch.device) -> torch.Tensor:
+    """A host array (read from a TrajectoryStorage: shared, then copied over) or a tensor
+    already on `device` (a DeviceTrajectoryStorage's: returned as it is) as a tensor there."""
+    return torch.as_tensor(data).to(device)
+
+
 def scored_steps(T: int, score_steps: Optional[int], rng: np.random.Generator) -> np.ndarray:
     """The time steps [k] scored this round: all T, or score_steps of them at random."""
     if score_steps is None or score_steps >= T:
@@ -36,15 +42,17 @@ def recurrent_scorers(storage, model: torch.nn.Module, device: torch.device, dis
         obs = storage.read_steps(positions, steps, ("obs",))["obs"]                          # [last+1, C, ...]
         done = storage.read_steps(positions, steps[: min(last, T)], ("done",))["done"]       # [last, C]
         start = storage.read_steps(positions, np.array([0]), (CORE_STATE,))[CORE_STATE][0]   # [C, 2, L, H]
-        reset = np.concatenate([np.zeros((1, len(positions)), dtype=bool), done])           # [last+1, C]
-        core = CoreInput(state_from_rows(torch.from_numpy(start)).to(device), torch.from_numpy(reset).to(device))
+        # Host arrays or device tensors (DeviceTrajectoryStorage): either way joined on `device`.
+        done = on_device(done, device).bool()
+        reset = torch.cat([torch.zeros((1, len(positions)), dtype=torch.bool, device=device), done])  # [last+1, C]
+        core = CoreInput(state_from_rows(on_device(start, device)), reset)
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            return model(torch.from_numpy(obs).to(device), core).features.float()
+            return model(on_device(obs, device), core).features.float()
 
     def off_policy(positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         steps = scored_steps(T, score_steps, rng)
         current = unrolled_features(positions, int(steps[-1]))[torch.from_numpy(steps)]     # [k, C, F]
-        stored = torch.from_numpy(storage.read_steps(positions, steps, ("features",))["features"]).to(device)
+        stored = on_device(storage.read_steps(positions, steps, ("features",))["features"], device)   # [k, C, F]
         return distance(dist_function, current, stored, p).cpu().numpy().astype(np.float64)  # [C]
 
     def attentive(positions: np.ndarray, anchor: int, rng: np.random.Generator) -> np.ndarray:

@@ -9,6 +9,7 @@ from typing import Any, Callable
 from herd.errors import ConfigError
 from herd.inputs import excerpt
 from herd.replay.circular import CircularSampler
+from herd.replay.device_prioritized import DevicePrioritizedSampler
 from herd.replay.device_storage import DeviceTrajectoryStorage
 from herd.replay.distances import DISTANCES
 from herd.replay.elite import (DEFAULT_SCORE_STEPS, ELITE_STRATEGIES, INSERT_STRATEGIES, SAMPLE_STRATEGIES,
@@ -30,9 +31,9 @@ class BuildOptions:
     anneal_rounds_base: int = 10000  # custom, prioritized: the run's lr_scheduler_steps
     seed: int = 0
     n_step: int = 1                 # prioritized: transitions carry n-step windows (Ape-X's --n_step)
-    # Where queue, uniform and circular replays keep their items: None on the host (numpy), or a
-    # torch device (the learner's GPU: herd/replay/device_storage.py). Elite/attentive and
-    # prioritized replays keep host storage (their scoring and transition reads are numpy).
+    # Where every replay keeps its items: None on the host (numpy), or a torch device (the
+    # learner's GPU): queue, standard, custom (elite/attentive) and circular replays then use
+    # herd/replay/device_storage.py, prioritized also herd/replay/device_prioritized.py.
     storage_device: Any = None
 
 
@@ -52,14 +53,16 @@ def build_queue(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
     return Replay("queue", storage, FifoSampler(capacity), on_policy=True)
 
 
-def off_policy_storage(spec, layout: TrajectoryLayout, o: BuildOptions) -> TrajectoryStorage:
+def off_policy_storage(spec, layout: TrajectoryLayout, o: BuildOptions) -> TrajectoryStorage | DeviceTrajectoryStorage:
+    """Host storage (LZ4-packed observations with --use_replay_compression), or device
+    storage on a GPU learner (never compressed: see device_storage.py)."""
+    if o.storage_device is not None:
+        return DeviceTrajectoryStorage(layout, spec.capacity, o.storage_device)
     return TrajectoryStorage(layout, spec.capacity, compress_obs=o.compress, compression_level=o.compression_level)
 
 
 def build_standard(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
-    storage = (off_policy_storage(spec, layout, o) if o.storage_device is None
-               else DeviceTrajectoryStorage(layout, spec.capacity, o.storage_device))
-    return Replay("standard", storage, UniformSampler(spec.capacity), on_policy=False)
+    return Replay("standard", off_policy_storage(spec, layout, o), UniformSampler(spec.capacity), on_policy=False)
 
 
 # The custom (elite/attentive) type's keys: allowed values, or None for a number checked below.
@@ -151,9 +154,12 @@ def build_prioritized(spec, layout: TrajectoryLayout, o: BuildOptions) -> Transi
     """Ape-X's replay: one item per transition (see transitions.py). beta anneals to 1 over
     beta_annealing_steps batches, by default the run's lr_scheduler_steps (its whole length)."""
     annealing = spec.option("beta_annealing_steps")
-    sampler = PrioritizedSampler(spec.capacity, steps=layout.unroll_length, alpha=spec.option("alpha", 0.6),
-                                 beta=spec.option("beta", 0.4), epsilon=spec.option("epsilon", 1e-6),
-                                 beta_annealing_steps=o.anneal_rounds_base if annealing is None else annealing)
+    options = dict(steps=layout.unroll_length, alpha=spec.option("alpha", 0.6), beta=spec.option("beta", 0.4),
+                   epsilon=spec.option("epsilon", 1e-6),
+                   beta_annealing_steps=o.anneal_rounds_base if annealing is None else annealing)
+    # On a GPU learner the priorities live beside the trajectories (device_prioritized.py).
+    sampler = (PrioritizedSampler(spec.capacity, **options) if o.storage_device is None
+               else DevicePrioritizedSampler(spec.capacity, o.storage_device, **options))
     return TransitionReplay("prioritized", off_policy_storage(spec, layout, o), sampler, n_step=o.n_step)
 
 

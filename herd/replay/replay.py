@@ -31,6 +31,13 @@ class ReplayKeys:
     generations: np.ndarray          # [n] int64: writes to each position when it was sampled
 
 
+def kept(values, current: np.ndarray):
+    """values [n] (numpy, or a tensor: indexed where it is, no host read) where current [n] holds."""
+    if isinstance(values, torch.Tensor):
+        return values[torch.from_numpy(np.flatnonzero(current)).to(values.device)]
+    return np.asarray(values)[current]
+
+
 class Replay:
     def __init__(self, name: str, storage: TrajectoryStorage, sampler, on_policy: bool):
         self.name = name
@@ -89,7 +96,7 @@ class Replay:
         current = self.generation[keys.positions] == keys.generations
         self.stale_updates += int(np.count_nonzero(~current))
         if current.any():
-            self.sampler.update(keys.positions[current], np.asarray(values)[current])
+            self.sampler.update(keys.positions[current], kept(values, current))
         return int(np.count_nonzero(current))
 
     def attach_model(self, model: torch.nn.Module, device, bf16: bool = False) -> None:

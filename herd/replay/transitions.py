@@ -18,13 +18,20 @@ becomes one column of an n-step transition batch, read straight from the storage
 so a transition never needs a neighbouring trajectory, and its observation frames are
 never copied per transition. herd/ops/returns.py turns the window into the n-step return.
 An episode end inside the window stops it there (done); the learner then bootstraps from
-trunc_value alone (0 for a terminal state)."""
+trunc_value alone (0 for a terminal state).
+
+On a GPU learner the storage is a DeviceTrajectoryStorage and the sampler a
+DevicePrioritizedSampler: device_transition_batch gathers the same fields with torch
+indexing on the device. The sampled leaves come back to the host once per batch ([n]
+int64, with their probabilities): the keys, generations and policy versions are numpy."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from herd.replay.device_storage import DeviceTrajectoryStorage
 from herd.replay.prioritized import PrioritizedSampler
-from herd.replay.replay import Replay, ReplayKeys
+from herd.replay.replay import Replay, ReplayKeys, kept
 from herd.replay.storage import TrajectoryStorage
 
 WINDOW_FIELDS = ("reward", "done", "trunc_value")
@@ -47,8 +54,28 @@ def transition_batch(storage: TrajectoryStorage, positions: np.ndarray, steps: n
     return batch
 
 
+def device_transition_batch(storage: DeviceTrajectoryStorage, positions: np.ndarray, steps: np.ndarray,
+                            n_step: int) -> dict[str, torch.Tensor]:
+    """transition_batch on the device: the same fields and shapes, device tensors gathered
+    from the storage's [time, capacity, ...] tensors (positions, steps: host [B] int64)."""
+    T, tensors = storage.unroll_length, storage.tensors
+    columns = torch.from_numpy(np.asarray(positions, dtype=np.int64)).to(storage.device, non_blocking=True)  # [B]
+    starts = torch.from_numpy(np.asarray(steps, dtype=np.int64)).to(storage.device, non_blocking=True)      # [B]
+    window = starts[None, :] + torch.arange(n_step, device=storage.device)[:, None]   # [n, B]
+    valid = window < T
+    rows = window.clamp(max=T - 1)
+    batch = {"action": tensors["action"][starts, columns][None], "valid": valid}
+    for name in WINDOW_FIELDS:
+        values = tensors[name][rows, columns.expand_as(rows)]                          # [n, B]
+        batch[name] = torch.where(valid, values, torch.zeros((), dtype=values.dtype, device=values.device))
+    bootstrap = (starts + n_step).clamp(max=T)
+    batch["obs"] = torch.stack([tensors["obs"][starts, columns], tensors["obs"][bootstrap, columns]])  # [2, B, ...]
+    return batch
+
+
 class TransitionReplay(Replay):
-    def __init__(self, name: str, storage: TrajectoryStorage, sampler: PrioritizedSampler, n_step: int):
+    def __init__(self, name: str, storage: TrajectoryStorage | DeviceTrajectoryStorage,
+                 sampler: PrioritizedSampler, n_step: int):
         if sampler.steps != storage.unroll_length:
             raise ValueError(f"the sampler has {sampler.steps} leaves per trajectory, the storage "
                              f"{storage.unroll_length} steps")
@@ -71,14 +98,20 @@ class TransitionReplay(Replay):
         leaves, probabilities = self.sampler.sample(n, rng)
         positions, steps = np.divmod(leaves, self.storage.unroll_length)
         keys = ReplayKeys(leaves, self.generation[positions].copy())
-        batch = transition_batch(self.storage, positions, steps, self.n_step)
-        batch["weight"] = self.sampler.importance_weights(probabilities).astype(np.float32)[None]
+        weight = self.sampler.importance_weights(probabilities).astype(np.float32)[None]      # [1, n]
+        if isinstance(self.storage, DeviceTrajectoryStorage):
+            batch = device_transition_batch(self.storage, positions, steps, self.n_step)
+            weight = torch.from_numpy(weight).to(self.storage.device, non_blocking=True)
+        else:
+            batch = transition_batch(self.storage, positions, steps, self.n_step)
+        batch["weight"] = weight
         return batch, self.storage.version[positions], keys, probabilities
 
-    def update(self, keys: ReplayKeys, values: np.ndarray) -> int:
-        """As Replay.update, with the generation of each leaf's trajectory."""
+    def update(self, keys: ReplayKeys, values) -> int:
+        """As Replay.update, with the generation of each leaf's trajectory. values [n]: numpy,
+        or a device tensor that the device sampler takes without reading it back."""
         current = self.generation[keys.positions // self.storage.unroll_length] == keys.generations
         self.stale_updates += int(np.count_nonzero(~current))
         if current.any():
-            self.sampler.update(keys.positions[current], np.asarray(values)[current])
+            self.sampler.update(keys.positions[current], kept(values, current))
         return int(np.count_nonzero(current))

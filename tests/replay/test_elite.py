@@ -357,13 +357,16 @@ GAUSSIAN_LAYOUT = impala_layout(unroll_length=T, obs_shape=(2,), obs_dtype="floa
                                 action_distribution="gaussian")
 
 
-def test_gaussian_kl_div_scores_by_the_policies_kl_and_finds_the_models_own_trajectory():
+# storage_device: a GPU learner's storage (device tensors; here CPU ones): scoring reads it the same way.
+@pytest.mark.parametrize("storage_device", [None, torch.device("cpu")], ids=["host-storage", "device-storage"])
+def test_gaussian_kl_div_scores_by_the_policies_kl_and_finds_the_models_own_trajectory(storage_device):
     torch.manual_seed(0)
     model = MLPNet(obs_dim=2, num_actions=2, hidden_sizes=(4,), feature_size=F, action_distribution="gaussian")
     entry = {"type": "custom", "capacity": 5, "sample_ratio": 1, "dist_function": "kl_div",
              "sample_strategy": "elite_sampling", "elite_sampling_strategy": "strategy1", "lambda_batch_multiplier": 5,
              "score_steps": "all"}
-    replay = build_replay(parse_replay_parameters(json.dumps([entry]))[0], GAUSSIAN_LAYOUT, share=1, rollout_size=1)
+    replay = build_replay(parse_replay_parameters(json.dumps([entry]))[0], GAUSSIAN_LAYOUT, share=1, rollout_size=1,
+                          storage_device=storage_device)
     replay.attach_model(model, "cpu")
     rng = np.random.default_rng(0)
     stored = []

@@ -77,3 +77,25 @@ def test_attentive_scores_compare_each_candidate_with_the_anchors_unrolled_last_
     anchor_features = features(anchor)[T].expand_as(candidates)
     expected = distance("ln_norm", candidates, anchor_features).numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_device_storage_scores_exactly_as_the_host_storage(filled):
+    """The same trajectories in device storage (a GPU learner's; CPU tensors here): both
+    recurrent scorers read obs, done, start states and features from device tensors and
+    give the host storage's distances. Catches a device read_steps that gathers the wrong
+    steps or positions, or a reset / start state built from the wrong rows."""
+    model, replay = filled
+    spec = parse_replay_parameters(
+        '[{"type": "custom", "capacity": 32, "sample_ratio": 1, "dist_function": "ln_norm", '
+        '"sample_strategy": "elite_sampling", "lambda_batch_multiplier": 2, "score_steps": 2}]')[0]
+    device = build_replay(spec, LAYOUT, 4, E, storage_device=torch.device("cpu"))
+    device.load_state_dict(replay.state_dict())
+    device.attach_model(model, "cpu")
+    positions = np.random.default_rng(2).permutation(replay.available())[:6]
+    for seed in range(3):
+        np.testing.assert_allclose(device.sampler.scorer(positions, np.random.default_rng(seed)),
+                                   replay.sampler.scorer(positions, np.random.default_rng(seed)), rtol=1e-5, atol=1e-6)
+        anchor = int(positions[seed])
+        np.testing.assert_allclose(device.sampler.attentive_scorer(positions, anchor, np.random.default_rng(seed)),
+                                   replay.sampler.attentive_scorer(positions, anchor, np.random.default_rng(seed)),
+                                   rtol=1e-5, atol=1e-6)

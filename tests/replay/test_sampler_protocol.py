@@ -13,7 +13,9 @@ import torch
 
 from herd.algos.impala import impala_layout
 from herd.learner.batches import DirectBatches, PrefetchedBatches
+from herd.models import MLPNet
 from herd.replay.circular import CircularSampler
+from herd.replay.device_prioritized import DevicePrioritizedSampler
 from herd.replay.device_storage import DeviceTrajectoryStorage
 from herd.replay.elite import EliteSampler
 from herd.replay.mixer import ReplayMixer
@@ -47,15 +49,35 @@ SAMPLERS = {
     "attentive sampling": lambda: elite(sample_strategy="attentive_sampling", lambda_batch_multiplier=3),
     "elite insertion": lambda: elite(insert_strategy="elite_insertion", elite_batch_size=4),
     "prioritized": lambda: PrioritizedSampler(CAPACITY, alpha=0.6, beta=0.4, beta_annealing_steps=5),
+    # A GPU learner's prioritized sampler (priorities in device memory), here on CPU tensors.
+    "prioritized, device": lambda: DevicePrioritizedSampler(CAPACITY, torch.device("cpu"), alpha=0.6, beta=0.4,
+                                                            beta_annealing_steps=5),
     "circular": lambda: CircularSampler(num_batches=3, share=2, iterations=2),   # batches of 2: sample(2)
 }
 
 
-def test_every_replay_kind_has_a_sampler_here():
-    built = {type(build_replay(spec, LAYOUT, 1, 1).sampler) for spec in parse_replay_parameters(json.dumps(
-        [{"type": kind, "capacity": 4, "sample_ratio": 1 / len(REPLAY_KINDS), **({"dist_function": "ln_norm"}
-          if kind == "custom" else {})} for kind in REPLAY_KINDS]))}
+@pytest.mark.parametrize("storage_device", [None, torch.device("cpu")], ids=["host", "device"])
+def test_every_replay_kind_has_a_sampler_here(storage_device):
+    built = {type(build_replay(spec, LAYOUT, 1, 1, storage_device=storage_device).sampler)
+             for spec in parse_replay_parameters(json.dumps(
+                 [{"type": kind, "capacity": 4, "sample_ratio": 1 / len(REPLAY_KINDS), **({"dist_function": "ln_norm"}
+                   if kind == "custom" else {})} for kind in REPLAY_KINDS]))}
     assert built <= {type(make()) for make in SAMPLERS.values()}
+
+
+def test_a_device_learner_keeps_every_replay_kind_in_device_storage():
+    """storage_device set: no replay kind falls back to host storage (the issue's list:
+    queue, uniform, elite, attentive, prioritized; circular too)."""
+    specs = parse_replay_parameters(json.dumps(
+        [{"type": kind, "capacity": 4, "sample_ratio": 1 / len(REPLAY_KINDS), **({"dist_function": "ln_norm"}
+          if kind == "custom" else {})} for kind in REPLAY_KINDS]))
+    for spec in specs:
+        replay = build_replay(spec, LAYOUT, 1, 1, storage_device=torch.device("cpu"))
+        assert isinstance(replay.storage, DeviceTrajectoryStorage), spec.type
+        assert spec.type != "prioritized" or isinstance(replay.sampler, DevicePrioritizedSampler)   # priorities too
+        host = build_replay(spec, LAYOUT, 1, 1)
+        assert isinstance(host.storage, TrajectoryStorage), spec.type        # a CPU learner: nothing changes
+        assert not isinstance(host.sampler, DevicePrioritizedSampler)
 
 
 @pytest.mark.parametrize("name", SAMPLERS)
@@ -183,3 +205,129 @@ def test_keys_reach_the_learner_through_the_mixer_and_the_threads(prefetched, on
         assert set(replayed_tags) <= {0.0, 1.0, 2.0, 3.0}
     finally:
         source.close()
+
+
+# -- custom (elite/attentive) and prioritized replays on either storage ---------------------
+
+def scoring_model() -> MLPNet:
+    torch.manual_seed(0)
+    return MLPNet(obs_dim=3, num_actions=2, hidden_sizes=(4,), feature_size=2)
+
+
+OFF_POLICY = {
+    "elite": {"type": "custom", "dist_function": "ln_norm", "sample_strategy": "elite_sampling",
+              "insert_strategy": "elite_insertion", "elite_batch_size": 3, "lambda_batch_multiplier": 2,
+              "elite_sampling_strategy": "strategy1"},
+    "attentive": {"type": "custom", "dist_function": "cos_dist", "sample_strategy": "attentive_sampling",
+                  "lambda_batch_multiplier": 2, "elite_sampling_strategy": "strategy4"},
+    "prioritized": {"type": "prioritized", "alpha": 0.7, "beta": 0.5},
+}
+
+
+def off_policy_replay(kind: str, on_device: bool, capacity: int = 4):
+    spec = parse_replay_parameters(json.dumps([{**OFF_POLICY[kind], "capacity": capacity, "sample_ratio": 1}]))[0]
+    replay = build_replay(spec, LAYOUT, 2, 1, n_step=2, seed=3,
+                          storage_device=torch.device("cpu") if on_device else None)
+    replay.attach_model(scoring_model(), "cpu")
+    return replay
+
+
+def varied_trajectory(tag: int) -> dict:
+    """Fields hold `tag` (what a test reads back per column); obs and features vary with it so
+    that elite scoring has distances to rank."""
+    data = trajectory(float(tag))
+    rng = np.random.default_rng(tag)
+    data["obs"] = rng.normal(size=data["obs"].shape).astype(np.float32)
+    data["features"] = rng.normal(size=data["features"].shape).astype(np.float32)
+    return data
+
+
+def host(value):
+    return value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+@pytest.mark.parametrize("kind", OFF_POLICY)
+def test_off_policy_replays_sample_the_same_on_device_storage_as_on_the_host(kind):
+    """The same seed, model and trajectories: the device replay (scoring from device tensors,
+    elite insertion included; priorities in device memory) draws exactly what the host one
+    draws and returns the same data, as device tensors. Catches a device read_steps that
+    gathers the wrong steps or positions (other distances, other picks), a device sampler
+    that draws differently, and a batch that is left on the host."""
+    replays = [off_policy_replay(kind, on_device) for on_device in (False, True)]
+    rngs = [np.random.default_rng(5), np.random.default_rng(5)]
+    for tag in range(7):                                    # 7 into 4: elite insertion evicts by score
+        for replay in replays:
+            replay.add(varied_trajectory(tag), version=tag)
+    assert replays[0].generation.tolist() == replays[1].generation.tolist()
+    for _ in range(3):
+        (a, va, ka, pa), (b, vb, kb, pb) = (r.sample(2, g) for r, g in zip(replays, rngs))
+        assert ka.positions.tolist() == kb.positions.tolist() and va.tolist() == vb.tolist()
+        assert np.allclose(pa, pb)
+        assert set(a) == set(b)
+        for name in a:
+            assert isinstance(b[name], torch.Tensor), name
+            np.testing.assert_allclose(host(b[name]), host(a[name]), rtol=1e-6, err_msg=name)
+        for replay in replays:
+            replay.update(ka, np.array([0.5, 3.0]))
+            replay.add(varied_trajectory(int(va[0]) + 10), version=int(va[0]) + 10)
+    assert replays[0].generation.tolist() == replays[1].generation.tolist()
+
+
+@pytest.mark.parametrize("kind", OFF_POLICY)
+@STORAGES
+def test_off_policy_updates_for_overwritten_items_are_dropped_on_either_storage(kind, on_device):
+    """The keys protocol on the custom and prioritized replays with device storage too:
+    an update reaches only items still holding what was sampled, values given as numpy or
+    as (device) tensors. Catches a device replay that applies an update to a newcomer or
+    refuses a tensor of values."""
+    replay = off_policy_replay(kind, on_device, capacity=3)
+    for tag in range(3):
+        replay.add(varied_trajectory(tag), version=tag)
+    _, versions, keys, _ = replay.sample(4, np.random.default_rng(0))
+    per_item = replay.items_per_trajectory
+    oldest = int(np.argmin(replay.storage.version))
+    replay.add(varied_trajectory(9), version=9)                 # ring order (no elite insertion below capacity+1)
+    written = int(np.argmax(replay.storage.version))
+    values = torch.tensor([7.0, 8.0, 9.0, 10.0]) if on_device else np.array([7.0, 8.0, 9.0, 10.0])
+    applied = replay.update(keys, values)
+    overwritten = keys.positions // per_item == written
+    assert applied == int(np.count_nonzero(~overwritten)) and replay.stale_updates == int(np.count_nonzero(overwritten))
+    if kind == "prioritized":
+        leaves = replay.sampler.state_dict()["tree"]["leaves"]     # one format for both samplers
+        expected = {int(leaf): (v + 1e-6) ** 0.7 for leaf, v, stale in zip(keys.positions, [7.0, 8.0, 9.0, 10.0],
+                                                                         overwritten) if not stale}
+        for leaf, value in expected.items():
+            assert leaves[leaf] == pytest.approx(value)
+        newcomer = leaves[written * per_item:(written + 1) * per_item]
+        assert np.all(newcomer < (7.0 + 1e-6) ** 0.7)            # the newcomer kept the max-priority rule's value
+    assert written == oldest or kind == "elite"
+
+
+def test_the_mixer_hands_a_device_tensor_of_priorities_to_a_device_replay():
+    """The learner's priorities [B] as a tensor through ReplayMixer.update: each replay gets
+    its columns, sliced where the tensor is (a GPU learner's values need no host read).
+    Catches a mixer that turns the values into numpy first (fails for a CUDA tensor) or
+    hands a replay the wrong columns."""
+    specs = parse_replay_parameters('[{"type": "prioritized", "capacity": 2, "sample_ratio": 0.5, "alpha": 1.0},'
+                                    ' {"type": "prioritized", "capacity": 2, "sample_ratio": 0.5, "alpha": 1.0}]')
+    replays = [build_replay(spec, LAYOUT, 2, 1, storage_device=torch.device("cpu")) for spec in specs]
+    mixer = ReplayMixer(replays, [2, 2], fill_in_factor=1.0, seed=0)
+    for tag in range(2):
+        mixer.add(trajectory(tag), version=tag)
+    mixed = mixer.sample()
+    seen = []
+
+    def recording(update):
+        def record(positions, values):
+            assert isinstance(values, torch.Tensor)
+            seen.append(values.tolist())
+            update(positions, values)
+        return record
+
+    for replay in replays:
+        replay.sampler.update = recording(replay.sampler.update)
+    assert mixer.update(mixed.keys, torch.tensor([10.0, 20.0, 30.0, 40.0])) == 4
+    assert seen == [[10.0, 20.0], [30.0, 40.0]]
+    for replay, (index, _, keys) in zip(replays, mixed.keys):
+        leaves = replay.sampler.state_dict()["tree"]["leaves"]
+        assert leaves[keys.positions[-1]] == pytest.approx(20.0 + 20.0 * index, rel=1e-6)

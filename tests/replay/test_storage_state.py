@@ -72,3 +72,62 @@ def test_device_storage_keeps_the_checkpoint_format(tmp_path, saved_on_device, f
                 got = batch[name][:, column]
                 got = got.numpy() if isinstance(got, torch.Tensor) else got
                 np.testing.assert_array_equal(got, written[position][name], err_msg=name)
+
+
+CUSTOM = {"type": "custom", "dist_function": "ln_norm", "sample_strategy": "elite_sampling",
+          "insert_strategy": "elite_insertion", "elite_batch_size": 3, "lambda_batch_multiplier": 2}
+PRIORITIZED = {"type": "prioritized", "alpha": 0.8, "beta": 0.3, "beta_annealing_steps": 10}
+
+
+def built(entry: dict, on_device: bool):
+    import json
+
+    import torch
+    from herd.models import build_model
+    from herd.replay.registry import build_replay
+    from herd.replay.spec import parse_replay_parameters
+
+    spec = parse_replay_parameters(json.dumps([{**entry, "capacity": 4, "sample_ratio": 1}]))[0]
+    replay = build_replay(spec, LAYOUT, 2, 1, n_step=2, seed=1, storage_device=torch.device("cpu") if on_device else None)
+    torch.manual_seed(0)
+    replay.attach_model(build_model("auto", (2, 6, 6), "uint8", 3, 4, hidden_sizes=(8,)), "cpu")
+    return replay
+
+
+@pytest.mark.parametrize("entry", [CUSTOM, PRIORITIZED], ids=["custom", "prioritized"])
+def test_custom_and_prioritized_replays_move_between_device_and_host_storage(tmp_path, entry):
+    """A custom (elite) and a prioritized replay saved from device storage (priorities in
+    device memory) load into host storage, and that one's checkpoint back into device
+    storage: the checkpoint format is the host one, and every reload samples what the
+    original samples (the same items, data and, for prioritized, probabilities). Catches a
+    device sampler or storage that saves its own format, or loses a priority, a counter,
+    a generation or a stored field on the way."""
+    import torch
+
+    def host(value):
+        return value.numpy() if isinstance(value, torch.Tensor) else value
+
+    rng = np.random.default_rng(4)
+    source = built(entry, on_device=True)
+    for tag in range(6):                                        # 6 into 4: evictions (elite insertion, ring)
+        source.add(trajectory(rng), version=tag)
+    _, _, keys, _ = source.sample(3, np.random.default_rng(0))
+    source.update(keys, torch.tensor([0.2, 5.0, 40.0]))       # device values: priorities move apart
+    save_checkpoint({"replay": source.state_dict()}, tmp_path / "from_device", update=1)
+    state, _ = load_checkpoint(tmp_path / "from_device")
+    assert set(state["replay"]["sampler"]) == set(built(entry, on_device=False).sampler.state_dict())
+    on_host = built(entry, on_device=False)
+    on_host.load_state_dict(state["replay"])
+    save_checkpoint({"replay": on_host.state_dict()}, tmp_path / "from_host", update=1)
+    back = built(entry, on_device=True)
+    back.load_state_dict(load_checkpoint(tmp_path / "from_host")[0]["replay"])
+
+    expected = source.sample(3, np.random.default_rng(9))
+    for replay in (on_host, back):
+        got = replay.sample(3, np.random.default_rng(9))
+        assert got[2].positions.tolist() == expected[2].positions.tolist()
+        assert got[2].generations.tolist() == expected[2].generations.tolist()
+        assert got[1].tolist() == expected[1].tolist()                          # policy versions
+        np.testing.assert_allclose(got[3], expected[3], rtol=1e-12)             # probabilities
+        for name, value in expected[0].items():
+            np.testing.assert_allclose(host(got[0][name]), host(value), rtol=1e-6, err_msg=name)
