@@ -51,6 +51,7 @@ from herd.errors import ReplayLost
 from herd.learner.batches import ReplayElsewhere
 from herd.learner.learner import to_tensors
 from herd.replay.server import ReplayService
+from herd.replay.prioritized import host_array
 
 log = logging.getLogger("herd")
 
@@ -152,7 +153,7 @@ class RemoteBatches:
         batches' at once: a Ray call costs the learner about 0.4 ms here (a CartPole update
         takes about 5), and these batches were drawn that far ahead anyway. The server's
         keys drop the values of items overwritten since. Returns how many were kept."""
-        self.priorities.append((keys, np.asarray(values)))
+        self.priorities.append((keys, host_array(values)))    # the server's replay is on its host
         if len(self.priorities) >= self.in_flight:
             self.send_priorities()
         return len(values)

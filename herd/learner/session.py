@@ -179,8 +179,9 @@ class TrainingSession:
                     break                                       # the group stopped: this batch is not used
             priorities = metrics.get("priorities")              # [B], from algorithms with prioritized replay
             if priorities is not None:
-                # The host replay needs them on the host: Ape-X reads its priorities back.
-                self.batches.update(mixed.keys, priorities.detach().float().cpu().numpy())
+                # Handed over as a tensor: a replay in device memory takes it there, a host
+                # replay (or the replay server) reads it back (herd/replay/prioritized.py).
+                self.batches.update(mixed.keys, priorities.detach())
             self.metric_sums.add(metrics)
             # A skipped update (non-finite loss, gradient or weights) changed nothing; they
             # are counted on the device, and the run of them read from an asynchronous copy.

@@ -15,6 +15,7 @@ item is drawn at least once soon); and the learner's |TD error| through `update`
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from herd.replay.samplers import RingPositions
 from herd.replay.sumtree import SumTree
@@ -84,8 +85,9 @@ class PrioritizedSampler(PrioritizedRing):
         return leaves, self.tree.get(leaves) / self.tree.total
 
     def update(self, positions: np.ndarray, values: np.ndarray) -> None:
-        """New raw priorities (the learner's |TD errors|) for sampled leaves."""
-        values = np.abs(np.asarray(values, dtype=np.float64))
+        """New raw priorities (the learner's |TD errors|) for sampled leaves (numpy, or a
+        tensor from the learner: read to the host here, the one place that needs it)."""
+        values = np.abs(host_array(values).astype(np.float64))
         finite = np.isfinite(values)
         if not finite.any():
             return
@@ -101,3 +103,10 @@ class PrioritizedSampler(PrioritizedRing):
         self.tree.load_state_dict(state["tree"])
         self.max_priority = float(state["max_priority"])
         self.samples = int(state["samples"])
+
+
+def host_array(values) -> np.ndarray:
+    """values as a numpy array: a tensor (perhaps on a GPU) is copied to the host."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().float().cpu().numpy()
+    return np.asarray(values)
