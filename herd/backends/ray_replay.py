@@ -50,8 +50,8 @@ from herd.backends.ray_wire import unpack_obs
 from herd.errors import ReplayLost
 from herd.learner.batches import ReplayElsewhere
 from herd.learner.learner import to_tensors
-from herd.replay.server import ReplayService
 from herd.replay.prioritized import host_array
+from herd.replay.server import ReplayService
 
 log = logging.getLogger("herd")
 
