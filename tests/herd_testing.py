@@ -39,6 +39,9 @@ def start_cli(args: list[str], results: Path) -> subprocess.Popen:
 RAY_NODE = dict(node_ip_address="127.0.0.1", object_store_memory=200 * 2**20)
 
 
+RAY_WORKER_CPUS = 2     # each worker node of the integration tests' shared cluster
+
+
 @contextmanager
 def loopback_ray_cluster(worker_cpus: int, **head_options):
     """A real multi-node Ray cluster on this machine: a head with 0 CPUs (no actor fits

@@ -5,8 +5,29 @@ import signal
 import psutil
 import pytest
 
-from herd_testing import (SMALL_RUN, actor_pids, killed_at_exit, log_text, newest_update, only_run, run_cli,
-                          sigint_blocked_in, start_cli, wait_for)
+from herd_testing import (RAY_WORKER_CPUS, SMALL_RUN, actor_pids, killed_at_exit, log_text, loopback_ray_cluster,
+                          newest_update, only_run, run_cli, sigint_blocked_in, start_cli, wait_for)
+
+RAY_MODULES = ("test_apex_ray.py", "test_ray_backend.py")   # the users of ray_cluster
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules on the shared Ray cluster run last and together: the cluster, started by
+    the first of them, then idles beside no other test (a session fixture lives until the
+    session ends)."""
+    items.sort(key=lambda item: item.path.name in RAY_MODULES)       # stable: the order within stays
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One loopback Ray cluster for the integration modules that need one: a head with 0
+    CPUs (no actor fits there) + two worker nodes of RAY_WORKER_CPUS each, all on 127.0.0.1,
+    with a token the herd processes inherit. Fast node-death detection (0.5 s health
+    checks), so a removed node is noticed within seconds, not Ray's default ~30 s. A test
+    that removes a node adds one back before it ends."""
+    with loopback_ray_cluster(RAY_WORKER_CPUS, _system_config={
+            "health_check_period_ms": 500, "health_check_timeout_ms": 500, "health_check_failure_threshold": 3}) as made:
+        yield made
 
 
 @pytest.fixture(scope="session")

@@ -13,10 +13,10 @@ import psutil
 import pytest
 import torch
 
-from herd_testing import killed_at_exit, loopback_ray_cluster, only_run, read_rows, run_cli, start_cli, wait_for
+from herd_testing import RAY_WORKER_CPUS, killed_at_exit, only_run, read_rows, run_cli, start_cli, wait_for
 from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints, load_checkpoint
 
-WORKER_CPUS = 2
+WORKER_CPUS = RAY_WORKER_CPUS
 CAPACITY, T = 3000, 16            # Ape-X's CartPole defaults: 3,000 trajectories of 16 steps
 APEX = ["--env=CartPole-v1", "--algorithm=apex", "--multiprocessing_backend=ray", "--tensorboard=False"]
 SERVED = [*APEX, "--replay_server=True"]
@@ -30,11 +30,11 @@ BUDGET, BAR = 40_000, 150.0
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """Head (0 CPUs: no actor fits there) + two worker nodes of WORKER_CPUS each, all on
-    127.0.0.1, with a token the herd processes inherit."""
-    with loopback_ray_cluster(WORKER_CPUS) as made:
-        yield made
+def cluster(ray_cluster):
+    """The shared loopback cluster (tests/integration/conftest.py): two worker nodes of
+    WORKER_CPUS each."""
+    assert len(ray_cluster.worker_nodes) == 2
+    return ray_cluster
 
 
 @pytest.fixture(scope="module")

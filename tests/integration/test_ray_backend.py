@@ -14,24 +14,22 @@ import psutil
 import pytest
 from ray.cluster_utils import Cluster
 
-from herd_testing import (RAY_NODE, ROOT, killed_at_exit, log_text, loopback_ray_cluster, newest_update, only_run, run_cli,
+from herd_testing import (RAY_WORKER_CPUS, RAY_NODE, ROOT, killed_at_exit, log_text, newest_update, only_run, run_cli,
                           start_cli, wait_for)
 from herd.checkpoint import load_checkpoint
 
-WORKER_CPUS = 2
+WORKER_CPUS = RAY_WORKER_CPUS
 # Small CartPole runs: 2 actors x 8 envs x 8 steps, batch 8.
 SMALL = ["--env=CartPole-v1", "--multiprocessing_backend=ray", "--worker_count=2", "--envs_per_worker=8",
          "--r_f_steps=8", "--batch_size=8", "--seed=5", "--tensorboard=False"]
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """Head (0 CPUs: no actor fits there) + two worker nodes of WORKER_CPUS each, all on
-    127.0.0.1, with a token the herd processes inherit. Fast node-death detection (0.5 s
-    health checks), so a removed node is noticed within seconds, not Ray's default ~30 s."""
-    with loopback_ray_cluster(WORKER_CPUS, _system_config={
-            "health_check_period_ms": 500, "health_check_timeout_ms": 500, "health_check_failure_threshold": 3}) as made:
-        yield made
+def cluster(ray_cluster):
+    """The shared loopback cluster (tests/integration/conftest.py): two worker nodes of
+    WORKER_CPUS each; the node-loss test puts its node back."""
+    assert len(ray_cluster.worker_nodes) == 2
+    return ray_cluster
 
 
 def worker_ids(made: Cluster) -> set[str]:
