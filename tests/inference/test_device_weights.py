@@ -165,7 +165,9 @@ def test_the_writer_never_touches_the_newest_slot_even_with_skipped_versions():
     out = torch.empty(16)
     assert board.snapshot_into(out) == -1 and board.version == -1      # nothing published yet
     board.publish_vector(torch.full((16,), 7.0), 7)
+    newest = board._newest.value
     slot = board.begin(torch.full((16,), 9.0))                         # 9 on its way
+    assert slot != newest, "the writer opened the slot readers take the newest version from"
     assert board.snapshot_into(out) == 7 and bool((out == 7.0).all()) and board.retries == 0
     board.finish(slot, 9)
     assert board.snapshot_into(out) == 9 and bool((out == 9.0).all())
