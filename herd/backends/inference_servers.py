@@ -4,7 +4,8 @@ when it dies while its actors wait.
 
     actor 0, S, 2S, ... --shared memory--> server 0 --+
     actor 1, S+1, ...   --shared memory--> server 1 --+-- pull SharedWeights between batches
-    ...
+    ...                                                (or, on the learner's own GPU, its
+                                                       DeviceWeightBoard: herd/device_weights.py)
 
 A server keeps no state of its own that a request needs (channels.py): a replacement
 started on the same channels answers the requests its predecessor left pending, so the

@@ -11,8 +11,12 @@ and, with `inference_device` set, batched inference servers between actors and w
 (herd/backends/inference_servers.py: actor i served by server i mod S, dead ones restarted):
 
     actor i --observations (shared memory)--> inference server i mod S (process, on the device)
-        ^                                        |   pulls SharedWeights between batches
-        +---- actions, logits, values ----------+
+        ^                                        |   pulls SharedWeights between batches, or,
+        +---- actions, logits, values ----------+   on the learner's own GPU, its device board
+
+On the learner's own CUDA device the servers take the weights device to device
+(herd/device_weights.py: the learner's two-slot board, shared as a CUDA IPC handle);
+elsewhere they pull SharedWeights, which actors acting with their own model always do.
 
 Each actor has its own pipe and queue, so an actor killed mid-write (kill -9, a crashed
 env) can only break its own channels: the pool replaces them with the actor."""
@@ -24,9 +28,12 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
+import torch
+from torch.nn.utils import parameters_to_vector
 
 from herd.actors.actor import ActorSpec, run_actor
 from herd.backends.start import actor_context
+from herd.device_weights import DeviceWeightBoard, same_cuda_device
 from herd.stopping import sigint_blocked
 from herd.errors import ActorFailure
 from herd.backends.inference_servers import InferenceServers
@@ -170,9 +177,27 @@ class ActorPool:
             self.close_channels(actor)
 
 
-def start_inference_servers(spec: ActorSpec, worker_count: int, weights: SharedWeights, device: str, stop,
-                            context, setup: InferenceSetup, max_restarts: int, registry: dict) -> InferenceServers:
-    """setup.servers batched inference server processes for `worker_count` actors, on `device`."""
+def device_board(model: torch.nn.Module, inference_device: str, version: int, context) -> DeviceWeightBoard | None:
+    """The board a server on the learner's own CUDA device reads the weights from, holding
+    the model's weights as `version`; None (the servers pull SharedWeights) elsewhere.
+    Logs which path the servers take, and why, once."""
+    learner = next(model.parameters()).device
+    same, why = same_cuda_device(learner, torch.device(inference_device))
+    if not same:
+        log.info("inference servers take the weights from host shared memory: %s", why)
+        return None
+    board = DeviceWeightBoard.for_model(model, context)        # alive for the run: servers hold IPC handles
+    with torch.no_grad():
+        board.publish_vector(parameters_to_vector(model.parameters()).detach().float(), version)
+    log.info("inference servers take the weights device to device from the learner's board: %s", why)
+    return board
+
+
+def start_inference_servers(spec: ActorSpec, worker_count: int, weights: SharedWeights | DeviceWeightBoard,
+                            device: str, stop, context, setup: InferenceSetup, max_restarts: int,
+                            registry: dict) -> InferenceServers:
+    """setup.servers batched inference server processes for `worker_count` actors, on
+    `device`, pulling `weights` (SharedWeights, or the learner's board on its device)."""
     lanes = 2 if spec.double_buffer else 1
     envs = spec.env_batch_size or spec.envs_per_worker      # the most observations one actor sends at once
     rows = -(-envs // lanes)                                 # ... per lane: half of them, rounded up
@@ -194,13 +219,14 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     slots = TrajectorySlots(session.layout, worker_count * slots_per_actor, spec.envs_per_worker)
     weights = SharedWeights(session.learner.model, context)
     weights.publish(session.learner.model, version=session.counters.updates)
-    servers = None
+    servers = board = None
     stop_actors = context.Event()
     # A resumed run whose budget is already spent trains nothing: starting actors would
     # only wait for their start-up (seconds of importing torch) to stop them again.
     if inference_device is not None and not session.done:
-        servers = start_inference_servers(spec, worker_count, weights, inference_device, stop_actors, context,
-                                          inference or InferenceSetup(), max_restarts, session.processes)
+        board = device_board(session.learner.model, inference_device, session.counters.updates, context)
+        servers = start_inference_servers(spec, worker_count, board or weights, inference_device, stop_actors,
+                                          context, inference or InferenceSetup(), max_restarts, session.processes)
         session.summary_extra["inference_server_restarts"] = lambda: servers.restarts
     pool = ActorPool(spec, worker_count, slots, slots_per_actor, weights, context, actor_timeout, max_restarts,
                      inference=servers, stop_event=stop_actors, registry=session.processes)
@@ -208,7 +234,8 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
         pool.start()
     session.summary_extra["actor_restarts"] = lambda: pool.restarts   # summary.json: dead or hung actors replaced
     # After every update; on a GPU learner the copy off the device does not block the update.
-    publish = WeightPublisher(session.learner.model, weights.publish_vector)
+    # With a board, the same side stream also copies them device to device for the servers.
+    publish = WeightPublisher(session.learner.model, weights.publish_vector, board=board)
     last_health_check = time.monotonic()
     try:
         while not session.done and not stop_requested.is_set():

@@ -11,7 +11,8 @@ Public API (everything else is internal):
     Process(target=run_inference_server,
             args=(channels, model_kwargs, weights, device, stop),
             kwargs=dict(torch_threads=1, seed=0, options=ServerOptions(...)))
-        # weights: herd.weights.SharedWeights; device: "cpu" or "cuda[:i]"; stop: an Event.
+        # weights: herd.weights.SharedWeights, or on the learner's own CUDA device its
+        # herd.device_weights.DeviceWeightBoard; device: "cpu" or "cuda[:i]"; stop: an Event.
         # options: batch wait and min clients, weights interval, bf16, channels-last, CUDA graphs.
         # Exits when `stop` is set or its parent dies; ignores SIGINT. A new server started
         # on the same channels answers the requests a dead one left pending.

@@ -16,7 +16,10 @@ none of this runs).
                   holding the forward pass and the sampling; weights are copied into the
                   captured parameters in place, so the graphs stay valid
     weights       a new version goes host -> pinned buffer -> device on the stream, in
-                  place: batches launched after it use it, and service never stops
+                  place: batches launched after it use it, and service never stops; on the
+                  learner's own GPU it comes device to device from the learner's board
+                  (herd/device_weights.py) into a staging buffer on a side stream, checked
+                  whole, then into the parameters on the stream
 
 What could not be measured here (no GPU on the machine this was written on) is in
 docs/inference.md.
@@ -27,6 +30,7 @@ import logging
 
 import torch
 
+from herd.device_weights import DeviceWeightBoard
 from herd.inference.forward import ServerOptions, policy_outputs
 from herd.weights import SharedWeights
 
@@ -58,6 +62,8 @@ class DevicePath:
         self.params = [p for p in self.model.parameters()]
         self.pinned_weights = torch.empty(sum(p.numel() for p in self.params)).pin_memory()
         self.weights_copied: torch.cuda.Event | None = None
+        self.staged: torch.Tensor | None = None       # [P] on the device: the board path's copy
+        self.copy_stream: torch.cuda.Stream | None = None
         # Each area once: core_state is both an input and an output (registering twice fails).
         areas = {t.data_ptr(): t for t in [*inputs.values(), *outputs.values()]}
         self.registered = all(host_register(t) for t in areas.values())
@@ -79,13 +85,35 @@ class DevicePath:
             s["back"] = {name: torch.empty_like(t).pin_memory() for name, t in self.outputs.items()}
         return s
 
-    def pull(self, weights: SharedWeights, have_version: int) -> int:
+    def pull(self, weights: SharedWeights | DeviceWeightBoard, have_version: int) -> int:
         """Copies newer published weights into the model, in place, on the stream."""
+        if isinstance(weights, DeviceWeightBoard):
+            return self.pull_device(weights, have_version)
         if self.weights_copied is not None:
             self.weights_copied.synchronize()      # the pinned buffer's last copy has left
         vector, version = weights.snapshot()
         self.pinned_weights.copy_(vector)
-        on_device = self.pinned_weights.to(self.device, non_blocking=True)
+        self.load(self.pinned_weights.to(self.device, non_blocking=True))
+        return version
+
+    def pull_device(self, board: DeviceWeightBoard, have_version: int) -> int:
+        """The learner's board (same device) -> staged [P], on a side stream, so the batches
+        in flight on the stream go on; the board's re-check needs that copy finished, not
+        theirs. Then staged -> parameters on the stream, behind those batches."""
+        if self.staged is None:
+            self.staged = torch.empty(board.slots.shape[1], dtype=torch.float32, device=self.device)
+            self.copy_stream = torch.cuda.Stream(self.device)
+        if self.weights_copied is not None:
+            self.copy_stream.wait_event(self.weights_copied)   # the last load has read `staged`
+        version = board.snapshot_into(self.staged, self.copy_stream)
+        if version < 0:
+            return have_version
+        self.load(self.staged)       # the copy into staged is complete: the host waited for it
+        return version
+
+    def load(self, on_device: torch.Tensor) -> None:
+        """on_device [P] -> the parameters, in place (graphs stay valid), on the stream;
+        weights_copied fires once it is done."""
         offset = 0
         with torch.no_grad():
             for p in self.params:
@@ -93,7 +121,6 @@ class DevicePath:
                 offset += p.numel()
         self.weights_copied = torch.cuda.Event(blocking=True)
         self.weights_copied.record()
-        return version
 
     def launch(self, clients, rows, index: torch.Tensor) -> tuple[dict, torch.cuda.Event]:
         """Rows of `clients` -> their outputs, launched; the event fires once they are in

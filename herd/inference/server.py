@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from herd.device_weights import DeviceWeightBoard
 from herd.inference.channels import (ANSWER_SEQ, EXITED, REQUEST_SEQ, ROWS, RUNNING, SERVER_PID, SERVER_STATE,
                                      SERVER_VERSION, VERSION, InferenceChannels)
 from herd.inference.device import DevicePath
@@ -53,8 +54,11 @@ class Launched:
 class BatchServer:
     """The model on `device`, its weights and the buffers of the batched forward passes."""
 
-    def __init__(self, channels: InferenceChannels, model_kwargs: dict, weights: SharedWeights,
+    def __init__(self, channels: InferenceChannels, model_kwargs: dict, weights: SharedWeights | DeviceWeightBoard,
                  device: torch.device, options: ServerOptions | None = None):
+        """weights: SharedWeights (host shared memory), or, on the learner's own CUDA
+        device, the learner's DeviceWeightBoard (device to device); both have `version`
+        and `pull(model, have_version)`, and device.py's pull takes either."""
         self.channels, self.weights, self.device = channels, weights, device
         self.options = options or ServerOptions()
         C, R = channels.num_clients, channels.max_rows
@@ -138,7 +142,8 @@ class BatchServer:
             self.channels.doorbell.ring_client(int(c))
 
 
-def run_inference_server(channels: InferenceChannels, model_kwargs: dict, weights: SharedWeights, device: str,
+def run_inference_server(channels: InferenceChannels, model_kwargs: dict,
+                         weights: SharedWeights | DeviceWeightBoard, device: str,
                          stop, torch_threads: int = 1, seed: int = 0, batch_wait_us: float = 0.0,
                          options: ServerOptions | None = None) -> None:
     """Process entry point: serves `channels` until `stop` (an Event) is set or the parent
