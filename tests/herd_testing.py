@@ -206,6 +206,18 @@ ANGLE_ONLY = (0.0, 0.0, 1.0, 0.0)
 SHARP = 1e6   # logits +-SHARP * tanh(tanh(w . obs)): the sampled action is the sign, with certainty
 
 
+def peaked(kwargs: dict, action: int) -> torch.nn.Module:
+    """A model built from `kwargs` (herd.models.build_model) that picks `action` with
+    probability ~1 (policy bias +-50)."""
+    from herd.models import build_model
+    model = build_model(**kwargs)
+    with torch.no_grad():
+        model.heads.policy.weight.zero_()
+        model.heads.policy.bias.fill_(-50.0)
+        model.heads.policy.bias[action] = 50.0
+    return model
+
+
 def fixed_policy_state(model_state: dict, w) -> dict:
     """The MLP's weights set to act by sign(w . obs), through both tanh layers."""
     state = {k: torch.zeros_like(v) for k, v in model_state.items()}

@@ -15,6 +15,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.nn.utils import parameters_to_vector
 
+from herd_testing import peaked
 from herd.device_weights import DeviceWeightBoard, same_cuda_device
 from herd.inference import InferenceChannels, InferenceClient, run_inference_server
 from herd.learner.publisher import WeightPublisher
@@ -209,16 +210,6 @@ def test_a_pull_in_another_process_loads_exactly_the_published_parameters():
         reap([child])
     assert version.value == 5
     assert torch.equal(vector, expected)
-
-
-def peaked(kwargs: dict, action: int) -> torch.nn.Module:
-    """A model that picks `action` with probability ~1 (policy bias +-50)."""
-    model = build_model(**kwargs)
-    with torch.no_grad():
-        model.heads.policy.weight.zero_()
-        model.heads.policy.bias.fill_(-50.0)
-        model.heads.policy.bias[action] = 50.0
-    return model
 
 
 def serve_from_board(device: str, kwargs: dict = MLP, tolerance: float = 1e-5) -> None:

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from herd_testing import wait_for
+from herd_testing import peaked, wait_for
 from herd.inference import MECHANISMS, InferenceChannels, InferenceClient, InferenceServerGone, run_inference_server
 from herd.inference.channels import ANSWER_SEQ, REQUEST_SEQ, SERVER_PID
 from herd.inference.server import BatchServer, sample_actions, serve_forever
@@ -50,16 +50,6 @@ def local_outputs(kwargs: dict, weights: SharedWeights, obs: np.ndarray, model=N
     with torch.no_grad():
         out = model(torch.from_numpy(obs).unsqueeze(0))
     return [t[0].numpy() for t in out]
-
-
-def peaked(kwargs: dict, action: int) -> torch.nn.Module:
-    """A model that picks `action` with probability ~1 (policy bias +-50)."""
-    model = build_model(**kwargs)
-    with torch.no_grad():
-        model.heads.policy.weight.zero_()
-        model.heads.policy.bias.fill_(-50.0)
-        model.heads.policy.bias[action] = 50.0
-    return model
 
 
 @dataclass
