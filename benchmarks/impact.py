@@ -109,9 +109,10 @@ def main() -> None:
         finals = [r["final_avg100"] for r in mine if r["final_avg100"] is not None]
         times = [r["seconds_to_target"] for r in mine]
         reached = [t for t in times if t is not None]
+        median = statistics.median(t if t is not None else float("inf") for t in times) if times else None
         summaries[name] = {"reached": f"{len(reached)}/{len(mine)}",
-                           "median_seconds_to_target": statistics.median(t if t is not None else float("inf")
-                                                                         for t in times) if times else None,
+                           "median_seconds_to_target": round(median, 2) if median not in (None, float("inf"))
+                           else median,
                            "final_mean": round(statistics.fmean(finals), 2) if finals else None,
                            "final_std": round(statistics.stdev(finals), 2) if len(finals) > 1 else None,
                            "env_steps_mean": round(statistics.fmean(r["env_steps"] or 0 for r in mine))}
