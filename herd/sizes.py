@@ -1,7 +1,8 @@
 """Sizes checked from the config before anything is built or allocated (design.md, rule
 13): one observation, the network's parameters (counted on torch's meta device, which
 allocates nothing), the replays with the batches prepared ahead and the writer queue
-against the memory available now, the trajectory slots against free /dev/shm, and thread
+against the memory available now (on a GPU learner, the replays against the GPU's free
+memory: they live there), the trajectory slots against free /dev/shm, and thread
 and timeout options against the machine. Each check raises ConfigError with one line.
 
 Why: sizes used to be checked only after the env and model were built, so
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import torch
 
+from herd.devices import learner_device
 from herd.errors import ConfigError
 from herd.models import build_model
 from herd.validation import transition_items
@@ -122,10 +124,34 @@ def memory_needs(cfg: Config, layout: TrajectoryLayout) -> dict[str, int]:
     }
 
 
-def check_memory(cfg: Config, layout: TrajectoryLayout) -> None:
+def cuda_free_bytes(device: torch.device) -> int:
+    """The GPU's free memory now (this makes the learner's CUDA context: it needs one anyway)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def replays_in_device_memory(cfg: Config) -> torch.device | None:
+    """The GPU whose memory the replays will occupy, or None when they stay on the host: a
+    CUDA learner keeps every replay in its memory (herd/train.py build_mixer), except
+    behind the Ray replay server (a host process)."""
+    device = learner_device(cfg.general.device)
+    return device if device.type == "cuda" and not cfg.parallel.replay_server else None
+
+
+def check_memory(cfg: Config, layout: TrajectoryLayout, device_free=cuda_free_bytes) -> None:
     """Impossible sizes: what the run holds against the memory available now, and the
-    trajectory slots against the free space of /dev/shm (where they are made)."""
+    trajectory slots against the free space of /dev/shm (where they are made). On a GPU
+    learner the replays are counted against the GPU's free memory (uncompressed: device
+    storage never packs frames), the rest against the host's. device_free(device) -> bytes."""
     needs = memory_needs(cfg, layout)
+    device = replays_in_device_memory(cfg)
+    if device is not None and torch.cuda.is_available():
+        on_device = needs.pop("replays")
+        free = device_free(device)
+        if on_device > MEMORY_SHARE * free:
+            raise ConfigError(f"the replays need {gib(on_device)} of GPU memory (a GPU learner keeps them there, "
+                              f"frames unpacked) but {device} has {gib(free)} free: lower the replay capacities, "
+                              "or use --device=cpu")
     needed = sum(needs.values())
     available = psutil.virtual_memory().available
     if needed > MEMORY_SHARE * available:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import herd.plan
 import herd.sizes
@@ -108,3 +109,32 @@ def test_a_default_atari_plan_passes_the_checks(tmp_path):
     """The bounds leave real configurations alone: Pong with the seed's defaults."""
     plan = prepare({"env": "PongNoFrameskip-v4", "results_dir": str(tmp_path)})
     assert plan.env_spec.obs_shape == (4, 84, 84)
+
+
+def big_replay_plan(tmp_path, gib_of_replay: int):
+    trajectory = prepare({"env": "CartPole-v1", "results_dir": str(tmp_path)}).layout.nbytes()
+    capacity = gib_of_replay * 2**30 // trajectory
+    replays = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
+               f'{{"type": "standard", "capacity": {capacity}, "sample_ratio": 0.5}}]')
+    return prepare({"env": "CartPole-v1", "results_dir": str(tmp_path), "replay_parameters": replays})
+
+
+def test_a_gpu_learners_replays_are_checked_against_the_gpus_free_memory(tmp_path, monkeypatch):
+    """On a GPU learner every replay lives in GPU memory (herd/replay/device_storage.py).
+    Catches a check that counts them against the host (a 4 GiB replay on a GPU with 1 GiB
+    free would pass, then fail allocating at start; one that fits the GPU would be refused
+    for want of host memory), and one that forgets the replay server keeps them on the host."""
+    plan = big_replay_plan(tmp_path, 4)
+    monkeypatch.setattr(herd.sizes, "learner_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(herd.sizes.torch.cuda, "is_available", lambda: True)
+    small_gpu, big_gpu = (lambda device: 2**30), (lambda device: 64 * 2**30)
+    with pytest.raises(ConfigError, match=r"the replays need 4\.0 GiB of GPU memory .* cuda has 1\.0 GiB free"):
+        herd.sizes.check_memory(plan.cfg, plan.layout, device_free=small_gpu)
+
+    class SmallHost:
+        total, available = 64 * 2**30, 2**30
+    monkeypatch.setattr(herd.sizes.psutil, "virtual_memory", lambda: SmallHost())
+    herd.sizes.check_memory(plan.cfg, plan.layout, device_free=big_gpu)      # not counted against the host
+    plan.cfg.parallel.replay_server = True                                    # a host process holds them
+    with pytest.raises(ConfigError, match="1.0 GiB of memory is available"):
+        herd.sizes.check_memory(plan.cfg, plan.layout, device_free=big_gpu)
