@@ -62,6 +62,36 @@ def curve(episodes: list[dict], launch: float, points: int = 60) -> list[list[fl
     return [[round(s, 1), int(e), round(a, 2)] for s, e, a in rows[::step] + rows[-1:]] if rows else []
 
 
+def average_at(episodes: list[dict], launch: float, key: str, mark: float) -> float | None:
+    """The average of the last 100 games as it stood at `mark` (seconds from launch when
+    key is "seconds", env steps when key is "env_step"); None before the first game and
+    after the last."""
+    def where(row: dict) -> float:
+        return row["unix_time"] - launch if key == "seconds" else row["env_step"]
+    if not episodes or where(episodes[-1]) < mark:
+        return None                 # the run had stopped (its step budget spent) before this mark
+    last = None
+    for row, average, _ in moving_averages(episodes):
+        if where(row) > mark:
+            break
+        last = average
+    return last
+
+
+def spread(runs: list[dict], key: str, marks: list[float]) -> list[dict]:
+    """Mean and sd over seeds of each run's average at each mark: the curve with its spread.
+    A mark a run never got to (it stopped before) is left out of that mark's numbers, and
+    `runs` says how many were counted."""
+    out = []
+    for mark in marks:
+        values = [r["at"][key][i] for r in runs for i, m in enumerate(r["at"]["marks_" + key]) if m == mark
+                  and r["at"][key][i] is not None]
+        out.append({key: mark, "runs": len(values),
+                    "mean": round(statistics.fmean(values), 2) if values else None,
+                    "sd": round(statistics.stdev(values), 2) if len(values) > 1 else None})
+    return out
+
+
 def time_to(episodes: list[dict], launch: float, target: float | None) -> float | None:
     if target is None:
         return None
@@ -81,11 +111,14 @@ def main() -> None:
                         "on a loaded machine a step budget compares like with like where seconds do not")
     parser.add_argument("--target", type=float, help="the average whose time is measured (default: the task's)")
     parser.add_argument("--extra", default="", help="herd flags every configuration gets, in one string")
+    parser.add_argument("--step_marks", type=int, default=100_000,
+                        help="the spread curve over env steps is taken every this many steps")
     parser.add_argument("--label", help="names the results file (default impact_<task>)")
     args = parser.parse_args()
     task = TASKS[args.task]
     target = args.target if args.target is not None else task["target"]
     runs = []
+    time_marks = [round(args.seconds * i / 12, 1) for i in range(1, 13)]
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             for name in args.configs:       # interleaved: a change in the machine's load hits every config
@@ -101,6 +134,11 @@ def main() -> None:
                              "final_avg100": round(final, 2) if final is not None else None,
                              "env_steps": summary.get("environment_steps"), "updates": summary.get("training_steps"),
                              "curve": curve(episodes, launch)})
+                last_step = int(episodes[-1]["env_step"]) if episodes else 0
+                step_marks = list(range(args.step_marks, last_step + 1, args.step_marks))
+                runs[-1]["at"] = {"marks_seconds": time_marks, "marks_env_step": step_marks,
+                                  "seconds": [average_at(episodes, launch, "seconds", m) for m in time_marks],
+                                  "env_step": [average_at(episodes, launch, "env_step", m) for m in step_marks]}
                 print(f"{name} seed {seed}: exit {code}, to target {runs[-1]['seconds_to_target']}, "
                       f"final {runs[-1]['final_avg100']}, steps {runs[-1]['env_steps']}", flush=True)
     rows, summaries = [], {}
@@ -115,11 +153,19 @@ def main() -> None:
                            else median,
                            "final_mean": round(statistics.fmean(finals), 2) if finals else None,
                            "final_std": round(statistics.stdev(finals), 2) if len(finals) > 1 else None,
-                           "env_steps_mean": round(statistics.fmean(r["env_steps"] or 0 for r in mine))}
+                           "env_steps_mean": round(statistics.fmean(r["env_steps"] or 0 for r in mine)),
+                           "curve_over_seconds": spread(mine, "seconds", time_marks),
+                           "curve_over_env_steps": spread(mine, "env_step", sorted(
+                               {m for r in mine for m in r["at"]["marks_env_step"]}))}
         s = summaries[name]
         rows.append([name, s["reached"], s["median_seconds_to_target"], s["final_mean"], s["final_std"],
                      s["env_steps_mean"]])
     print_table(["config", f"reached {target}", "median s to target", "final avg100 mean", "sd", "env steps"], rows)
+    def cell(point: dict) -> str:
+        return "-" if point["mean"] is None else f'{point["mean"]} ± {point["sd"] or 0} ({point["runs"]})'
+    print_table(["seconds", *args.configs],
+                [[mark, *(cell(summaries[n]["curve_over_seconds"][i]) for n in args.configs)]
+                 for i, mark in enumerate(time_marks)])
     for s in summaries.values():     # inf (a median over runs that did not reach) is not JSON
         if s["median_seconds_to_target"] == float("inf"):
             s["median_seconds_to_target"] = None
