@@ -1,7 +1,8 @@
 """herd's Ray actors across hosts on a real network stack: network namespaces joined by
 shaped veth links (herd/cluster), a Ray head on host 0 (0 CPUs) and a worker node of
 --host_cpus CPUs on each of hosts 1..N, each running --actors_per_host of herd's own Ray
-actors (RolloutWorker: real envs, real model). Per configuration (hosts x link bandwidth):
+actors (RolloutWorker: real envs, real model). Per configuration (hosts x link bandwidth x
+link latency; latency comes from the harness's user-space delay line):
 
     rtt          TCP round trip between a worker host and host 0 (1 byte, p50)
     free         the learner replaced by a sink that takes every rollout at once: what the
@@ -11,6 +12,8 @@ actors (RolloutWorker: real envs, real model). Per configuration (hosts x link b
     bytes/step   bytes host 0 received on its link per agent step (everything: the arrays,
                  Ray's messages), measured from the link's own counters
     lz4          the same with observations LZ4-compressed in the actor, decompressed by the sink
+    cpu          the machine's busy cores while each sink ran (/proc/stat: every process, the
+                 delay lines and Ray's included), so CPU-seconds per step can be read off
 
 and, with --learner_seconds, herd's real learner (`herd train --multiprocessing_backend=ray`)
 on host 0 with the same actors, its steady frames/s from train.csv.
@@ -18,7 +21,8 @@ on host 0 with the same actors, its steady frames/s from train.csv.
 All hosts share this machine's cores (2 here), so frames/s cannot grow with hosts the way a
 real cluster's does: what grows is the network's share. The throughput model built from
 these numbers is in docs/netns-cluster.md. Needs root (network namespaces).
-Usage: python benchmarks/netns_cluster.py [--hosts 1,2] [--bandwidths none,100,30] [--seconds 12]
+Usage: python benchmarks/netns_cluster.py [--hosts 1,2,4] [--bandwidths none,100,30] [--latencies 0,1]
+       [--seconds 12] [--learner_seconds 30]
 Last line: netns_cluster: hosts=<n> frames_per_s=<x> p50_ms=<y> bytes_per_step=<z> (the first
 configuration of the largest host count, free sink, no compression)."""
 from __future__ import annotations
@@ -47,6 +51,14 @@ def rx_bytes() -> int:
     return int(Path("/sys/class/net/eth0/statistics/rx_bytes").read_text())
 
 
+def busy_seconds() -> float:
+    """CPU-seconds the whole machine has spent busy since boot (every core; /proc/stat is
+    not per namespace): all hosts share these cores."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]                       # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def inner(options: dict) -> dict:
     """Runs on host 0: the actors on the worker nodes, then each sink; returns the numbers."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"    # hosts' own addresses (ray_scaling sets 0: loopback)
@@ -70,6 +82,7 @@ def inner(options: dict) -> dict:
         """Takes rollouts as they come (rate None) or one every 1/rate s, for `seconds`."""
         owner = {a.next_rollout.remote(): i for i, a in enumerate(actors) for _ in range(options["inflight"])}
         latencies, steps, taken, start, received = [], 0, 0, time.monotonic(), rx_bytes()
+        busy = busy_seconds()
         raw = packed = 0
         while (now := time.monotonic()) - start < seconds:
             if rate is not None and taken >= (now - start) * rate:
@@ -87,14 +100,15 @@ def inner(options: dict) -> dict:
             steps += rollout.steps
             taken += 1
             owner[actors[owner.pop(ready[0])].next_rollout.remote()] = rollout.actor_id
-        elapsed, received = time.monotonic() - start, rx_bytes() - received
+        elapsed, received, busy = time.monotonic() - start, rx_bytes() - received, busy_seconds() - busy
         ray.get(list(owner))                    # the calls still queued finish before the next sink starts
         lat = np.array(latencies or [float("nan")]) * 1e3
         return {"rollouts_per_s": round(taken / elapsed, 2), "frames_per_s": round(steps / elapsed, 1),
                 "p50_ms": round(float(np.median(lat)), 2), "p90_ms": round(float(np.percentile(lat, 90)), 2),
                 "p99_ms": round(float(np.percentile(lat, 99)), 2),
                 "bytes_per_step": round(received / max(steps, 1), 1),
-                "lz4_ratio": round(raw / packed, 2) if packed else None}
+                "lz4_ratio": round(raw / packed, 2) if packed else None,
+                "busy_cores": round(busy / elapsed, 3)}
 
     spec, layout = spec_and_layout(options["env"], options["envs"], options["unroll"])
     ray.init(address=options["address"], logging_level="ERROR", log_to_driver=False)
@@ -109,9 +123,12 @@ def inner(options: dict) -> dict:
                   .remote(i, ActorSpec(**{**spec.__dict__, "seed": 1 + 10_000 * i}), layout,
                           options["inflight"] + 2, *board.newest()) for i in range(count)]
         ray.get([a.where.remote() for a in actors])
+        idle_start, busy = time.monotonic(), busy_seconds()
+        time.sleep(3.0)                                           # every node up, nothing asked of it
+        idle_cores = round((busy_seconds() - busy) / (time.monotonic() - idle_start), 3)
         sink(actors, None, 4.0, compressed)                       # warm-up: first forward passes, resets
         name = "lz4" if compressed else "raw"
-        results[name] = {"free": sink(actors, None, options["seconds"], compressed)}
+        results[name] = {"free": sink(actors, None, options["seconds"], compressed), "idle_busy_cores": idle_cores}
         if options["rate"]:
             results[name]["paced"] = sink(actors, options["rate"], options["seconds"], compressed)
         for actor in actors:
@@ -122,9 +139,10 @@ def inner(options: dict) -> dict:
 
 # ---------------------------------------------------------------- outside (the harness)
 
-def configuration(hosts: int, bandwidth: float | None, args) -> dict:
-    """One cluster of 1 + `hosts` hosts, every link at `bandwidth` Mbit/s: the sinks."""
-    with NetnsCluster(hosts + 1, LinkShape(bandwidth_mbit=bandwidth, latency_ms=args.latency_ms)) as net:
+def configuration(hosts: int, bandwidth: float | None, latency_ms: float, args) -> dict:
+    """One cluster of 1 + `hosts` hosts, every link at `bandwidth` Mbit/s and `latency_ms` one
+    way: the sinks, then herd's learner."""
+    with NetnsCluster(hosts + 1, LinkShape(bandwidth_mbit=bandwidth, latency_ms=latency_ms)) as net:
         ray = RayHosts(net, cpus=[0] + [args.host_cpus] * hosts)
         try:
             ray.start()
@@ -143,7 +161,8 @@ def configuration(hosts: int, bandwidth: float | None, args) -> dict:
                 if args.learner_seconds and args.lz4 else None
         finally:
             ray.close()
-    return {"hosts": hosts, "bandwidth_mbit": bandwidth, "latency_ms": args.latency_ms, "rtt_ms": rtt,
+    return {"hosts": hosts, "bandwidth_mbit": bandwidth, "latency_ms": latency_ms, "link_kind": net.link_kind,
+            "rtt_ms": rtt,
             **sinks, "learner": learner, "learner_lz4": learner_lz4}
 
 
@@ -161,9 +180,17 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
             "--verbose_learner_out_int=2", f"--results_dir={results}", *extra]
     process = net.hosts[0].popen(argv, env={**ray.env(), "PYTHONPATH": str(HERE.parent)}, cwd=HERE.parent,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    steady_from = None                  # (monotonic, busy) where the steady third starts
     try:
-        process.wait(args.learner_seconds)
+        process.wait(args.learner_seconds / 3)
     except subprocess.TimeoutExpired:
+        steady_from = (time.monotonic(), busy_seconds())
+        try:
+            process.wait(args.learner_seconds * 2 / 3)
+        except subprocess.TimeoutExpired:
+            pass
+    steady_cores = (busy_seconds() - steady_from[1]) / (time.monotonic() - steady_from[0]) if steady_from else None
+    if process.poll() is None:
         os.killpg(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=300)
     after = net.hosts[0].link_bytes()
@@ -178,6 +205,8 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
     frames = float(steady[-1]["env_step"]) - float(steady[0]["env_step"])
     seconds = float(steady[-1]["wall_time"]) - float(steady[0]["wall_time"])
     return {"frames_per_s": round(frames / seconds, 1), "updates": summary.get("training_steps"),
+            # the machine's busy cores over the last two thirds of the run (the steady part)
+            "busy_cores": steady_cores and round(steady_cores, 3),
             "environment_steps": summary.get("environment_steps"),
             "bytes_per_step": round(received / max(summary.get("environment_steps") or 1, 1), 1),
             # what host 0 sent per step: the weights the actors pulled (and Ray's messages)
@@ -189,7 +218,7 @@ def main() -> None:
     parser.add_argument("--inner", help=argparse.SUPPRESS)
     parser.add_argument("--hosts", default="1,2", help="worker hosts (besides host 0, the learner's)")
     parser.add_argument("--bandwidths", default="none,100,30", help="Mbit/s of every link (none: unshaped)")
-    parser.add_argument("--latency_ms", type=float, default=0.0, help="one-way delay per link (needs tc netem)")
+    parser.add_argument("--latencies", default="0", help="one-way delays of every link, ms (each a configuration)")
     parser.add_argument("--env", default="PongNoFrameskip-v4")
     parser.add_argument("--envs", type=int, default=4, help="environments per actor")
     parser.add_argument("--unroll", type=int, default=20, help="steps per rollout (T)")
@@ -209,26 +238,29 @@ def main() -> None:
     runs = []
     for hosts in (int(h) for h in args.hosts.split(",")):
         for bandwidth in args.bandwidths.split(","):
-            runs.append(configuration(hosts, None if bandwidth == "none" else float(bandwidth), args))
-            print(json.dumps(runs[-1]), flush=True)
+            for latency in (float(x) for x in args.latencies.split(",")):
+                runs.append(configuration(hosts, None if bandwidth == "none" else float(bandwidth), latency, args))
+                print(json.dumps(runs[-1]), flush=True)
     rows = []
     for r in runs:
         for name in ("raw", "lz4"):
             for mode in ("free", "paced"):
                 m = r.get(name, {}).get(mode)
                 if m:
-                    rows.append([r["hosts"], r["bandwidth_mbit"] or "-", f"{r['rtt_ms']['p50_ms']:.3f}", name, mode,
-                                 m["frames_per_s"], m["p50_ms"], m["p90_ms"], m["p99_ms"], m["bytes_per_step"]])
+                    rows.append([r["hosts"], r["bandwidth_mbit"] or "-", r["latency_ms"], f"{r['rtt_ms']['p50_ms']:.3f}",
+                                 name, mode, m["frames_per_s"], m["p50_ms"], m["p90_ms"], m["p99_ms"],
+                                 m["bytes_per_step"], m["busy_cores"]])
         for name in ("learner", "learner_lz4"):
             if r.get(name):
-                rows.append([r["hosts"], r["bandwidth_mbit"] or "-", f"{r['rtt_ms']['p50_ms']:.3f}",
+                rows.append([r["hosts"], r["bandwidth_mbit"] or "-", r["latency_ms"], f"{r['rtt_ms']['p50_ms']:.3f}",
                              "lz4" if name == "learner_lz4" else "raw", "learner", r[name].get("frames_per_s"), "", "",
-                             "", r[name].get("bytes_per_step")])
-    print_table(["hosts", "Mbit/s", "rtt ms", "obs", "sink", "frames/s", "p50 ms", "p90 ms", "p99 ms", "bytes/step"],
-                rows)
+                             "", r[name].get("bytes_per_step"), r[name].get("busy_cores")])
+    print_table(["hosts", "Mbit/s", "lat ms", "rtt ms", "obs", "sink", "frames/s", "p50 ms", "p90 ms", "p99 ms",
+                 "bytes/step", "busy cores"], rows)
     path = record(f"netns_cluster_{args.env.split('-')[0]}{args.record}",
                   {"command": " ".join(["python", "benchmarks/netns_cluster.py", *sys.argv[1:]]),
-                   "note": "all hosts share this machine's cores, loaded by other agents' jobs", "args": vars(args),
+                   "note": "all hosts share this machine's cores (machine.load_average_1min: its load when recorded)",
+                   "args": vars(args),
                    "runs": runs})
     print(f"recorded {path}")
     top = [r for r in runs if r["hosts"] == max(x["hosts"] for x in runs)][0]["raw"]["free"]

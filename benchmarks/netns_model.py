@@ -105,59 +105,98 @@ def print_cluster_table(params: dict) -> list[dict]:
 
 
 def rows_of(run: dict, args: dict) -> list[dict]:
-    """Every measured row of one configuration: (obs, sink, frames/s, ...)."""
+    """Every measured row of one configuration: (obs, sink, frames/s, bytes, busy cores, ...)."""
     rows = []
     per_rollout = args["unroll"] * args["envs"]
+    base = {"hosts": run["hosts"], "bandwidth_mbit": run["bandwidth_mbit"], "latency_ms": run.get("latency_ms", 0.0),
+            "rtt_ms": run["rtt_ms"]["p50_ms"], "unroll": args["unroll"]}
     for obs in ("raw", "lz4"):
-        for sink, measured in run.get(obs, {}).items():
-            learner = args["rate"] * per_rollout if sink == "paced" else math.inf
-            rows.append({"hosts": run["hosts"], "bandwidth_mbit": run["bandwidth_mbit"], "obs": obs, "sink": sink,
-                         "unroll": args["unroll"],
-                         "frames_per_s": measured["frames_per_s"], "bytes_per_step": measured["bytes_per_step"],
-                         "learner": learner})
+        measured_obs = run.get(obs, {})
+        for sink in ("free", "paced"):
+            if sink not in measured_obs:
+                continue
+            m = measured_obs[sink]
+            rows.append({**base, "obs": obs, "sink": sink, "frames_per_s": m["frames_per_s"],
+                         "bytes_per_step": m["bytes_per_step"], "busy_cores": m.get("busy_cores"),
+                         "idle_busy_cores": measured_obs.get("idle_busy_cores"),
+                         "learner": args["rate"] * per_rollout if sink == "paced" else math.inf})
     for name, obs in (("learner", "raw"), ("learner_lz4", "lz4")):
         if run.get(name) and "frames_per_s" in run[name]:
-            rows.append({"hosts": run["hosts"], "bandwidth_mbit": run["bandwidth_mbit"], "obs": obs, "sink": "herd",
-                         "unroll": args["unroll"],
-                         "frames_per_s": run[name]["frames_per_s"], "bytes_per_step": run[name]["bytes_per_step"],
-                         "learner": None, "sent_bytes_per_step": run[name].get("sent_bytes_per_step")})
+            rows.append({**base, "obs": obs, "sink": "herd", "frames_per_s": run[name]["frames_per_s"],
+                         "bytes_per_step": run[name]["bytes_per_step"], "busy_cores": run[name].get("busy_cores"),
+                         "idle_busy_cores": run.get(obs, {}).get("idle_busy_cores"), "learner": math.inf,
+                         "sent_bytes_per_step": run[name].get("sent_bytes_per_step")})
     return rows
 
 
+def fit(rows: list[dict], cores: int) -> dict:
+    """The model's parameters, from the 1-host unshaped configuration without added latency
+    (the only one it is fitted on), for each kind of observation:
+      <obs>_per_actor       r: one actor's steps/s into the free sink
+      <obs>_bytes_per_step  what host 0's link received per step (free sink)
+      <obs>_cpu_s_per_step  CPU-seconds per step beyond the idle cluster (free sink)
+      <obs>_herd_cpu_s_per_step  the same with herd's learner as the sink (it trains on these cores too)
+      idle_cores_per_node   the busy cores of an idle Ray node (its raylet and workers polling)
+    """
+    base = [r for r in rows if r["hosts"] == 1 and r["bandwidth_mbit"] is None and not r["latency_ms"]]
+    params: dict = {"cores": cores}
+    for r in base:
+        if r["sink"] == "free":
+            params[f"{r['obs']}_per_actor"] = r["frames_per_s"] / r["actors_per_host"]
+            params[f"{r['obs']}_bytes_per_step"] = r["bytes_per_step"]
+            params["idle_cores_per_node"] = r["idle_busy_cores"] / (r["hosts"] + 1)
+            params[f"{r['obs']}_cpu_s_per_step"] = (r["busy_cores"] - r["idle_busy_cores"]) / r["frames_per_s"]
+        elif r["sink"] == "herd" and r["busy_cores"]:
+            params[f"{r['obs']}_herd_cpu_s_per_step"] = (r["busy_cores"] - r["idle_busy_cores"]) / r["frames_per_s"]
+    return params
+
+
+def predict_row(r: dict, params: dict) -> tuple[float, str]:
+    """One measured row's predicted steps/s and the term that limits it."""
+    herd = r["sink"] == "herd"
+    cpu = params.get(f"{r['obs']}_herd_cpu_s_per_step" if herd else f"{r['obs']}_cpu_s_per_step")
+    # The hosts share this machine's cores: what an idle cluster of hosts + 1 nodes leaves,
+    # at the CPU-seconds per step of the fit (a real node would bring its own cores instead).
+    cores_left = params["cores"] - params["idle_cores_per_node"] * (r["hosts"] + 1)
+    value, limit = predict(r["hosts"] * r["actors_per_host"], params[f"{r['obs']}_per_actor"], r["bandwidth_mbit"],
+                           params[f"{r['obs']}_bytes_per_step"], r["learner"], nodes=r["hosts"],
+                           weight_bytes=WEIGHT_BYTES if herd else 0.0,
+                           steps_per_update=CPU_BATCH * r["unroll"] if herd else math.inf)
+    if cpu and cores_left / cpu < value:
+        return cores_left / cpu, "cpu"
+    return value, limit
+
+
 def main() -> None:
-    files = sys.argv[1:] or sorted(glob.glob(str(HERE / "results" / "netns_cluster_Pong*_h*_bw*.json")))
+    files = sys.argv[1:] or sorted(glob.glob(str(HERE / "results" / "netns_cluster_Pong*.json")))
     records = [json.loads(Path(f).read_text()) for f in files]
+    machines = {(r["machine"]["cpu_model"], r["machine"]["cpus"]) for r in records}
+    if len(machines) != 1:
+        sys.exit(f"the records come from {len(machines)} machines {sorted(machines)}: fit and check one machine's")
     rows = [dict(row, actors_per_host=r["args"]["actors_per_host"], file=Path(f).name)
             for f, r in zip(files, records) for run in r["runs"] for row in rows_of(run, r["args"])]
-    fit = [r for r in rows if r["hosts"] == 1 and r["bandwidth_mbit"] is None and r["sink"] == "free"]
-    if not fit:
-        sys.exit("no 1-host unshaped run to fit on: run benchmarks/netns_cluster.py --hosts 1 --bandwidths none")
-    params = {f"{r['obs']}_per_actor": r["frames_per_s"] / r["actors_per_host"] for r in fit}
-    params.update({f"{r['obs']}_bytes_per_step": r["bytes_per_step"] for r in fit})
-    herd_fit: list = []           # nothing of herd's learner is fitted (the docstring says why)
+    params = fit(rows, records[0]["machine"]["cpus"])
+    if "raw_per_actor" not in params:
+        sys.exit("no 1-host unshaped run without latency to fit on: "
+                 "run benchmarks/netns_cluster.py --hosts 1 --bandwidths none --latencies 0")
     table = []
     for r in rows:
-        fitted = r in fit or r in herd_fit
-        learner = math.inf if r["sink"] == "herd" else r["learner"]
-        herd = r["sink"] == "herd"
-        value, limit = predict(r["hosts"] * r["actors_per_host"], params[f"{r['obs']}_per_actor"], r["bandwidth_mbit"],
-                               params[f"{r['obs']}_bytes_per_step"], learner, nodes=r["hosts"],
-                               weight_bytes=WEIGHT_BYTES if herd else 0.0,
-                               steps_per_update=CPU_BATCH * r["unroll"] if herd else math.inf)
+        fitted = r["hosts"] == 1 and r["bandwidth_mbit"] is None and not r["latency_ms"] and r["sink"] != "paced"
+        value, limit = predict_row(r, params)
         # herd's actors pull the weights once per node and update: what host 0 sent says whether they did
-        expected_sent = r["hosts"] * WEIGHT_BYTES / (CPU_BATCH * r["unroll"]) if herd else None
+        expected_sent = r["hosts"] * WEIGHT_BYTES / (CPU_BATCH * r["unroll"]) if r["sink"] == "herd" else None
         error = (value - r["frames_per_s"]) / r["frames_per_s"] if r["frames_per_s"] else math.inf
-        kind = ("paced" if r["sink"] == "paced" else "network" if r["bandwidth_mbit"] and
-                (limit != "actors" or r["sink"] == "herd") else "cpu")
+        kind = "paced" if r["sink"] == "paced" else "cpu" if limit in ("cpu", "actors") else "network"
         table.append({**r, "predicted": round(value, 1), "limit": limit, "error": round(error, 3), "fitted": fitted,
-                      "kind": kind,
-                      "expected_sent_bytes_per_step": expected_sent and round(expected_sent)})
-    print(f"fitted on the 1-host unshaped run: {json.dumps({k: round(v, 1) for k, v in params.items()})}")
-    print(f"{'hosts':>5} {'Mbit/s':>7} {'obs':>4} {'sink':>6} {'measured':>9} {'predicted':>9} {'limit':>8} "
-          f"{'error':>7}  role")
+                      "kind": kind, "expected_sent_bytes_per_step": expected_sent and round(expected_sent)})
+    print("fitted on the 1-host unshaped run without latency: "
+          + json.dumps({k: round(v, 6 if "cpu_s" in k else 3) for k, v in params.items()}))
+    print(f"{'hosts':>5} {'Mbit/s':>7} {'lat ms':>6} {'obs':>4} {'sink':>6} {'measured':>9} {'predicted':>9} "
+          f"{'limit':>8} {'error':>7}  role")
     for t in table:
-        print(f"{t['hosts']:>5} {t['bandwidth_mbit'] or '-':>7} {t['obs']:>4} {t['sink']:>6} {t['frames_per_s']:>9} "
-              f"{t['predicted']:>9} {t['limit']:>8} {100 * t['error']:>6.1f}%  {'fit' if t['fitted'] else t['kind']}"
+        print(f"{t['hosts']:>5} {t['bandwidth_mbit'] or '-':>7} {t['latency_ms']:>6g} {t['obs']:>4} {t['sink']:>6} "
+              f"{t['frames_per_s']:>9} {t['predicted']:>9} {t['limit']:>8} {100 * t['error']:>6.1f}%  "
+              f"{'fit' if t['fitted'] else t['kind']}"
               + (f"  sent/step {t['sent_bytes_per_step']} (one pull per node and update: "
                  f"{t['expected_sent_bytes_per_step']})" if t["sink"] == "herd" else ""))
     checks = [t for t in table if not t["fitted"]]

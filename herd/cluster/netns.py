@@ -9,8 +9,11 @@ Every host is a namespace of its own with one link (a veth pair) to a bridge tha
 in a namespace of its own too: nothing is made in the machine's own namespace, and the
 subnet exists only on this run's private bridge (no route leads out of it, so two runs, or
 two helpers, never see each other's hosts). Each link can be shaped in both directions:
-a bandwidth limit (tc tbf) and a one-way latency (tc netem; refused in one line where the
-kernel has no sch_netem).
+a bandwidth limit (tc tbf) and a one-way latency. The latency comes from a delay line in
+user space (herd/cluster/delay_line.py): this kernel has no sch_netem, so a cluster with
+latency makes every link two TAP devices (the host's eth0, the bridge's port) with a
+process between them that holds each frame for the link's delay; without latency a link
+is a veth pair, all in the kernel. `link_kind` says which ("veth" or "delay line").
 
 Cleaning up. Every namespace of a run is named <run>-..., where <run> is
 `herdnet<owner pid>x<random>`. Closing (the context manager, atexit, SIGINT/SIGTERM) kills
@@ -28,6 +31,7 @@ import atexit
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -41,6 +45,9 @@ PREFIX = "herdnet"
 SUBNET = "10.213.0"          # host i is SUBNET.(i+1)/24, on this run's own bridge only
 DEVICE = "eth0"              # each host's one link, as on a real machine
 MAX_HOSTS = 200
+# A delay line's TAPs carry frames up to 64 KB: few frames (little copying in Python) per byte.
+JUMBO_MTU = 65000
+DELAY_LINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "delay_line.py")
 
 
 class NamespaceError(RuntimeError):
@@ -50,8 +57,8 @@ class NamespaceError(RuntimeError):
 @dataclass(frozen=True)
 class LinkShape:
     """What one host's link does to its packets, in each direction."""
-    bandwidth_mbit: float | None = None     # tc tbf rate (None: the veth's own speed)
-    latency_ms: float = 0.0                 # one-way delay added to what the host sends (tc netem)
+    bandwidth_mbit: float | None = None     # tc tbf rate (None: the link's own speed)
+    latency_ms: float = 0.0                 # one-way delay, each direction (the delay line)
 
     def check(self) -> None:
         if self.bandwidth_mbit is not None and not 0 < self.bandwidth_mbit <= 400_000:
@@ -180,13 +187,12 @@ class Host:
 
 
 def shape_args(shape: LinkShape) -> list[str] | None:
-    """The root qdisc for one direction of a link, or None for an unshaped link."""
-    if shape.latency_ms > 0:
-        rate = ["rate", f"{shape.bandwidth_mbit:g}mbit"] if shape.bandwidth_mbit else []
-        return ["netem", "delay", f"{shape.latency_ms:g}ms", "limit", "100000", *rate]
+    """The root qdisc (bandwidth) for one direction of a link, or None for an unlimited link.
+    Latency is not a qdisc here: the delay line adds it (module docstring)."""
     if shape.bandwidth_mbit:
-        # burst: at least 4 ms at the rate and more than one 64 KiB GSO packet (veth offloads
-        # segmentation: a packet larger than the bucket would never leave).
+        # burst: at least 4 ms at the rate and more than one 64 KiB packet (a veth offloads
+        # segmentation, a delay line's TAP carries jumbo frames: a packet larger than the
+        # bucket would never leave).
         burst = max(int(shape.bandwidth_mbit * 1e6 / 8 * 0.004), 256 * 1024)
         return ["tbf", "rate", f"{shape.bandwidth_mbit:g}mbit", "burst", str(burst), "latency", "100ms"]
     return None
@@ -197,9 +203,6 @@ def tc(namespace: str, device: str, qdisc: list[str]) -> None:
                           capture_output=True, text=True)
     if done.returncode != 0:
         reason = (done.stderr.strip().splitlines() or ["?"])[0]
-        if qdisc[0] == "netem" and "unknown" in reason.lower():
-            raise NamespaceError("link latency needs tc netem, which this kernel lacks (CONFIG_NET_SCH_NETEM): "
-                                 "ask for latency_ms=0 (bandwidth limits use tbf) or use a kernel with sch_netem")
         raise NamespaceError(f"tc {qdisc[0]} on {namespace}/{device} failed: {reason}")
 
 
@@ -219,6 +222,10 @@ class NetnsCluster:
         self.hosts = [Host(self.run, i) for i in range(hosts)]
         self.closed = True
         self.reaper: subprocess.Popen | None = None
+        # One kind for every link: the bridge's MTU is its smallest port's, and the delay
+        # lines' jumbo frames are what keeps them cheap.
+        self.link_kind = "delay line" if any(s.latency_ms > 0 for s in self.shapes) else "veth"
+        self.delay_lines: list[subprocess.Popen] = []
         self.previous_handlers: dict = {}
 
     def __enter__(self) -> NetnsCluster:
@@ -252,10 +259,16 @@ class NetnsCluster:
         ip("-n", bridge, "link", "set", "br0", "up")
         for host, shape in zip(self.hosts, self.shapes):
             ip("netns", "add", host.namespace)
-            # Both ends made directly inside their namespaces: no name ever appears in the
-            # machine's own namespace, so concurrent runs cannot collide.
-            ip("link", "add", DEVICE, "netns", host.namespace, "type", "veth", "peer", "name", host.port,
-               "netns", bridge)
+            if self.link_kind == "veth":
+                # Both ends made directly inside their namespaces: no name ever appears in the
+                # machine's own namespace, so concurrent runs cannot collide.
+                ip("link", "add", DEVICE, "netns", host.namespace, "type", "veth", "peer", "name", host.port,
+                   "netns", bridge)
+            else:
+                ip("-n", host.namespace, "tuntap", "add", "dev", DEVICE, "mode", "tap")
+                ip("-n", bridge, "tuntap", "add", "dev", host.port, "mode", "tap")
+                for ns, device in ((host.namespace, DEVICE), (bridge, host.port)):
+                    ip("-n", ns, "link", "set", device, "mtu", str(JUMBO_MTU))
             ip("-n", bridge, "link", "set", host.port, "master", "br0")
             ip("-n", bridge, "link", "set", host.port, "up")
             ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", DEVICE)
@@ -265,6 +278,22 @@ class NetnsCluster:
             if qdisc:
                 tc(host.namespace, DEVICE, qdisc)        # what the host sends
                 tc(bridge, host.port, qdisc)             # what it receives
+            if self.link_kind == "delay line":
+                self.start_delay_line(host, shape)
+
+    def start_delay_line(self, host: Host, shape: LinkShape, timeout_s: float = 30) -> None:
+        """The process that carries the host's link (delay_line.py), started in the host's
+        namespace (so closing the run kills it); returns once both its ends are open."""
+        line = host.popen([sys.executable, DELAY_LINE, "--host_device", DEVICE,
+                           "--bridge_namespace", f"/run/netns/{host.bridge_ns}", "--port", host.port,
+                           "--send_ms", f"{shape.latency_ms:g}", "--receive_ms", f"{shape.latency_ms:g}"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.delay_lines.append(line)
+        ready, _, _ = select.select([line.stdout], [], [], timeout_s)
+        if not ready or line.stdout.readline().strip() != "ready":
+            line.kill()
+            reason = (line.communicate(timeout=10)[1].strip().splitlines() or ["no answer"])[-1]
+            raise NamespaceError(f"the delay line of host {host.index} did not start: {reason}")
 
     def guard(self) -> None:
         """Cleanup however this process ends: atexit, SIGINT/SIGTERM (then the previous
@@ -291,6 +320,9 @@ class NetnsCluster:
             return
         self.closed = True
         remove_run(self.run)
+        for line in self.delay_lines:        # killed with the run's processes: reaped here
+            line.wait(timeout=30)
+        self.delay_lines = []
         for sig, handler in self.previous_handlers.items():
             if signal.getsignal(sig) == self.on_signal:
                 signal.signal(sig, handler)

@@ -1,5 +1,6 @@
-"""Two learners on two hosts (network namespaces joined by a shaped link), one
-torch.distributed group (gloo) over that link: their weights stay bit-identical."""
+"""Two learners on two hosts (network namespaces joined by shaped links: 1 Gbit/s, 0.5 ms
+each way), one torch.distributed group (gloo) over those links: their weights stay
+bit-identical."""
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ def test_two_learners_on_two_hosts_stay_bit_identical(hosts_or_fail, tmp_path):
     group whose traffic does not go over the hosts' link at all."""
     script = str(ROOT / "tests" / "cluster" / "two_learners.py")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with hosts_or_fail(2, LinkShape(bandwidth_mbit=1000)) as net:
+    with hosts_or_fail(2, LinkShape(bandwidth_mbit=1000, latency_ms=0.5)) as net:
         master = net.hosts[0].address
         learners = [host.popen([sys.executable, script, str(host.index), master, "29511", str(tmp_path), str(K)],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -7,9 +7,11 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
 from herd_testing import ROOT, wait_for
 from herd.cluster.netns import LinkShape, NamespaceError, namespaces
+from herd.cluster.ray_hosts import measure_rtt
 
 # Sends SIZE bytes from host 0 to host 1 over TCP; prints the seconds it took.
 SINK = ("import socket,sys\ns=socket.socket();s.bind((sys.argv[1],5001));s.listen(1);print('up',flush=True)\n"
@@ -19,11 +21,14 @@ SOURCE = ("import socket,sys,time\nc=socket.create_connection((sys.argv[1],5001)
           "print(time.perf_counter()-t)\n")
 
 
-def test_a_bandwidth_limit_holds_and_a_cut_link_carries_nothing(hosts_or_fail):
-    """Catches a tbf that is not applied (or applied to the wrong end): 8 MiB at 40 Mbit/s
-    cannot take less than 1.68 s (the limit is an upper bound: load only slows it down).
-    And a host whose link is down cannot be reached (the test of a lost host relies on it)."""
-    with hosts_or_fail(2, LinkShape(bandwidth_mbit=40)) as net:
+@pytest.mark.parametrize("latency_ms", [0.0, 1.0], ids=["veth", "delay_line"])
+def test_a_bandwidth_limit_holds_and_a_cut_link_carries_nothing(hosts_or_fail, latency_ms):
+    """Catches a tbf that is not applied (or applied to the wrong end), on either kind of
+    link: 8 MiB at 40 Mbit/s cannot take less than 1.68 s (the limit is an upper bound:
+    load only slows it down). And a host whose link is down cannot be reached (the test of
+    a lost host relies on it): a delay line must drop what a down port refuses."""
+    with hosts_or_fail(2, LinkShape(bandwidth_mbit=40, latency_ms=latency_ms)) as net:
+        assert net.link_kind == ("veth" if latency_ms == 0 else "delay line")
         sink = net.hosts[1].popen([sys.executable, "-c", SINK, net.hosts[1].address], stdout=subprocess.PIPE, text=True)
         assert sink.stdout.readline().strip() == "up"
         sent = net.hosts[0].run([sys.executable, "-c", SOURCE, net.hosts[1].address, "8"], capture_output=True,
@@ -114,21 +119,30 @@ def test_a_new_cluster_removes_what_dead_runs_left_behind(hosts_or_fail):
         subprocess.run(["ip", "netns", "del", stale], capture_output=True)
 
 
-def test_link_latency_is_added_or_refused_in_one_line_leaving_nothing_behind():
-    """Catches a latency that is silently not applied. Where the kernel has tc netem, 5 ms
-    one-way on every link must make a round trip between two hosts take >= 10 ms; where it
-    has none (this machine's kernel), the cluster must refuse in one line naming netem and
-    remove the namespaces it had already made."""
-    from herd.cluster.netns import NetnsCluster
-    from herd.cluster.ray_hosts import measure_rtt
-    net = NetnsCluster(2, LinkShape(latency_ms=5))
-    try:
+def test_link_latency_is_added_to_each_direction_of_each_link(hosts_or_fail):
+    """Catches a latency that is silently not applied, applied once instead of per link and
+    direction, or applied twice. A round trip between hosts a and b crosses four delays:
+    a's link out, b's link in, b's link out, a's link in, so 2 x (L_a + L_b). Host 0's link
+    has 0.5 ms and host 1's 2 ms: at least 5 ms (no load can make it shorter), and less
+    than 5 + 3 ms (the delay line's own cost is ~0.1 ms per pass; a doubled delay is 10).
+    Host 2's link has none: with host 0 the round trip is 2 x 0.5 ms."""
+    shapes = [LinkShape(latency_ms=0.5), LinkShape(latency_ms=2.0), LinkShape()]
+    with hosts_or_fail(3, shapes=shapes) as net:
+        assert net.link_kind == "delay line"
+        slow = measure_rtt(net, 0, 1, count=50)
+        assert 5.0 <= slow["p50_ms"] < 8.0, slow
+        fast = measure_rtt(net, 2, 0, count=50)
+        assert 1.0 <= fast["p50_ms"] < 4.0, fast
+
+
+def test_a_delay_line_that_dies_fails_the_open_in_one_line_and_leaves_nothing(monkeypatch):
+    """Catches a cluster that goes on with a dead link (every test on it would time out, not
+    fail): a delay line that cannot start must end the open with NamespaceError, one line
+    naming the host, and the run's namespaces must be gone."""
+    from herd.cluster import netns
+    monkeypatch.setattr(netns, "DELAY_LINE", "/nonexistent/delay_line.py")
+    net = netns.NetnsCluster(2, LinkShape(latency_ms=1))
+    with pytest.raises(NamespaceError) as caught:
         net.open()
-    except NamespaceError as err:
-        assert "netem" in str(err) and "\n" not in str(err), err
-        assert not any(ns.startswith(net.run + "-") for ns in namespaces())
-        return
-    try:
-        assert measure_rtt(net, 0, 1, count=20)["p50_ms"] >= 10.0
-    finally:
-        net.close()
+    assert "delay line of host 0 did not start" in str(caught.value) and "\n" not in str(caught.value)
+    assert not any(ns.startswith(net.run + "-") for ns in namespaces())

@@ -1,7 +1,8 @@
 """herd's Ray backend on a cluster of network namespaces (herd/cluster): a Ray head on
 host 0 (0 CPUs: no actor fits there) with herd's learner as its driver, and two worker
-hosts of 2 CPUs each, every link shaped to 1 Gbit/s. Everything between the learner and
-its actors crosses a veth link and a bridge, as between machines. One cluster serves
+hosts of 2 CPUs each, every link shaped to 1 Gbit/s with 0.5 ms each way (a round trip
+between two hosts: 2 ms). Everything between the learner and its actors crosses two links
+(delay lines) and a bridge, as between machines in one rack. One cluster serves
 both tests; the second cuts a host off for good, so it runs last."""
 import json
 import os
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def cluster(hosts_or_fail):
-    with hosts_or_fail(3, LinkShape(bandwidth_mbit=1000)) as net:
+    with hosts_or_fail(3, LinkShape(bandwidth_mbit=1000, latency_ms=0.5)) as net:
+        assert net.link_kind == "delay line"
         ray = RayHosts(net, cpus=[0, 2, 2])
         try:
             ray.start()
