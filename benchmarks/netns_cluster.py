@@ -177,7 +177,7 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
             f"--ray_address={ray.address}", f"--worker_count={hosts * args.actors_per_host}",
             f"--envs_per_worker={args.envs}", f"--r_f_steps={args.unroll}", f"--actor_cpus={args.host_cpus / args.actors_per_host:g}",
             "--tensorboard=False", "--environment_max_steps=100000000", "--learner_compile=False",
-            "--verbose_learner_out_int=2", f"--results_dir={results}", *extra]
+            "--verbose_learner_out_int=1", f"--results_dir={results}", *extra]
     process = net.hosts[0].popen(argv, env={**ray.env(), "PYTHONPATH": str(HERE.parent)}, cwd=HERE.parent,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     steady_from = None                  # (monotonic, busy) where the steady third starts
@@ -199,12 +199,16 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
     rows = list(csv.DictReader((runs[0] / "train.csv").open())) if runs else []
     summary = json.loads((runs[0] / "summary.json").read_text()) if runs else {}
     shutil.rmtree(results, ignore_errors=True)          # its checkpoints: nothing the record needs
-    if len(rows) < 3:
+    # The steady part: from the first row a third of the way into the training's time (not
+    # a third of the rows: on a thin link the rows come in bursts after long stalls) to the last.
+    last_time = float(rows[-1]["wall_time"]) if rows else 0.0
+    steady = [r for r in rows if float(r["wall_time"]) >= last_time / 3]
+    if len(steady) < 2:
         return {"error": f"too few updates logged ({len(rows)}): {err[-500:]}"}
-    steady = rows[len(rows) // 3:]
     frames = float(steady[-1]["env_step"]) - float(steady[0]["env_step"])
     seconds = float(steady[-1]["wall_time"]) - float(steady[0]["wall_time"])
     return {"frames_per_s": round(frames / seconds, 1), "updates": summary.get("training_steps"),
+            "rows": [[round(float(r["wall_time"]), 2), int(float(r["env_step"]))] for r in rows],  # the whole curve
             # the machine's busy cores over the last two thirds of the run (the steady part)
             "busy_cores": steady_cores and round(steady_cores, 3),
             "environment_steps": summary.get("environment_steps"),
