@@ -48,29 +48,39 @@ def test_a_bandwidth_limit_holds_and_a_cut_link_carries_nothing(hosts_or_fail, l
 
 OWNER = """
 import sys, time
-from herd.cluster.netns import NetnsCluster
-net = NetnsCluster(2).__enter__()
+from herd.cluster.netns import LinkShape, NetnsCluster
+net = NetnsCluster(2, LinkShape(latency_ms=1)).__enter__()
 sleeper = net.hosts[1].popen(["sleep", "1000"])
-print(net.run, sleeper.pid, flush=True)
+print(net.run, sleeper.pid, *(line.pid for line in net.delay_lines), flush=True)
 time.sleep(1000)
 """
 
 
 def test_an_owner_killed_with_sigkill_leaves_no_namespace_and_no_process():
     """Catches cleanup that only runs on a normal exit (atexit, signal handlers): after
-    kill -9 of the owner, its reaper must still kill the hosts' processes and delete every
-    namespace of the run."""
+    kill -9 of the owner, its reaper must still kill the hosts' processes and the links'
+    delay lines, and delete every namespace of the run."""
     owner = subprocess.Popen([sys.executable, "-c", OWNER], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        run, pid = owner.stdout.readline().split()
+        run, pid, *lines = owner.stdout.readline().split()
         sleeper = psutil.Process(int(pid))
         assert sleeper.is_running() and any(ns.startswith(run + "-") for ns in namespaces())
+        assert len(lines) == 2 and all(psutil.pid_exists(int(p)) for p in lines), lines
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
     assert wait_for(lambda: not any(ns.startswith(run + "-") for ns in namespaces()), 60), namespaces()
-    assert wait_for(lambda: not psutil.pid_exists(int(pid)) or sleeper.status() == psutil.STATUS_ZOMBIE, 30)
+    for process in (pid, *lines):
+        assert wait_for(lambda: gone(int(process)), 30), process
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only its zombie (its parent, the killed owner, never reaped it)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 NOT_ROOT = """
