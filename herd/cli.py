@@ -32,7 +32,7 @@ class OneLineParser(argparse.ArgumentParser):
 def default_text(f: dataclasses.Field) -> str:
     """' [default: ...]' as a run gets it: from the field, or per environment kind where a
     profile sets it (so --help can never disagree with what runs)."""
-    from herd.profiles import ALGORITHM_PROFILES, MACHINE_PROFILES, PROFILES, RECURRENT_PROFILES
+    from herd.profiles import ALGORITHM_PROFILES, MACHINE_PROFILES, PROFILES
     per_kind = {KIND_NAMES[kind]: values[f.name] for kind, values in PROFILES.items() if f.name in values}
     for kind, devices in MACHINE_PROFILES.items():      # the defaults that depend on the machine
         per_kind.update({f"{KIND_NAMES[kind]} {DEVICE_NAMES[device]}": values[f.name]
@@ -40,9 +40,6 @@ def default_text(f: dataclasses.Field) -> str:
     text = f" [default: {f.default}]" if f.default is not None else ""
     if per_kind:
         text = " [default: " + "; ".join(f"{kind} {value}" for kind, value in per_kind.items()) + "]"
-    own = {kind: values[f.name] for kind, values in RECURRENT_PROFILES.items() if f.name in values}
-    if own:
-        text += " [--use_lstm: " + "; ".join(f"{KIND_NAMES[kind]} {value}" for kind, value in own.items()) + "]"
     for algorithm, kinds in ALGORITHM_PROFILES.items():
         own = {kind: values[f.name] for kind, values in kinds.items() if f.name in values}
         if own:

@@ -27,8 +27,8 @@ from herd.learner.distributed import torchrun_world_size
 from herd.errors import ConfigError
 from herd.inputs import check_option_value, excerpt
 from herd.models import NETWORKS
-from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, MACHINE_PROFILES, PROFILES, RECURRENT_PROFILES,
-                           inference_servers_for, machine_profile)
+from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, MACHINE_PROFILES, PROFILES, inference_servers_for,
+                           machine_profile)
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters, passes_per_batch
 from herd.replay.writer import DISCARDING_STRATEGIES
 from herd.validation import parse_eval_interval, transition_items, validate
@@ -351,13 +351,11 @@ def check_option(name: Any, value: Any) -> None:
 # ---------------------------------------------------------------------------- validation
 
 def apply_profile(cfg: Config, kind: str) -> Config:
-    """Fills the fields left at None with the defaults of an LSTM core (with --use_lstm,
-    RECURRENT_PROFILES), then of the algorithm (for this kind of environment,
-    ALGORITHM_PROFILES), then of the environment's kind (PROFILES)."""
+    """Fills the fields left at None with the defaults of the algorithm (for this kind of
+    environment, ALGORITHM_PROFILES), then of the environment's kind (PROFILES)."""
     algorithm_profile = ALGORITHM_PROFILES.get(cfg.general.algorithm, {}).get(kind, {})
-    recurrent_profile = RECURRENT_PROFILES.get(kind, {}) if cfg.network.use_lstm else {}
-    for name, value in [*recurrent_profile.items(), *algorithm_profile.items(),
-                        *machine_profile(kind, cfg.general.device).items(), *PROFILES[kind].items()]:
+    for name, value in [*algorithm_profile.items(), *machine_profile(kind, cfg.general.device).items(),
+                        *PROFILES[kind].items()]:
         section = getattr(cfg, FIELD_SECTION[name])
         if getattr(section, name) is None:
             setattr(section, name, value)

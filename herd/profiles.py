@@ -69,22 +69,6 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
-# Defaults for a network with an LSTM core (--use_lstm), per kind, applied before all the
-# others (issue 26). Vector tasks: half the feed-forward learning rate. Adam moves every
-# weight by about lr per update whatever its gradient, and through the core many more
-# weights steer each logit: the L1 norm of the logit difference's gradient over the weights
-# (how far sign-like steps of size lr move it) measured 394-590 with the 64-unit core
-# against 136-204 feed-forward on CartPole's visited states. So where the policy should stand
-# still, once every game lasts 500 steps, the core's policy kept drifting (KL between
-# policies 25 updates apart 0.0005-0.0015 against 0.00001-0.0001 feed-forward) until some
-# games failed, and V-trace's runaway of 15-update-old data (docs/benchmarks.md, the late
-# collapse) took over: 3 of 10 seeds did not end at 475 at lr 0.001. docs/lstm.md has the
-# measurements and the 10-seed record at this rate.
-RECURRENT_PROFILES: dict[str, dict[str, Any]] = {
-    "vector": dict(lr=0.0005),
-}
-
-
 # Defaults that depend on the machine a run finds, per environment kind and learner device
 # ("cpu" or "cuda"), applied after the algorithm's profile and before the kind's (issue 16).
 # Atari: on-policy IMPALA (the queue only: every frame trained on once, as in the IMPALA
