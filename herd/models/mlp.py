@@ -49,8 +49,8 @@ class MLPNet(nn.Module):
         self.core = LSTMCore(width, core_size, 0 if shared_torso else width) if core_size else None
         # With a value LSTM the value head also reads the value torso (a skip around the
         # core): the LSTM's output o * tanh(c) is a product of two squashed factors, and
-        # CartPole's values near 10 drove 65% of its units past |h| = 0.9 (the policy core's:
-        # none), where they pass almost no gradient; the values then lagged behind a policy
+        # CartPole's values near 10 drove about 60% of its outputs past |h| = 0.9 (the policy
+        # core's: none), where they pass almost no gradient; the values then lagged behind a policy
         # that began to fail and V-trace's negative advantages ran it into one action
         # (docs/lstm.md). The torso's tanh units reach those values unsaturated.
         self.value_skip = self.core is not None and self.value_torso is not None
