@@ -43,7 +43,7 @@ class Heads(nn.Module):
 
     def __init__(self, torso_size: int, num_actions: int, feature_size: Optional[int], use_feature_layer: bool,
                  head: str = "actor_critic", action_distribution: str = "categorical",
-                 initial_log_std: float = -1.0):
+                 initial_log_std: float = -1.0, value_size: Optional[int] = None):
         super().__init__()
         if head not in HEADS:
             raise ValueError(f"unknown head '{head}' (use one of {', '.join(HEADS)})")
@@ -67,7 +67,9 @@ class Heads(nn.Module):
         else:
             raise ValueError(f"head {head} cannot have {action_distribution} actions")
         # -- end continuous control
-        self.value = orthogonal(nn.Linear(torso_size, 1), 1.0)
+        # value_size: the value head's input where it differs from the policy's (the MLP's
+        # value LSTM beside its value torso, herd/models/mlp.py).
+        self.value = orthogonal(nn.Linear(value_size or torso_size, 1), 1.0)
         self.feature = orthogonal(nn.Linear(torso_size, feature_size), 1.0) if use_feature_layer else None
         if self.feature is not None:
             self.feature.requires_grad_(False)

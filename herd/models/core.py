@@ -108,14 +108,18 @@ class LSTMCore(nn.Module):
 
 
 def heads_after_core(heads: nn.Module, core: Optional[LSTMCore], torso: Tensor, T: int, B: int,
-                     core_input: Optional[CoreInput], value_torso: Optional[Tensor] = None):
+                     core_input: Optional[CoreInput], value_torso: Optional[Tensor] = None,
+                     value_skip: bool = False):
     """What every network's unroll() ends with: torso [T*B, I] -> (ModelOutput, state or
-    None). Without a core this is exactly the feed-forward heads call."""
+    None). Without a core this is exactly the feed-forward heads call. value_skip: the
+    value head reads the value torso beside the value core's output ([T*B, H + I_v])."""
     if core is None:
         if core_input is not None:
             raise ValueError("a recurrent state was given to a network without an LSTM core (--use_lstm=False)")
         return heads(torso, T, B, value_torso), None
     out, value_out, state = core(torso, T, B, core_input, value_torso)
+    if value_skip:
+        value_out = torch.cat([value_out, value_torso.float()], dim=-1)
     return heads(out, T, B, value_out), state
 
 

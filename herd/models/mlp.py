@@ -32,7 +32,8 @@ class MLPNet(nn.Module):
     With an LSTM core (core_size > 0, herd/models/core.py) the policy torso feeds the core
     and the value torso a value LSTM of its own (in the same state), for the same reason:
     shared, the value loss's gradients steer the recurrent features and the policy on the
-    memory task did not learn at all (entropy at ln 2 after 270k steps, README)."""
+    memory task did not learn at all (entropy at ln 2 after 270k steps, README). The value
+    head then reads the value LSTM's output and the value torso's side by side (below)."""
 
     def __init__(self, obs_dim: int, num_actions: int, hidden_sizes=(64, 64), feature_size: Optional[int] = 64,
                  use_feature_layer: bool = True, activation: str = "tanh", shared_torso: bool = False,
@@ -46,8 +47,15 @@ class MLPNet(nn.Module):
         self.torso, width = mlp_torso(obs_dim, hidden_sizes, activation)
         self.value_torso = None if shared_torso else mlp_torso(obs_dim, hidden_sizes, activation)[0]
         self.core = LSTMCore(width, core_size, 0 if shared_torso else width) if core_size else None
+        # With a value LSTM the value head also reads the value torso (a skip around the
+        # core): the LSTM's output o * tanh(c) is a product of two squashed factors, and
+        # CartPole's values near 10 drove about 60% of its outputs past |h| = 0.9 (the policy
+        # core's: none), where they pass almost no gradient; the values then lagged behind a policy
+        # that began to fail and V-trace's negative advantages ran it into one action
+        # (docs/lstm.md). The torso's tanh units reach those values unsaturated.
+        self.value_skip = self.core is not None and self.value_torso is not None
         self.heads = Heads(core_size or width, num_actions, feature_size, use_feature_layer, head, action_distribution,
-                           initial_log_std)
+                           initial_log_std, value_size=core_size + width if self.value_skip else None)
 
     def forward(self, obs: Tensor, core: Optional[CoreInput] = None) -> ModelOutput:
         """obs: [T, B, D], any real dtype (float32 normally; converted, never scaled)."""
@@ -60,4 +68,4 @@ class MLPNet(nn.Module):
         if self.obs_normalizer is not None:
             flat = self.obs_normalizer(flat)
         value_torso = self.value_torso(flat) if self.value_torso is not None else None
-        return heads_after_core(self.heads, self.core, self.torso(flat), T, B, core, value_torso)
+        return heads_after_core(self.heads, self.core, self.torso(flat), T, B, core, value_torso, self.value_skip)

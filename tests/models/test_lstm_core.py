@@ -137,3 +137,26 @@ def test_a_learner_step_trains_the_core_from_a_batch_with_start_states():
     assert metrics["skipped"] == 0.0 and np.isfinite(metrics["loss"])
     assert not torch.equal(before[0], model.core.lstm.weight_hh_l0)
     assert not torch.equal(before[1], model.core.value_lstm.weight_hh_l0)
+
+
+def test_a_saturated_value_lstm_leaves_the_mlp_value_trainable():
+    """Issue 26's late collapse with --use_lstm on CartPole: values near 10 drove most of
+    the value LSTM's units into saturation (|h| > 0.9: o and tanh(c) both flat), where they
+    pass almost no gradient, so the value could not come down when games began to fail.
+    The MLP's value head therefore also reads its value torso. Here the value LSTM is
+    saturated by hand (huge gate biases): the value must still move with the value torso's
+    weights, as a feed-forward value does; without the skip the gradient is ~0."""
+    torch.manual_seed(0)
+    model = build_model("mlp", (4,), "float32", 2, None, lstm_size=H)
+    with torch.no_grad():
+        model.core.value_lstm.bias_ih_l0.fill_(30.0)              # every gate open, c past tanh's range
+    T, B = 5, 4
+    obs = torch.randn(T, B, 4)
+    with torch.no_grad():
+        flat = obs.reshape(T * B, 4)
+        _, value_h, _ = model.core(model.torso(flat), T, B, None, model.value_torso(flat))
+    assert value_h.view(T, B, -1)[2:].abs().min() > 0.99           # saturated once c has grown (c_t = t + 1)
+    out, _ = model.unroll(obs, CoreInput(model.core.initial_state(B), None))
+    out.value[2:].sum().backward()
+    torso_grad = torch.cat([p.grad.flatten() for p in model.value_torso.parameters()])
+    assert torso_grad.norm() > 0.1, torso_grad.norm()
