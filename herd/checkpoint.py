@@ -317,6 +317,10 @@ def compare_with_run(state: dict, env_spec: dict, model_signature: dict, path: P
                 f"checkpoint '{path}' was made for {excerpt(saved_env['env'])} ({key} {excerpt(saved_env[key])}), "
                 f"not {env_spec['env']} ({key} {env_spec[key]})")
     saved_signature = {k: list(v) for k, v in state["model_signature"].items()}
-    if saved_signature != {k: list(v) for k, v in model_signature.items()}:
+    signature = {k: list(v) for k, v in model_signature.items()}
+    if saved_signature != signature:
+        # The first tensor that differs says how (a changed layer of a newer herd, another size).
+        name = next(k for k in [*signature, *saved_signature] if saved_signature.get(k) != signature.get(k))
         raise CheckpointError(f"checkpoint '{path}' holds another network ({excerpt(state['config'].get('network'))} "
-                              f"with {len(saved_signature)} tensors) than the one configured")
+                              f"with {len(saved_signature)} tensors) than the one configured: {excerpt(name)} is "
+                              f"{excerpt(saved_signature.get(name, 'absent'))} there, {signature.get(name, 'absent')} here")

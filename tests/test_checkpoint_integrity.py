@@ -133,3 +133,23 @@ def test_a_torch_file_that_is_no_herd_checkpoint_is_refused(tmp_path, content):
     torch.save(content, path)
     with pytest.raises(CheckpointError, match="is not a herd checkpoint"):
         load_checkpoint(path)
+
+
+def test_another_network_is_refused_naming_the_first_tensor_that_differs():
+    """Catches a refusal that leaves the user guessing what differs: a checkpoint of an MLP
+    with an LSTM core from before the value skip (its value head read 64 inputs, now 128)
+    must name that tensor and both shapes; a tensor the run lacks is named as absent here."""
+    from pathlib import Path
+    from herd.checkpoint import check_compatible
+    env = {"env": "CartPole-v1", "obs_shape": [4], "obs_dtype": "float32", "num_actions": 2}
+    here = {"torso.0.weight": [64, 4], "heads.value.weight": [1, 128]}
+    saved = {"env_spec": env, "config": {"network": "auto"},
+             "model_signature": {"torso.0.weight": [64, 4], "heads.value.weight": [1, 64]}}
+    with pytest.raises(CheckpointError) as caught:
+        check_compatible(saved, env, here, Path("old.pt"))
+    assert str(caught.value).endswith("heads.value.weight is [1, 64] there, [1, 128] here"), caught.value
+    saved["model_signature"] = {**here, "core.weight": [8, 8]}
+    with pytest.raises(CheckpointError) as caught:
+        check_compatible(saved, env, here, Path("old.pt"))
+    assert str(caught.value).endswith("core.weight is [8, 8] there, absent here"), caught.value
+    check_compatible({**saved, "model_signature": here}, env, here, Path("old.pt"))     # the same network loads
