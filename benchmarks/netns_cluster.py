@@ -1,5 +1,5 @@
 """herd's Ray actors across hosts on a real network stack: network namespaces joined by
-shaped veth links (herd/cluster), a Ray head on host 0 (0 CPUs) and a worker node of
+shaped links (herd/cluster), a Ray head on host 0 (0 CPUs) and a worker node of
 --host_cpus CPUs on each of hosts 1..N, each running --actors_per_host of herd's own Ray
 actors (RolloutWorker: real envs, real model). Per configuration (hosts x link bandwidth x
 link latency; latency comes from the harness's user-space delay line):

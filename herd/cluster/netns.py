@@ -1,11 +1,11 @@
 """N hosts on this machine as Linux network namespaces: the harness that tests and
 benchmarks herd's multi-node paths on a real network stack (issue 30).
 
-    host 0 (ns <run>-h0)   eth0 10.213.0.1 ─veth─ p0 ┐
-    host 1 (ns <run>-h1)   eth0 10.213.0.2 ─veth─ p1 ├─ br0 (ns <run>-br)
-    ...                                              ┘
+    host 0 (ns <run>-h0)   eth0 10.213.0.1 ─link─ p0 ┐
+    host 1 (ns <run>-h1)   eth0 10.213.0.2 ─link─ p1 ├─ br0 (ns <run>-br)
+    ...                                              ┘      (link: a veth pair, or a delay line)
 
-Every host is a namespace of its own with one link (a veth pair) to a bridge that lives
+Every host is a namespace of its own with one link to a bridge that lives
 in a namespace of its own too: nothing is made in the machine's own namespace, and the
 subnet exists only on this run's private bridge (no route leads out of it, so two runs, or
 two helpers, never see each other's hosts). Each link can be shaped in both directions:
