@@ -87,7 +87,7 @@ def cluster(nodes: int, link_gbit: float, bytes_per_step: float, learners: int =
     return learners * value, limit
 
 
-def learners_for_actors(nodes: int, link_gbit: float, bytes_per_step: float, weights: bool) -> int | None:
+def learners_for_90pct_of_actors(nodes: int, link_gbit: float, bytes_per_step: float, weights: bool) -> int | None:
     """The fewest learners (1-16) with which the cluster reaches 90 % of its actors' own rate
     (the network then costs less than a tenth)."""
     return next((k for k in range(1, 17)
@@ -110,8 +110,8 @@ def print_cluster_table(params: dict) -> list[dict]:
                 worst, worst_limit = cluster(nodes, gbit, b)
                 best, best_limit = cluster(nodes, gbit, b, weights=False)
                 row = {"nodes": nodes, "link_gbit": gbit, "obs": obs, "worst": round(worst), "worst_limit": worst_limit,
-                       "worst_learners": learners_for_actors(nodes, gbit, b, True), "best": round(best),
-                       "best_limit": best_limit, "best_learners": learners_for_actors(nodes, gbit, b, False)}
+                       "worst_learners": learners_for_90pct_of_actors(nodes, gbit, b, True), "best": round(best),
+                       "best_limit": best_limit, "best_learners": learners_for_90pct_of_actors(nodes, gbit, b, False)}
                 rows.append(row)
                 print(f"{nodes:>5} {gbit:>6} {obs:>4} {worst:>8.0f} {worst_limit:>8} {str(row['worst_learners']):>8} "
                       f"{best:>8.0f} {best_limit:>8} {str(row['best_learners']):>8}")
