@@ -139,9 +139,22 @@ def inner(options: dict) -> dict:
 
 # ---------------------------------------------------------------- outside (the harness)
 
+def outside_busy_cores(seconds: float = 3.0) -> float:
+    """The machine's busy cores before a cluster exists: another load, which every number of
+    the configuration would carry (the hosts share these cores). The model leaves out a
+    configuration measured beside one."""
+    start, busy = time.monotonic(), busy_seconds()
+    time.sleep(seconds)
+    return round((busy_seconds() - busy) / (time.monotonic() - start), 3)
+
+
 def configuration(hosts: int, bandwidth: float | None, latency_ms: float, args) -> dict:
     """One cluster of 1 + `hosts` hosts, every link at `bandwidth` Mbit/s and `latency_ms` one
     way: the sinks, then herd's learner."""
+    outside = outside_busy_cores()
+    if outside > 0.25:
+        print(f"warning: {outside} cores busy before the cluster started: another load; this "
+              "configuration's numbers carry it (benchmarks/netns_model.py leaves it out)", file=sys.stderr, flush=True)
     with NetnsCluster(hosts + 1, LinkShape(bandwidth_mbit=bandwidth, latency_ms=latency_ms)) as net:
         ray = RayHosts(net, cpus=[0] + [args.host_cpus] * hosts)
         try:
@@ -162,13 +175,32 @@ def configuration(hosts: int, bandwidth: float | None, latency_ms: float, args) 
         finally:
             ray.close()
     return {"hosts": hosts, "bandwidth_mbit": bandwidth, "latency_ms": latency_ms, "link_kind": net.link_kind,
-            "rtt_ms": rtt,
+            "rtt_ms": rtt, "outside_busy_cores": outside,
             **sinks, "learner": learner, "learner_lz4": learner_lz4}
 
 
+def first_update_logged(results: Path) -> bool:
+    """herd logs its first update at once (log.txt is written line by line)."""
+    return any("first update" in log.read_text(errors="replace") for log in results.glob("*/log.txt"))
+
+
+def steady_window(rows: list[dict]) -> tuple[dict, dict] | None:
+    """The (first, last) train.csv rows of the steady part: the last two thirds of the time
+    from the first update to the last (start-up, which grows with hosts and thin links, left
+    out); the first is the last row at or before that mark, so a window always spans it
+    whole even where rows come in bursts after stalls (a thin link)."""
+    if len(rows) < 2:
+        return None
+    first, last = float(rows[0]["wall_time"]), float(rows[-1]["wall_time"])
+    mark = first + (last - first) / 3
+    start = [r for r in rows if float(r["wall_time"]) <= mark][-1]
+    return (start, rows[-1]) if start is not rows[-1] else None
+
+
 def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
-    """herd train on host 0 with the same actors for --learner_seconds, then Ctrl+C; its
-    steady rate from train.csv (the first third of the rows left out: start-up)."""
+    """herd train on host 0 with the same actors, for --learner_seconds after its first
+    update, then Ctrl+C; its steady rate from train.csv (steady_window) and the machine's
+    busy cores over the same window."""
     import csv
     import tempfile
     results = Path(tempfile.mkdtemp(prefix="netns_learner_"))
@@ -178,18 +210,16 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
             f"--envs_per_worker={args.envs}", f"--r_f_steps={args.unroll}", f"--actor_cpus={args.host_cpus / args.actors_per_host:g}",
             "--tensorboard=False", "--environment_max_steps=100000000", "--learner_compile=False",
             "--verbose_learner_out_int=1", f"--results_dir={results}", *extra]
+    launch = time.monotonic()
     process = net.hosts[0].popen(argv, env={**ray.env(), "PYTHONPATH": str(HERE.parent)}, cwd=HERE.parent,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    steady_from = None                  # (monotonic, busy) where the steady third starts
-    try:
-        process.wait(args.learner_seconds / 3)
-    except subprocess.TimeoutExpired:
-        steady_from = (time.monotonic(), busy_seconds())
-        try:
-            process.wait(args.learner_seconds * 2 / 3)
-        except subprocess.TimeoutExpired:
-            pass
-    steady_cores = (busy_seconds() - steady_from[1]) / (time.monotonic() - steady_from[0]) if steady_from else None
+    while process.poll() is None and not first_update_logged(results) and time.monotonic() - launch < 600:
+        time.sleep(0.25)
+    first_update_at = time.monotonic()
+    busy = [(first_update_at, busy_seconds())]       # (monotonic, busy CPU-seconds) once a second
+    while process.poll() is None and time.monotonic() - first_update_at < args.learner_seconds:
+        time.sleep(1.0)
+        busy.append((time.monotonic(), busy_seconds()))
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=300)
@@ -199,18 +229,21 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
     rows = list(csv.DictReader((runs[0] / "train.csv").open())) if runs else []
     summary = json.loads((runs[0] / "summary.json").read_text()) if runs else {}
     shutil.rmtree(results, ignore_errors=True)          # its checkpoints: nothing the record needs
-    # The steady part: from the first row a third of the way into the training's time (not
-    # a third of the rows: on a thin link the rows come in bursts after long stalls) to the last.
-    last_time = float(rows[-1]["wall_time"]) if rows else 0.0
-    steady = [r for r in rows if float(r["wall_time"]) >= last_time / 3]
-    if len(steady) < 2:
+    window = steady_window(rows)
+    if window is None:
         return {"error": f"too few updates logged ({len(rows)}): {err[-500:]}"}
-    frames = float(steady[-1]["env_step"]) - float(steady[0]["env_step"])
-    seconds = float(steady[-1]["wall_time"]) - float(steady[0]["wall_time"])
+    start, end = window
+    frames = float(end["env_step"]) - float(start["env_step"])
+    seconds = float(end["wall_time"]) - float(start["wall_time"])
+    # The busy samples nearest the window's ends (train.csv's first row is the first update).
+    def at(wall_time: str) -> tuple[float, float]:
+        when = first_update_at + float(wall_time) - float(rows[0]["wall_time"])
+        return min(busy, key=lambda sample: abs(sample[0] - when))
+    (t0, b0), (t1, b1) = at(start["wall_time"]), at(end["wall_time"])
     return {"frames_per_s": round(frames / seconds, 1), "updates": summary.get("training_steps"),
+            "start_up_s": round(first_update_at - launch, 1), "steady_s": round(seconds, 1),
             "rows": [[round(float(r["wall_time"]), 2), int(float(r["env_step"]))] for r in rows],  # the whole curve
-            # the machine's busy cores over the last two thirds of the run (the steady part)
-            "busy_cores": steady_cores and round(steady_cores, 3),
+            "busy_cores": round((b1 - b0) / (t1 - t0), 3) if t1 > t0 else None,
             "environment_steps": summary.get("environment_steps"),
             "bytes_per_step": round(received / max(summary.get("environment_steps") or 1, 1), 1),
             # what host 0 sent per step: the weights the actors pulled (and Ray's messages)
@@ -232,12 +265,19 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2.0, help="the paced sink's rollouts/s (0: no paced sink)")
     parser.add_argument("--seconds", type=float, default=12)
     parser.add_argument("--lz4", type=int, default=1, help="also measure LZ4-compressed observations")
-    parser.add_argument("--learner_seconds", type=float, default=0, help="also run herd's real learner this long")
+    parser.add_argument("--learner_seconds", type=float, default=0,
+                        help="also run herd's real learner this long after its first update")
+    parser.add_argument("--ray_pull_timeout_ms", type=int,
+                        help="Ray's object_manager_pull_timeout_ms on every node (default: Ray's, 10 s): how long "
+                        "a node waits on an object's transfer before it asks for it again")
     parser.add_argument("--record", default="", help="suffix of the results file")
     args = parser.parse_args()
     if args.inner:
         print(json.dumps(inner(json.loads(args.inner))))
         return
+    if args.ray_pull_timeout_ms is not None:
+        # Every Ray process of the cluster starts with this environment (RayHosts.env).
+        os.environ["RAY_object_manager_pull_timeout_ms"] = str(args.ray_pull_timeout_ms)
     from common import print_table, record
     runs = []
     for hosts in (int(h) for h in args.hosts.split(",")):

@@ -7,11 +7,17 @@ then its prediction for 8 to 64 nodes.
     sinks (a learner that takes rollouts and publishes nothing):
       actors term    actors x r
       link term      link / bytes per step
-    herd's learner (it publishes the weights once per update; every node pulls them over the
-    learner's link and its actors wait for them):
-      actors term    S / (S / (actors x r) + nodes x W / link)
-      link term      link / (bytes per step + nodes x W / S)   (the pulls and the trajectories
-                     wait for each other on that link, in whichever direction they go)
+    herd's learner (it publishes the weights once per update; an actor pulls the newest
+    between its rollouts, and waits for it; a node's actors share one transfer per version):
+      pulls per step p = min(nodes / S, 1 / R): a node pulls at most once per update and at
+                     most once per rollout its actors finish (they refresh only then), so
+                     with more nodes than rollouts per update (nodes x R > S) they skip versions
+      actors term    1 / (1 / (actors x r) + p x W / link)   (the actors wait for the pulls,
+                     which leave the learner's host one after another: at most they fill its
+                     link, when the actors' own time is nothing)
+      link term      link / bytes per step   (the trajectories, into the learner's host: the
+                     other direction; each direction of a link has its own rate, here as on
+                     a real full-duplex link)
     learner rate     the paced sink's rollouts/s x T x E (known, not fitted)
     cpu term         (cores - idle cores per node x (hosts + 1)) / CPU-seconds per step: every
                      host here shares this machine's cores (a real node brings its own)
@@ -21,8 +27,9 @@ then its prediction for 8 to 64 nodes.
     CPU-s per step   every process on the machine, beyond an idle cluster (/proc/stat)
     idle per node    busy cores of an idle Ray node (raylet and workers polling)
     link             bytes/s of the learner host's link (every link is shaped alike)
-    S, W             steps per update (batch x T: 8 x 20, herd's CPU Atari default) and the
-                     weights' bytes (the Nature CNN's 1,687,719 float32): structure, not fitted
+    S, W, R          steps per update (batch x T: 8 x 20, herd's CPU Atari default), the
+                     weights' bytes (the Nature CNN's 1,687,719 float32) and an actor's
+                     rollout (T x envs: 20 x 4 here): structure, not fitted
 
 Fitted (each kind of observation, raw and LZ4, for the sinks and for herd): r, bytes per
 step and CPU-seconds per step, on the 1-host unshaped configuration without latency; the
@@ -48,16 +55,17 @@ HERE = Path(__file__).resolve().parent
 
 def predict(actors: int, per_actor: float, link_mbit: float | None, bytes_per_step: float,
             learner: float = math.inf, nodes: int = 1, weight_bytes: float = 0.0,
-            steps_per_update: float = math.inf, cpu: float = math.inf) -> tuple[float, str]:
+            steps_per_update: float = math.inf, rollout_steps: float = 0.0,
+            cpu: float = math.inf) -> tuple[float, str]:
     """(agent steps/s, the term that limits it); the module's docstring says which is which."""
     link = math.inf if link_mbit is None else link_mbit * 1e6 / 8
     terms = {"actors": actors * per_actor, "link": link / bytes_per_step, "learner": learner, "cpu": cpu}
     if weight_bytes:
-        # herd: every node pulls the weights once per update over the learner's link, and its
-        # actor waits for them; on that link the pulls and the trajectories wait for each other.
-        pull_s = nodes * weight_bytes / link
-        terms["actors"] = steps_per_update / (steps_per_update / (actors * per_actor) + pull_s)
-        terms["link"] = link / (bytes_per_step + nodes * weight_bytes / steps_per_update)
+        # herd: a node pulls the newest weights at most once per update and at most once per
+        # rollout of its actors, out of the learner's link (the direction the trajectories do
+        # not use), and its actors wait for them.
+        pulls_per_step = min(nodes / steps_per_update, 1 / rollout_steps) if rollout_steps else nodes / steps_per_update
+        terms["actors"] = 1 / (1 / (actors * per_actor) + pulls_per_step * weight_bytes / link)
     limit = min(terms, key=terms.get)
     return terms[limit], limit
 
@@ -69,6 +77,7 @@ GPU_LEARNER_FLOOR = 11_800   # that H100 learner kept up with it: its own ceilin
                              # here (no GPU): the table says what each learner must sustain
 WEIGHT_BYTES = 1_687_719 * 4  # the Nature CNN's float32 weights, pulled once per node per update
 STEPS_PER_UPDATE = 32 * 20    # herd's CUDA Atari defaults: batch 32 x T 20
+ROLLOUT_STEPS = 8 * 20        # an actor's rollout there: 8 envs x T 20
 CPU_BATCH = 8                 # herd's CPU Atari default batch (the benchmark's real learner)
 CORES = 16
 
@@ -78,12 +87,13 @@ def cluster(nodes: int, link_gbit: float, bytes_per_step: float, learners: int =
     """What `nodes` actor nodes of CORES actors can feed `learners` learners (each on its own
     machine and link, with nodes/learners of the nodes), in agent steps/s, and the term that
     limits it; each learner must then train at that rate / learners. weights: every node
-    pulls the weights after every update over its learner's link (the worst case: herd's
-    structure term, which its runs here followed); without: the weights cost nothing (the
-    best case: what pulling less often, or from each other, would approach)."""
+    pulls the newest weights whenever its actors finish a rollout and a newer version exists
+    (the worst case: at most once per update and per rollout, which herd's actors reach on
+    a thin link); without: the weights cost nothing (the best case: what pulling less often,
+    or from each other, would approach)."""
     value, limit = predict(CORES * nodes // learners, NODE_RATE / CORES, link_gbit * 1000, bytes_per_step,
                            nodes=nodes / learners, weight_bytes=WEIGHT_BYTES if weights else 0.0,
-                           steps_per_update=STEPS_PER_UPDATE)
+                           steps_per_update=STEPS_PER_UPDATE, rollout_steps=ROLLOUT_STEPS)
     return learners * value, limit
 
 
@@ -100,7 +110,7 @@ def print_cluster_table(params: dict) -> list[dict]:
     per step are herd's own (its actors send only what its loss reads)."""
     rows = []
     print(f"\n8-64 nodes of {CORES} cores (x {NODE_RATE} steps/s), Pong, one learner per machine and link;"
-          " worst: every node pulls the weights every update, best: weights free")
+          " worst: every node pulls the newest weights after every rollout, best: weights free")
     print(f"{'nodes':>5} {'Gbit/s':>6} {'obs':>4} {'worst':>8} {'limit':>8} {'learners':>8} {'best':>8} {'limit':>8} "
           f"{'learners':>8}")
     for nodes in (8, 16, 32, 64):
@@ -191,7 +201,21 @@ def predict_row(r: dict, params: dict) -> tuple[float, str]:
                    params[f"{name}_bytes_per_step"], r["learner"], nodes=r["hosts"],
                    weight_bytes=WEIGHT_BYTES if herd else 0.0,
                    steps_per_update=CPU_BATCH * r["unroll"] if herd else math.inf,
+                   rollout_steps=r["unroll"] * r["envs"],
                    cpu=cores_left / cpu_s if cpu_s else math.inf)
+
+
+# An idle cluster of up to 5 nodes kept 0.08-0.25 of this machine's cores busy; more, or
+# that much busy before the cluster existed, is another load, which every number of the
+# configuration carries (the hosts share the cores): such a configuration is left out.
+ANOTHER_LOAD_CORES = 0.5
+
+
+def another_load(run: dict) -> float | None:
+    """The busy cores that say another load ran beside this configuration, else None."""
+    seen = [run.get("outside_busy_cores")] + [run.get(obs, {}).get("idle_busy_cores") for obs in ("raw", "lz4")]
+    worst = max((c for c in seen if c is not None), default=0.0)
+    return worst if worst > ANOTHER_LOAD_CORES else None
 
 
 def main() -> None:
@@ -205,8 +229,13 @@ def main() -> None:
     newest: dict = {}
     for f, r in sorted(zip(files, records), key=lambda fr: fr[1]["date"]):
         for run in r["runs"]:
+            if (load := another_load(run)) is not None:
+                print(f"left out: {Path(f).name} hosts={run['hosts']} Mbit/s={run['bandwidth_mbit']} "
+                      f"latency={run.get('latency_ms', 0.0)} ms ({load} cores busy without the cluster working: "
+                      "another load)")
+                continue
             newest[(run["hosts"], run["bandwidth_mbit"], run.get("latency_ms", 0.0))] = (f, r, run)
-    rows = [dict(row, actors_per_host=r["args"]["actors_per_host"], file=Path(f).name)
+    rows = [dict(row, actors_per_host=r["args"]["actors_per_host"], envs=r["args"]["envs"], file=Path(f).name)
             for f, r, run in newest.values() for row in rows_of(run, r["args"])]
     params = fit(rows, records[0]["machine"]["cpus"])
     if "raw_per_actor" not in params:
@@ -216,8 +245,10 @@ def main() -> None:
     for r in rows:
         fitted = is_fitted(r)
         value, limit = predict_row(r, params)
-        # herd's actors pull the weights once per node and update: what host 0 sent says whether they did
-        expected_sent = r["hosts"] * WEIGHT_BYTES / (CPU_BATCH * r["unroll"]) if r["sink"] == "herd" else None
+        # the most host 0 can send for the weights per step (pulls_per_step): what it sent says how
+        # close the actors came (on a fast link they skip versions the learner made in the meantime)
+        expected_sent = (WEIGHT_BYTES * min(r["hosts"] / (CPU_BATCH * r["unroll"]), 1 / (r["unroll"] * r["envs"]))
+                         if r["sink"] == "herd" else None)
         error = (value - r["frames_per_s"]) / r["frames_per_s"] if r["frames_per_s"] else math.inf
         kind = ("paced" if r["sink"] == "paced" else "network" if r["bandwidth_mbit"] and (limit != "cpu" or
                 r["sink"] == "herd") else "cpu")
@@ -231,7 +262,7 @@ def main() -> None:
         print(f"{t['hosts']:>5} {t['bandwidth_mbit'] or '-':>7} {t['latency_ms']:>6g} {t['obs']:>4} {t['sink']:>6} "
               f"{t['frames_per_s']:>9} {t['predicted']:>9} {t['limit']:>8} {100 * t['error']:>6.1f}%  "
               f"{'fit' if t['fitted'] else t['kind']}"
-              + (f"  sent/step {t['sent_bytes_per_step']} (one pull per node and update: "
+              + (f"  sent/step {t['sent_bytes_per_step']} (pulls at most: "
                  f"{t['expected_sent_bytes_per_step']})" if t["sink"] == "herd" else ""))
     checks = [t for t in table if not t["fitted"]]
     within = [t for t in checks if abs(t["error"]) <= 0.2]

@@ -1,0 +1,67 @@
+"""The netns benchmark's arithmetic (benchmarks/netns_model.py, netns_cluster.py): the
+weight pulls' cap, the steady window of a bursty run, and the rule that leaves out a
+configuration measured beside another load. No namespaces needed."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import netns_cluster  # noqa: E402
+import netns_model  # noqa: E402
+
+W = 6_750_000.0       # bytes of weights per pull
+LINK_MBIT = 30.0      # 3.75 MB/s each way
+
+
+def herd_terms(nodes: int, rollout_steps: float, steps_per_update: float = 160.0) -> tuple[float, str]:
+    # actors fast and trajectories tiny: only the weights can bind
+    return netns_model.predict(nodes, 1e9, LINK_MBIT, 1.0, nodes=nodes, weight_bytes=W,
+                               steps_per_update=steps_per_update, rollout_steps=rollout_steps)
+
+
+def test_one_node_pulls_once_per_update():
+    value, limit = herd_terms(nodes=1, rollout_steps=80)
+    # the actors wait W / link per update of 160 steps; nothing else costs time
+    assert limit == "actors"
+    assert value == pytest.approx(160 / (W / 3.75e6), rel=1e-6)
+
+
+def test_more_nodes_than_rollouts_per_update_skip_versions():
+    # 4 nodes of 80-step rollouts, 160 steps per update: a node refreshes once per rollout,
+    # so the weights leave host 0 once per 80 steps, not 4 times per 160
+    value, limit = herd_terms(nodes=4, rollout_steps=80)
+    assert limit == "actors"         # waiting for pulls that fill host 0's link back to back
+    assert value == pytest.approx(3.75e6 / (W / 80), rel=1e-6)
+    uncapped, _ = herd_terms(nodes=4, rollout_steps=0)          # no cap: every node every update
+    assert uncapped == pytest.approx(3.75e6 / (4 * W / 160), rel=1e-6)
+    assert value == pytest.approx(2 * uncapped, rel=1e-6)
+
+
+def test_the_trajectories_and_the_weights_use_opposite_directions():
+    # trajectories that fill 90 % of the link at the pulls' own rate do not slow the pulls,
+    # which go the other way (a link shared by both would give about half that rate)
+    pulls_rate = 160 / (W / 3.75e6)
+    value, limit = netns_model.predict(1, 1e9, LINK_MBIT, 0.9 * 3.75e6 / pulls_rate, nodes=1, weight_bytes=W,
+                                       steps_per_update=160, rollout_steps=80)
+    assert limit == "actors" and value == pytest.approx(pulls_rate, rel=1e-6)
+
+
+def test_a_configuration_beside_another_load_is_left_out():
+    clean = {"outside_busy_cores": 0.03, "raw": {"idle_busy_cores": 0.15}, "lz4": {"idle_busy_cores": 0.2}}
+    assert netns_model.another_load(clean) is None
+    assert netns_model.another_load({**clean, "raw": {"idle_busy_cores": 2.003}}) == 2.003
+    assert netns_model.another_load({**clean, "outside_busy_cores": 1.1}) == 1.1
+    # records older than the outside measurement still carry the idle cluster's
+    assert netns_model.another_load({"raw": {"idle_busy_cores": 0.15}}) is None
+
+
+def test_the_steady_window_spans_bursts_whole():
+    # a thin link: updates come in bursts after stalls
+    rows = [{"wall_time": t, "env_step": s} for t, s in
+            [(10.0, 160), (10.2, 320), (40.0, 480), (40.1, 640), (70.0, 800), (70.2, 960)]]
+    start, end = netns_cluster.steady_window(rows)
+    # first update at 10 s, last at 70.2: the mark is at 30.07 s; the window starts at the
+    # last row before it (10.2 s), not at the first after it (40 s, a burst's first row)
+    assert (start["wall_time"], end["wall_time"]) == (10.2, 70.2)
+    assert netns_cluster.steady_window(rows[:1]) is None
