@@ -139,13 +139,18 @@ def inner(options: dict) -> dict:
 
 # ---------------------------------------------------------------- outside (the harness)
 
-def outside_busy_cores(seconds: float = 3.0) -> float:
+def outside_busy_cores(window_s: float = 3.0, settle_s: float = 30.0) -> float:
     """The machine's busy cores before a cluster exists: another load, which every number of
     the configuration would carry (the hosts share these cores). The model leaves out a
-    configuration measured beside one."""
-    start, busy = time.monotonic(), busy_seconds()
-    time.sleep(seconds)
-    return round((busy_seconds() - busy) / (time.monotonic() - start), 3)
+    configuration measured beside one. The previous configuration's processes take a few
+    seconds to end, so it waits up to settle_s for a quiet window."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        start, busy = time.monotonic(), busy_seconds()
+        time.sleep(window_s)
+        cores = round((busy_seconds() - busy) / (time.monotonic() - start), 3)
+        if cores <= 0.25 or time.monotonic() > deadline:
+            return cores
 
 
 def configuration(hosts: int, bandwidth: float | None, latency_ms: float, args) -> dict:
@@ -267,17 +272,11 @@ def main() -> None:
     parser.add_argument("--lz4", type=int, default=1, help="also measure LZ4-compressed observations")
     parser.add_argument("--learner_seconds", type=float, default=0,
                         help="also run herd's real learner this long after its first update")
-    parser.add_argument("--ray_pull_timeout_ms", type=int,
-                        help="Ray's object_manager_pull_timeout_ms on every node (default: Ray's, 10 s): how long "
-                        "a node waits on an object's transfer before it asks for it again")
     parser.add_argument("--record", default="", help="suffix of the results file")
     args = parser.parse_args()
     if args.inner:
         print(json.dumps(inner(json.loads(args.inner))))
         return
-    if args.ray_pull_timeout_ms is not None:
-        # Every Ray process of the cluster starts with this environment (RayHosts.env).
-        os.environ["RAY_object_manager_pull_timeout_ms"] = str(args.ray_pull_timeout_ms)
     from common import print_table, record
     runs = []
     for hosts in (int(h) for h in args.hosts.split(",")):
