@@ -51,12 +51,26 @@ def rx_bytes() -> int:
     return int(Path("/sys/class/net/eth0/statistics/rx_bytes").read_text())
 
 
+# An idle cluster of up to 5 nodes kept 0.07-0.24 of this machine's cores busy; more, or
+# that much busy before the cluster existed, is another load, which every number of the
+# configuration carries (the hosts share the cores): netns_model.py leaves such a
+# configuration out.
+ANOTHER_LOAD_CORES = 0.5
+
+
 def busy_seconds() -> float:
     """CPU-seconds the whole machine has spent busy since boot (every core; /proc/stat is
     not per namespace): all hosts share these cores."""
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = fields[3] + fields[4]                       # idle + iowait
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_cores(seconds: float) -> float:
+    """The machine's busy cores over the next `seconds`."""
+    start, busy = time.monotonic(), busy_seconds()
+    time.sleep(seconds)
+    return round((busy_seconds() - busy) / (time.monotonic() - start), 3)
 
 
 def inner(options: dict) -> dict:
@@ -123,9 +137,7 @@ def inner(options: dict) -> dict:
                   .remote(i, ActorSpec(**{**spec.__dict__, "seed": 1 + 10_000 * i}), layout,
                           options["inflight"] + 2, *board.newest()) for i in range(count)]
         ray.get([a.where.remote() for a in actors])
-        idle_start, busy = time.monotonic(), busy_seconds()
-        time.sleep(3.0)                                           # every node up, nothing asked of it
-        idle_cores = round((busy_seconds() - busy) / (time.monotonic() - idle_start), 3)
+        idle_cores = busy_cores(3.0)                              # every node up, nothing asked of it
         sink(actors, None, 4.0, compressed)                       # warm-up: first forward passes, resets
         name = "lz4" if compressed else "raw"
         results[name] = {"free": sink(actors, None, options["seconds"], compressed), "idle_busy_cores": idle_cores}
@@ -140,15 +152,12 @@ def inner(options: dict) -> dict:
 # ---------------------------------------------------------------- outside (the harness)
 
 def outside_busy_cores(window_s: float = 3.0, settle_s: float = 30.0) -> float:
-    """The machine's busy cores before a cluster exists: another load, which every number of
-    the configuration would carry (the hosts share these cores). The model leaves out a
-    configuration measured beside one. The previous configuration's processes take a few
-    seconds to end, so it waits up to settle_s for a quiet window."""
+    """The machine's busy cores before a cluster exists (ANOTHER_LOAD_CORES). The previous
+    configuration's processes take a few seconds to end, so it waits up to settle_s for a
+    quiet window (a quarter of a core)."""
     deadline = time.monotonic() + settle_s
     while True:
-        start, busy = time.monotonic(), busy_seconds()
-        time.sleep(window_s)
-        cores = round((busy_seconds() - busy) / (time.monotonic() - start), 3)
+        cores = busy_cores(window_s)
         if cores <= 0.25 or time.monotonic() > deadline:
             return cores
 
@@ -157,7 +166,7 @@ def configuration(hosts: int, bandwidth: float | None, latency_ms: float, args) 
     """One cluster of 1 + `hosts` hosts, every link at `bandwidth` Mbit/s and `latency_ms` one
     way: the sinks, then herd's learner."""
     outside = outside_busy_cores()
-    if outside > 0.25:
+    if outside > ANOTHER_LOAD_CORES:
         print(f"warning: {outside} cores busy before the cluster started: another load; this "
               "configuration's numbers carry it (benchmarks/netns_model.py leaves it out)", file=sys.stderr, flush=True)
     with NetnsCluster(hosts + 1, LinkShape(bandwidth_mbit=bandwidth, latency_ms=latency_ms)) as net:

@@ -51,11 +51,19 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from netns_cluster import ANOTHER_LOAD_CORES  # noqa: E402
+
+
+def pulls_per_step(nodes: float, steps_per_update: float, rollout_steps: float) -> float:
+    """The most weight pulls per agent step: a node pulls at most once per update and at most
+    once per rollout its actors finish (rollout_steps 1: after every step, no second bound)."""
+    return min(nodes / steps_per_update, 1 / rollout_steps)
 
 
 def predict(actors: int, per_actor: float, link_mbit: float | None, bytes_per_step: float,
             learner: float = math.inf, nodes: int = 1, weight_bytes: float = 0.0,
-            steps_per_update: float = math.inf, rollout_steps: float = 0.0,
+            steps_per_update: float = math.inf, rollout_steps: float = 1.0,
             cpu: float = math.inf) -> tuple[float, str]:
     """(agent steps/s, the term that limits it); the module's docstring says which is which."""
     link = math.inf if link_mbit is None else link_mbit * 1e6 / 8
@@ -64,8 +72,8 @@ def predict(actors: int, per_actor: float, link_mbit: float | None, bytes_per_st
         # herd: a node pulls the newest weights at most once per update and at most once per
         # rollout of its actors, out of the learner's link (the direction the trajectories do
         # not use), and its actors wait for them.
-        pulls_per_step = min(nodes / steps_per_update, 1 / rollout_steps) if rollout_steps else nodes / steps_per_update
-        terms["actors"] = 1 / (1 / (actors * per_actor) + pulls_per_step * weight_bytes / link)
+        pulls = pulls_per_step(nodes, steps_per_update, rollout_steps)
+        terms["actors"] = 1 / (1 / (actors * per_actor) + pulls * weight_bytes / link)
     limit = min(terms, key=terms.get)
     return terms[limit], limit
 
@@ -205,10 +213,6 @@ def predict_row(r: dict, params: dict) -> tuple[float, str]:
                    cpu=cores_left / cpu_s if cpu_s else math.inf)
 
 
-# An idle cluster of up to 5 nodes kept 0.08-0.25 of this machine's cores busy; more, or
-# that much busy before the cluster existed, is another load, which every number of the
-# configuration carries (the hosts share the cores): such a configuration is left out.
-ANOTHER_LOAD_CORES = 0.5
 
 
 def another_load(run: dict) -> float | None:
@@ -247,7 +251,7 @@ def main() -> None:
         value, limit = predict_row(r, params)
         # the most host 0 can send for the weights per step (pulls_per_step): what it sent says how
         # close the actors came (on a fast link they skip versions the learner made in the meantime)
-        expected_sent = (WEIGHT_BYTES * min(r["hosts"] / (CPU_BATCH * r["unroll"]), 1 / (r["unroll"] * r["envs"]))
+        expected_sent = (WEIGHT_BYTES * pulls_per_step(r["hosts"], CPU_BATCH * r["unroll"], r["unroll"] * r["envs"])
                          if r["sink"] == "herd" else None)
         error = (value - r["frames_per_s"]) / r["frames_per_s"] if r["frames_per_s"] else math.inf
         kind = ("paced" if r["sink"] == "paced" else "network" if r["bandwidth_mbit"] and (limit != "cpu" or

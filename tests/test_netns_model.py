@@ -33,7 +33,7 @@ def test_more_nodes_than_rollouts_per_update_skip_versions():
     value, limit = herd_terms(nodes=4, rollout_steps=80)
     assert limit == "actors"         # waiting for pulls that fill host 0's link back to back
     assert value == pytest.approx(3.75e6 / (W / 80), rel=1e-6)
-    uncapped, _ = herd_terms(nodes=4, rollout_steps=0)          # no cap: every node every update
+    uncapped, _ = herd_terms(nodes=4, rollout_steps=1)          # no cap: every node every update
     assert uncapped == pytest.approx(3.75e6 / (4 * W / 160), rel=1e-6)
     assert value == pytest.approx(2 * uncapped, rel=1e-6)
 
