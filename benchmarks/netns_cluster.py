@@ -288,11 +288,16 @@ def main() -> None:
         return
     from common import print_table, record
     runs = []
-    for hosts in (int(h) for h in args.hosts.split(",")):
-        for bandwidth in args.bandwidths.split(","):
-            for latency in (float(x) for x in args.latencies.split(",")):
-                runs.append(configuration(hosts, None if bandwidth == "none" else float(bandwidth), latency, args))
-                print(json.dumps(runs[-1]), flush=True)
+    try:
+        for hosts in (int(h) for h in args.hosts.split(",")):
+            for bandwidth in args.bandwidths.split(","):
+                for latency in (float(x) for x in args.latencies.split(",")):
+                    runs.append(configuration(hosts, None if bandwidth == "none" else float(bandwidth), latency, args))
+                    print(json.dumps(runs[-1]), flush=True)
+    except KeyboardInterrupt:
+        # The cluster of the configuration under way has been taken down (NetnsCluster's
+        # exit); a campaign cut short records nothing (the finished ones are printed above).
+        sys.exit(f"interrupted after {len(runs)} configuration(s): nothing recorded")
     rows = []
     for r in runs:
         for name in ("raw", "lz4"):
