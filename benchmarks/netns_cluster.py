@@ -14,12 +14,16 @@ link latency; latency comes from the harness's user-space delay line):
     lz4          the same with observations LZ4-compressed in the actor, decompressed by the sink
     cpu          the machine's busy cores while each sink ran (/proc/stat: every process, the
                  delay lines and Ray's included), so CPU-seconds per step can be read off
+    host cores   with --host_cores and --head_cores: each worker host (and host 0) runs on its own
+                 budget of cores (a cgroup quota, herd/cluster/cpu_budget.py) and the cores each
+                 host used are counted apart (host_cores_used: [host 0, host 1, ...])
 
 and, with --learner_seconds, herd's real learner (`herd train --multiprocessing_backend=ray`)
 on host 0 with the same actors, its steady frames/s from train.csv.
 
-All hosts share this machine's cores (2 here), so frames/s cannot grow with hosts the way a
-real cluster's does: what grows is the network's share. The throughput model built from
+Without budgets all hosts share this machine's cores (2 here), so frames/s cannot grow with
+hosts the way a real cluster's does: what grows is the network's share. With budgets each
+host has its own cores, as long as they add up to no more than the machine's. The throughput model built from
 these numbers is in docs/netns-cluster.md. Needs root (network namespaces).
 Usage: python benchmarks/netns_cluster.py [--hosts 1,2,4] [--bandwidths none,100,30] [--latencies 0,1]
        [--seconds 12] [--learner_seconds 30]
@@ -40,6 +44,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from herd.cluster.cpu_budget import BudgetError, check_cores  # noqa: E402
 from herd.cluster.netns import LinkShape, NetnsCluster  # noqa: E402
 from herd.cluster.ray_hosts import RayHosts, measure_rtt  # noqa: E402
 
@@ -73,6 +78,18 @@ def busy_cores(seconds: float) -> float:
     return round((busy_seconds() - busy) / (time.monotonic() - start), 3)
 
 
+def host_cpu_seconds(usage_fds: dict[str, int]) -> dict[str, float]:
+    """{host index: CPU-seconds that budgeted host has used} (cpuacct.usage), read through
+    descriptors the harness opened for this driver: inside a namespace /sys/fs/cgroup is not
+    mounted."""
+    return {host: int(os.pread(fd, 64, 0)) / 1e9 for host, fd in usage_fds.items()}
+
+
+def cores_used(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float] | None:
+    """{host index: cores it used} between two host_cpu_seconds readings, None without budgets."""
+    return {host: round((after[host] - before[host]) / seconds, 3) for host in before} or None
+
+
 def inner(options: dict) -> dict:
     """Runs on host 0: the actors on the worker nodes, then each sink; returns the numbers."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"    # hosts' own addresses (ray_scaling sets 0: loopback)
@@ -96,7 +113,7 @@ def inner(options: dict) -> dict:
         """Takes rollouts as they come (rate None) or one every 1/rate s, for `seconds`."""
         owner = {a.next_rollout.remote(): i for i, a in enumerate(actors) for _ in range(options["inflight"])}
         latencies, steps, taken, start, received = [], 0, 0, time.monotonic(), rx_bytes()
-        busy = busy_seconds()
+        busy, host_busy = busy_seconds(), host_cpu_seconds(options["usage_fds"])
         raw = packed = 0
         while (now := time.monotonic()) - start < seconds:
             if rate is not None and taken >= (now - start) * rate:
@@ -115,6 +132,7 @@ def inner(options: dict) -> dict:
             taken += 1
             owner[actors[owner.pop(ready[0])].next_rollout.remote()] = rollout.actor_id
         elapsed, received, busy = time.monotonic() - start, rx_bytes() - received, busy_seconds() - busy
+        host_used = cores_used(host_busy, host_cpu_seconds(options["usage_fds"]), elapsed)
         ray.get(list(owner))                    # the calls still queued finish before the next sink starts
         lat = np.array(latencies or [float("nan")]) * 1e3
         return {"rollouts_per_s": round(taken / elapsed, 2), "frames_per_s": round(steps / elapsed, 1),
@@ -122,7 +140,8 @@ def inner(options: dict) -> dict:
                 "p99_ms": round(float(np.percentile(lat, 99)), 2),
                 "bytes_per_step": round(received / max(steps, 1), 1),
                 "lz4_ratio": round(raw / packed, 2) if packed else None,
-                "busy_cores": round(busy / elapsed, 3)}
+                "busy_cores": round(busy / elapsed, 3),
+                "host_cores_used": host_used}
 
     spec, layout = spec_and_layout(options["env"], options["envs"], options["unroll"])
     ray.init(address=options["address"], logging_level="ERROR", log_to_driver=False)
@@ -169,17 +188,20 @@ def configuration(hosts: int, bandwidth: float | None, latency_ms: float, args) 
     if outside > ANOTHER_LOAD_CORES:
         print(f"warning: {outside} cores busy before the cluster started: another load; this "
               "configuration's numbers carry it (benchmarks/netns_model.py leaves it out)", file=sys.stderr, flush=True)
-    with NetnsCluster(hosts + 1, LinkShape(bandwidth_mbit=bandwidth, latency_ms=latency_ms)) as net:
+    budgets = budgets_of(hosts, args)
+    with NetnsCluster(hosts + 1, LinkShape(bandwidth_mbit=bandwidth, latency_ms=latency_ms), cores=budgets) as net:
         ray = RayHosts(net, cpus=[0] + [args.host_cpus] * hosts)
+        usage = {str(h.index): open(h.budget.usage_path()) for h in net.hosts if h.budget}
         try:
             ray.start()
             rtt = measure_rtt(net, 1, 0)
             options = {"address": ray.address, "hosts": hosts, "env": args.env, "envs": args.envs,
                        "unroll": args.unroll, "actors_per_host": args.actors_per_host, "host_cpus": args.host_cpus,
-                       "inflight": args.inflight, "seconds": args.seconds, "rate": args.rate, "lz4": args.lz4}
+                       "inflight": args.inflight, "seconds": args.seconds, "rate": args.rate, "lz4": args.lz4,
+                       "usage_fds": {host: f.fileno() for host, f in usage.items()}}
             done = net.hosts[0].run([sys.executable, str(Path(__file__).resolve()), "--inner", json.dumps(options)],
                                     env={**ray.env(), "PYTHONPATH": f"{HERE.parent}:{HERE}"}, capture_output=True,
-                                    text=True, timeout=600)
+                                    text=True, timeout=600, pass_fds=list(options["usage_fds"].values()))
             if done.returncode != 0:
                 raise RuntimeError(f"the driver failed: {done.stderr[-2000:]}")
             sinks = json.loads(done.stdout.strip().splitlines()[-1])
@@ -188,9 +210,16 @@ def configuration(hosts: int, bandwidth: float | None, latency_ms: float, args) 
                 if args.learner_seconds and args.lz4 else None
         finally:
             ray.close()
+            for f in usage.values():
+                f.close()
     return {"hosts": hosts, "bandwidth_mbit": bandwidth, "latency_ms": latency_ms, "link_kind": net.link_kind,
-            "rtt_ms": rtt, "outside_busy_cores": outside,
+            "rtt_ms": rtt, "outside_busy_cores": outside, "host_cores": budgets,
             **sinks, "learner": learner, "learner_lz4": learner_lz4}
+
+
+def budgets_of(hosts: int, args) -> list[float | None] | None:
+    """Each host's cores ([host 0, host 1, ...]), or None: no budgets (the machine's cores shared)."""
+    return [args.head_cores] + [args.host_cores] * hosts if args.host_cores else None
 
 
 def first_update_logged(results: Path) -> bool:
@@ -230,10 +259,13 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
     while process.poll() is None and not first_update_logged(results) and time.monotonic() - launch < 600:
         time.sleep(0.25)
     first_update_at = time.monotonic()
-    busy = [(first_update_at, busy_seconds())]       # (monotonic, busy CPU-seconds) once a second
+    def sample() -> tuple:
+        """(monotonic, the machine's busy CPU-seconds, {budgeted host: its CPU-seconds})"""
+        return time.monotonic(), busy_seconds(), {str(h.index): h.budget.usage_s() for h in net.hosts if h.budget}
+    busy = [sample()]                                # once a second
     while process.poll() is None and time.monotonic() - first_update_at < args.learner_seconds:
         time.sleep(1.0)
-        busy.append((time.monotonic(), busy_seconds()))
+        busy.append(sample())
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=300)
@@ -250,18 +282,25 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
     frames = float(end["env_step"]) - float(start["env_step"])
     seconds = float(end["wall_time"]) - float(start["wall_time"])
     # The busy samples nearest the window's ends (train.csv's first row is the first update).
-    def at(wall_time: str) -> tuple[float, float]:
+    def at(wall_time: str) -> tuple:
         when = first_update_at + float(wall_time) - float(rows[0]["wall_time"])
         return min(busy, key=lambda sample: abs(sample[0] - when))
-    (t0, b0), (t1, b1) = at(start["wall_time"]), at(end["wall_time"])
+    (t0, b0, h0), (t1, b1, h1) = at(start["wall_time"]), at(end["wall_time"])
     return {"frames_per_s": round(frames / seconds, 1), "updates": summary.get("training_steps"),
             "start_up_s": round(first_update_at - launch, 1), "steady_s": round(seconds, 1),
             "rows": [[round(float(r["wall_time"]), 2), int(float(r["env_step"]))] for r in rows],  # the whole curve
             "busy_cores": round((b1 - b0) / (t1 - t0), 3) if t1 > t0 else None,
+            "host_cores_used": cores_used(h0, h1, t1 - t0) if t1 > t0 else None,
             "environment_steps": summary.get("environment_steps"),
             "bytes_per_step": round(received / max(summary.get("environment_steps") or 1, 1), 1),
             # what host 0 sent per step: the weights the actors pulled (and Ray's messages)
             "sent_bytes_per_step": round(sent / max(summary.get("environment_steps") or 1, 1), 1)}
+
+
+def refuse(message: str) -> None:
+    """Bad input: one line, exit 2, before any cluster is made."""
+    print(f"netns_cluster: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main() -> None:
@@ -274,7 +313,11 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=4, help="environments per actor")
     parser.add_argument("--unroll", type=int, default=20, help="steps per rollout (T)")
     parser.add_argument("--actors_per_host", type=int, default=1)
-    parser.add_argument("--host_cpus", type=float, default=1)
+    parser.add_argument("--host_cpus", type=float, default=1, help="Ray CPUs of each worker node (placement only)")
+    parser.add_argument("--host_cores", type=float, default=0,
+                        help="each worker host's own cores, a cgroup quota (0: none, all hosts share the machine's)")
+    parser.add_argument("--head_cores", type=float, default=0,
+                        help="host 0's own cores (the learner's or the sink's), with --host_cores")
     parser.add_argument("--inflight", type=int, default=2, help="queued calls per actor")
     parser.add_argument("--rate", type=float, default=2.0, help="the paced sink's rollouts/s (0: no paced sink)")
     parser.add_argument("--seconds", type=float, default=12)
@@ -283,6 +326,13 @@ def main() -> None:
                         help="also run herd's real learner this long after its first update")
     parser.add_argument("--record", default="", help="suffix of the results file")
     args = parser.parse_args()
+    if bool(args.head_cores) != bool(args.host_cores):
+        refuse("give --host_cores and --head_cores together (each host its own cores, host 0's too), or neither")
+    for hosts in (int(h) for h in args.hosts.split(",")):     # every configuration's sizes, before the first runs
+        try:
+            check_cores(budgets_of(hosts, args) or [])
+        except BudgetError as err:
+            refuse(f"--hosts {hosts}: {err}")
     if args.inner:
         print(json.dumps(inner(json.loads(args.inner))))
         return

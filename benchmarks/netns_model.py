@@ -21,6 +21,10 @@ then its prediction for 8 to 64 nodes.
     learner rate     the paced sink's rollouts/s x T x E (known, not fitted)
     cpu term         (cores - idle cores per node x (hosts + 1)) / CPU-seconds per step: every
                      host here shares this machine's cores (a real node brings its own)
+                     With per-host budgets (netns_cluster.py --host_cores/--head_cores: each
+                     host its own cores, as real nodes) it is host 0's instead: its cores /
+                     host 0's CPU-seconds per step; each worker host's cores are already in r
+                     (fitted on one such host), so the actors term grows with hosts.
 
     r                agent steps/s of one actor into that sink
     bytes per step   bytes the learner's host receives on its link per agent step
@@ -31,8 +35,12 @@ then its prediction for 8 to 64 nodes.
                      weights' bytes (the Nature CNN's 1,687,719 float32) and an actor's
                      rollout (T x envs: 20 x 4 here): structure, not fitted
 
+Runs with different budgets (none, or host 0's and each worker host's cores) are fitted and
+checked apart: each setting is a cluster of other machines.
+
 Fitted (each kind of observation, raw and LZ4, for the sinks and for herd): r, bytes per
-step and CPU-seconds per step, on the 1-host unshaped configuration without latency; the
+step and CPU-seconds per step (with budgets: host 0's own too), on the 1-host unshaped
+configuration without latency; the
 idle cores per node on the same; and CPU-seconds per step on the 1-host unshaped
 configuration with latency (the harness's delay lines cost this machine's CPU that a veth
 pair, or a real link, does not). Link latency itself is not a term: the checks with 1 ms
@@ -141,7 +149,7 @@ def rows_of(run: dict, args: dict) -> list[dict]:
     rows = []
     per_rollout = args["unroll"] * args["envs"]
     base = {"hosts": run["hosts"], "bandwidth_mbit": run["bandwidth_mbit"], "latency_ms": run.get("latency_ms", 0.0),
-            "rtt_ms": run["rtt_ms"]["p50_ms"], "unroll": args["unroll"]}
+            "rtt_ms": run["rtt_ms"]["p50_ms"], "unroll": args["unroll"], "head_cores": head_cores(run)}
     for obs in ("raw", "lz4"):
         measured_obs = run.get(obs, {})
         for sink in ("free", "paced"):
@@ -150,15 +158,30 @@ def rows_of(run: dict, args: dict) -> list[dict]:
             m = measured_obs[sink]
             rows.append({**base, "obs": obs, "sink": sink, "frames_per_s": m["frames_per_s"],
                          "bytes_per_step": m["bytes_per_step"], "busy_cores": m.get("busy_cores"),
+                         "host_cores_used": m.get("host_cores_used"),
                          "idle_busy_cores": measured_obs.get("idle_busy_cores"),
                          "learner": args["rate"] * per_rollout if sink == "paced" else math.inf})
     for name, obs in (("learner", "raw"), ("learner_lz4", "lz4")):
         if run.get(name) and "frames_per_s" in run[name]:
             rows.append({**base, "obs": obs, "sink": "herd", "frames_per_s": run[name]["frames_per_s"],
                          "bytes_per_step": run[name]["bytes_per_step"], "busy_cores": run[name].get("busy_cores"),
+                         "host_cores_used": run[name].get("host_cores_used"),
                          "idle_busy_cores": run.get(obs, {}).get("idle_busy_cores"), "learner": math.inf,
                          "sent_bytes_per_step": run[name].get("sent_bytes_per_step")})
     return rows
+
+
+def head_cores(run: dict) -> float | None:
+    """Host 0's budget of cores in a configuration, None without one."""
+    return (run.get("host_cores") or [None])[0]
+
+
+def budget_setting(run: dict) -> str:
+    """The budgets a configuration ran with, as a name: 'none', or 'head <c> / host <c>'."""
+    cores = run.get("host_cores")
+    if not cores:
+        return "none"
+    return f"head {cores[0] if cores[0] is not None else '-'} / host {cores[1]}"
 
 
 def kind_of(row: dict) -> str:
@@ -177,6 +200,7 @@ def fit(rows: list[dict], cores: int) -> dict:
       cpu_s_per_step_<veth|delay>   CPU-seconds per step, every process on the machine, beyond
                        the idle cluster, on each kind of link (the delay lines' own work)
       idle_cores_per_node   the busy cores of an idle Ray node (its raylet and workers polling)
+      head_cpu_s_per_step_<veth|delay>   with a budget on host 0: its own CPU-seconds per step
     """
     base = [r for r in rows if r["hosts"] == 1 and r["bandwidth_mbit"] is None]
     params: dict = {"cores": cores}
@@ -185,6 +209,8 @@ def fit(rows: list[dict], cores: int) -> dict:
             continue
         name = f"herd_{r['obs']}" if r["sink"] == "herd" else r["obs"]
         params[f"{name}_cpu_s_per_step_{kind_of(r)}"] = (r["busy_cores"] - r["idle_busy_cores"]) / r["frames_per_s"]
+        if r["head_cores"] is not None and r.get("host_cores_used"):
+            params[f"{name}_head_cpu_s_per_step_{kind_of(r)}"] = r["host_cores_used"]["0"] / r["frames_per_s"]
         if kind_of(r) == "veth":
             params[f"{name}_per_actor"] = r["frames_per_s"] / r["actors_per_host"]
             params[f"{name}_bytes_per_step"] = r["bytes_per_step"]
@@ -205,6 +231,9 @@ def predict_row(r: dict, params: dict) -> tuple[float, str]:
     # at the CPU-seconds per step of the fit (a real node would bring its own cores instead).
     cores_left = params["cores"] - params["idle_cores_per_node"] * (r["hosts"] + 1)
     cpu_s = params.get(f"{name}_cpu_s_per_step_{kind_of(r)}")
+    if r["head_cores"] is not None:
+        # Each host its own cores: the worker hosts' are in r; what can still bind is host 0's.
+        cores_left, cpu_s = r["head_cores"], params.get(f"{name}_head_cpu_s_per_step_{kind_of(r)}")
     return predict(r["hosts"] * r["actors_per_host"], params[f"{name}_per_actor"], r["bandwidth_mbit"],
                    params[f"{name}_bytes_per_step"], r["learner"], nodes=r["hosts"],
                    weight_bytes=WEIGHT_BYTES if herd else 0.0,
@@ -222,29 +251,12 @@ def another_load(run: dict) -> float | None:
     return worst if worst > ANOTHER_LOAD_CORES else None
 
 
-def main() -> None:
-    files = sys.argv[1:] or sorted(glob.glob(str(HERE / "results" / "netns_cluster_Pong*.json")))
-    records = [json.loads(Path(f).read_text()) for f in files]
-    machines = {(r["machine"]["cpu_model"], r["machine"]["cpus"]) for r in records}
-    if len(machines) != 1:
-        sys.exit(f"the records come from {len(machines)} machines {sorted(machines)}: fit and check one machine's")
-    # A configuration measured in several records counts once: the newest record's run (a
-    # rerun replaces what it reran).
-    newest: dict = {}
-    for f, r in sorted(zip(files, records), key=lambda fr: fr[1]["date"]):
-        for run in r["runs"]:
-            if (load := another_load(run)) is not None:
-                print(f"left out: {Path(f).name} hosts={run['hosts']} Mbit/s={run['bandwidth_mbit']} "
-                      f"latency={run.get('latency_ms', 0.0)} ms ({load} cores busy without the cluster working: "
-                      "another load)")
-                continue
-            newest[(run["hosts"], run["bandwidth_mbit"], run.get("latency_ms", 0.0))] = (f, r, run)
-    rows = [dict(row, actors_per_host=r["args"]["actors_per_host"], envs=r["args"]["envs"], file=Path(f).name)
-            for f, r, run in newest.values() for row in rows_of(run, r["args"])]
-    params = fit(rows, records[0]["machine"]["cpus"])
+def check(rows: list[dict], cores: int) -> dict | None:
+    """Fits one budget setting's rows and checks every row it was not fitted on; prints the
+    table. None where the setting has no 1-host unshaped run without latency to fit on."""
+    params = fit(rows, cores)
     if "raw_per_actor" not in params:
-        sys.exit("no 1-host unshaped run without latency to fit on: "
-                 "run benchmarks/netns_cluster.py --hosts 1 --bandwidths none --latencies 0")
+        return None
     table = []
     for r in rows:
         fitted = is_fitted(r)
@@ -274,10 +286,48 @@ def main() -> None:
                       sum(t["kind"] == kind for t in checks)] for kind in ("network", "paced", "cpu")}
     print(f"checks within 20 %: {len(within)} of {len(checks)}; by kind: "
           + ", ".join(f"{kind} {a} of {b}" for kind, (a, b) in by_kind.items()))
-    predicted = print_cluster_table(params)
+    return {"params": params, "table": table, "checks_within_20pct": [len(within), len(checks)], "by_kind": by_kind}
+
+
+def main() -> None:
+    files = sys.argv[1:] or sorted(glob.glob(str(HERE / "results" / "netns_cluster_Pong*.json")))
+    records = [json.loads(Path(f).read_text()) for f in files]
+    machines = {(r["machine"]["cpu_model"], r["machine"]["cpus"]) for r in records}
+    if len(machines) != 1:
+        sys.exit(f"the records come from {len(machines)} machines {sorted(machines)}: fit and check one machine's")
+    # A configuration measured in several records counts once: the newest record's run (a
+    # rerun replaces what it reran).
+    newest: dict = {}
+    for f, r in sorted(zip(files, records), key=lambda fr: fr[1]["date"]):
+        for run in r["runs"]:
+            if (load := another_load(run)) is not None:
+                print(f"left out: {Path(f).name} hosts={run['hosts']} Mbit/s={run['bandwidth_mbit']} "
+                      f"latency={run.get('latency_ms', 0.0)} ms ({load} cores busy without the cluster working: "
+                      "another load)")
+                continue
+            key = (budget_setting(run), run["hosts"], run["bandwidth_mbit"], run.get("latency_ms", 0.0))
+            newest[key] = (f, r, run)
+    settings: dict = {}
+    for f, r, run in newest.values():
+        settings.setdefault(budget_setting(run), []).extend(
+            dict(row, actors_per_host=r["args"]["actors_per_host"], envs=r["args"]["envs"], file=Path(f).name)
+            for row in rows_of(run, r["args"]))
+    checked = {}
+    for setting, rows in sorted(settings.items()):
+        print(f"\nbudgets: {setting}")
+        result = check(rows, records[0]["machine"]["cpus"])
+        if result is None:
+            print("  not checked: no 1-host unshaped run without latency to fit on (benchmarks/netns_cluster.py "
+                  "--hosts 1 --bandwidths none --latencies 0, with these budgets)")
+            continue
+        checked[setting] = result
+    if not checked:
+        sys.exit("no budget setting has a 1-host unshaped run without latency to fit on: "
+                 "run benchmarks/netns_cluster.py --hosts 1 --bandwidths none --latencies 0")
+    # The cluster prediction takes herd's bytes per step, which no budget changes.
+    predicted = print_cluster_table(checked.get("none", next(iter(checked.values())))["params"])
     out = HERE / "results" / "netns_model.json"
-    out.write_text(json.dumps({"files": [Path(f).name for f in files], "params": params, "table": table,
-                               "checks_within_20pct": [len(within), len(checks)], "by_kind": by_kind,
+    out.write_text(json.dumps({"files": [Path(f).name for f in files], "settings": checked,
                                "cluster_prediction": predicted,
                                "cluster_assumptions": {"node_rate": NODE_RATE, "gpu_learner_floor": GPU_LEARNER_FLOOR,
                                                        "weight_bytes": WEIGHT_BYTES,

@@ -65,3 +65,32 @@ def test_the_steady_window_spans_bursts_whole():
     # last row before it (10.2 s), not at the first after it (40 s, a burst's first row)
     assert (start["wall_time"], end["wall_time"]) == (10.2, 70.2)
     assert netns_cluster.steady_window(rows[:1]) is None
+
+
+def budget_row(hosts: int, frames: float, used: dict | None = None) -> dict:
+    """A free-sink row of a cluster where host 0 has 0.5 cores and each worker host 0.3."""
+    return {"hosts": hosts, "bandwidth_mbit": None, "latency_ms": 0.0, "rtt_ms": 0.05, "unroll": 20,
+            "head_cores": 0.5, "obs": "raw", "sink": "free", "frames_per_s": frames, "bytes_per_step": 30_000.0,
+            "busy_cores": 0.65, "idle_busy_cores": 0.05, "host_cores_used": used, "learner": float("inf"),
+            "actors_per_host": 1, "envs": 4}
+
+
+def test_with_budgets_each_worker_host_brings_its_cores_and_host_0_can_bind():
+    # fitted on one worker host: 250 steps/s, host 0 busy 0.25 of its 0.5 cores (1 ms per step)
+    params = netns_model.fit([budget_row(1, 250.0, {"0": 0.25, "1": 0.3})], cores=2)
+    assert params["raw_head_cpu_s_per_step_veth"] == pytest.approx(0.001)
+    # 2 hosts: 500 steps/s of actors, host 0 can take 0.5 / 0.001 = 500: level
+    assert netns_model.predict_row(budget_row(2, 0.0), params)[0] == pytest.approx(500.0)
+    # 4 hosts: 1000 steps/s of actors, host 0's cores bind at 500
+    value, limit = netns_model.predict_row(budget_row(4, 0.0), params)
+    assert (value, limit) == (pytest.approx(500.0), "cpu")
+    # the same row without budgets: the machine's 2 cores, less 5 idle nodes' 0.025 each, at
+    # the whole machine's 2.4 ms per step ((0.65 - 0.05) / 250)
+    shared = dict(budget_row(4, 0.0), head_cores=None)
+    assert netns_model.predict_row(shared, params) == (pytest.approx((2 - 5 * 0.025) / 0.0024), "cpu")
+
+
+def test_budget_settings_are_named_apart():
+    assert netns_model.budget_setting({"host_cores": None}) == "none"
+    assert netns_model.budget_setting({}) == "none"
+    assert netns_model.budget_setting({"host_cores": [0.5, 0.3, 0.3]}) == "head 0.5 / host 0.3"

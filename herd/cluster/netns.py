@@ -15,13 +15,18 @@ latency makes every link two TAP devices (the host's eth0, the bridge's port) wi
 process between them that holds each frame for the link's delay; without latency a link
 is a veth pair, all in the kernel. `link_kind` says which ("veth" or "delay line").
 
+Each host may have its own cores (`cores`): a cgroup whose CFS quota is its budget
+(herd/cluster/cpu_budget.py), which every process started on the host joins. Without one a
+host's processes share all of this machine's cores with the other hosts'.
+
 Cleaning up. Every namespace of a run is named <run>-..., where <run> is
 `herdnet<owner pid>x<random>`. Closing (the context manager, atexit, SIGINT/SIGTERM) kills
 every process inside the run's namespaces (`ip netns pids`) and deletes them; a reaper
 process (this file run as a script, in its own session) does the same once its owner dies
 without closing (kill -9); and every new cluster first removes the namespaces of runs
-whose owner process is gone. This file uses the standard library and psutil only: the
-reaper runs it as a script.
+whose owner process is gone; the run's cgroups (named <run>-h<i>) go with its namespaces.
+This file uses the standard library, psutil and cpu_budget.py only: the reaper runs it as
+a script.
 
 Where namespaces cannot be made (not root, no CAP_SYS_ADMIN, no iproute2 that can be
 installed), the cluster refuses with NamespaceError: one line saying why."""
@@ -40,6 +45,11 @@ import time
 from dataclasses import dataclass
 
 import psutil
+
+if __package__:
+    from herd.cluster.cpu_budget import BudgetError, CpuBudget, check_cores, remove_cgroups, runs_with_cgroups
+else:           # run as a script: the reaper (guard), beside cpu_budget.py
+    from cpu_budget import BudgetError, CpuBudget, check_cores, remove_cgroups, runs_with_cgroups
 
 PREFIX = "herdnet"
 SUBNET = "10.213.0"          # host i is SUBNET.(i+1)/24, on this run's own bridge only
@@ -122,16 +132,17 @@ def kill_all_in(namespace: str, grace_s: float = 3.0) -> None:
 
 def remove_run(run: str) -> None:
     """Every process in the run's namespaces killed, then the namespaces deleted (their
-    veth ends and the bridge go with them)."""
+    veth ends and the bridge go with them), then the hosts' cgroups."""
     mine = [ns for ns in namespaces() if ns.startswith(run + "-")]
     for ns in mine:
         kill_all_in(ns)
     for ns in mine:
         ip("netns", "del", ns, check=False)
+    remove_cgroups(run)
 
 
 def owner_of(namespace: str) -> int | None:
-    """The owner pid encoded in a harness namespace's name, None for other namespaces."""
+    """The owner pid encoded in a harness namespace's (or cgroup's, or run's) name, None for others."""
     head = namespace.split("-")[0]
     if not head.startswith(PREFIX) or "x" not in head:
         return None
@@ -140,16 +151,18 @@ def owner_of(namespace: str) -> int | None:
 
 
 def sweep_leftovers() -> list[str]:
-    """Removes the namespaces of harness runs whose owner process is gone; returns their runs."""
-    dead = sorted({ns.split("-")[0] for ns in namespaces()
-                   if (pid := owner_of(ns)) is not None and not psutil.pid_exists(pid)})
+    """Removes the namespaces and cgroups of harness runs whose owner process is gone;
+    returns their runs."""
+    runs = {ns.split("-")[0] for ns in namespaces()} | runs_with_cgroups(PREFIX)
+    dead = sorted(run for run in runs if (pid := owner_of(run)) is not None and not psutil.pid_exists(pid))
     for run in dead:
         remove_run(run)
     return dead
 
 
 class Host:
-    """One host: a namespace with one link (DEVICE) to the bridge."""
+    """One host: a namespace with one link (DEVICE) to the bridge, and its own cores when it
+    has a budget (then `budget` is its CpuBudget, open)."""
 
     def __init__(self, run: str, index: int):
         self.index = index
@@ -157,10 +170,13 @@ class Host:
         self.address = f"{SUBNET}.{index + 1}"
         self.port = f"p{index}"                  # its link's end on the bridge
         self.bridge_ns = f"{run}-br"
+        self.budget: CpuBudget | None = None
 
     def command(self, argv: list[str]) -> list[str]:
-        """argv run inside this host's namespace."""
-        return ["ip", "netns", "exec", self.namespace, *argv]
+        """argv run inside this host's namespace (and its cgroups, where it has a budget:
+        joined first, because `ip netns exec` hides /sys/fs/cgroup from what it runs)."""
+        join = self.budget.join_argv() if self.budget else []
+        return [*join, "ip", "netns", "exec", self.namespace, *argv]
 
     def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.command(argv), **kwargs)
@@ -208,9 +224,12 @@ def tc(namespace: str, device: str, qdisc: list[str]) -> None:
 
 class NetnsCluster:
     """`hosts` hosts joined by a bridge; a context manager. shape: every link's shape, or
-    shapes: one per host. Host 0 is where a Ray head and the learner go by convention."""
+    shapes: one per host. cores: each host's CPU budget in cores (None: no budget, the
+    machine's cores shared), or none at all. Host 0 is where a Ray head and the learner go
+    by convention."""
 
-    def __init__(self, hosts: int, shape: LinkShape = LinkShape(), shapes: list[LinkShape] | None = None):
+    def __init__(self, hosts: int, shape: LinkShape = LinkShape(), shapes: list[LinkShape] | None = None,
+                 cores: list[float | None] | None = None):
         if not 1 <= hosts <= MAX_HOSTS:
             raise NamespaceError(f"hosts={hosts}: give 1 to {MAX_HOSTS}")
         self.shapes = list(shapes) if shapes is not None else [shape] * hosts
@@ -218,6 +237,13 @@ class NetnsCluster:
             raise NamespaceError(f"{len(self.shapes)} link shapes for {hosts} hosts: give one per host")
         for s in self.shapes:
             s.check()
+        self.cores = list(cores) if cores is not None else [None] * hosts
+        if len(self.cores) != hosts:
+            raise NamespaceError(f"{len(self.cores)} CPU budgets for {hosts} hosts: give one per host (None: no budget)")
+        try:
+            check_cores(self.cores)
+        except BudgetError as err:
+            raise NamespaceError(str(err)) from None
         self.run = f"{PREFIX}{os.getpid()}x{secrets.token_hex(3)}"
         self.hosts = [Host(self.run, i) for i in range(hosts)]
         self.closed = True
@@ -257,8 +283,13 @@ class NetnsCluster:
             raise NamespaceError(f"network namespaces cannot be made here: {err}") from None
         ip("-n", bridge, "link", "add", "br0", "type", "bridge")
         ip("-n", bridge, "link", "set", "br0", "up")
-        for host, shape in zip(self.hosts, self.shapes):
+        for host, shape, cores in zip(self.hosts, self.shapes, self.cores):
             ip("netns", "add", host.namespace)
+            if cores is not None:
+                try:
+                    host.budget = CpuBudget(host.namespace, cores).open()
+                except BudgetError as err:
+                    raise NamespaceError(str(err)) from None
             if self.link_kind == "veth":
                 # Both ends made directly inside their namespaces: no name ever appears in the
                 # machine's own namespace, so concurrent runs cannot collide.
@@ -283,11 +314,13 @@ class NetnsCluster:
 
     def start_delay_line(self, host: Host, shape: LinkShape, timeout_s: float = 30) -> None:
         """The process that carries the host's link (delay_line.py), started in the host's
-        namespace (so closing the run kills it); returns once both its ends are open."""
-        line = host.popen([sys.executable, DELAY_LINE, "--host_device", DEVICE,
-                           "--bridge_namespace", f"/run/netns/{host.bridge_ns}", "--port", host.port,
-                           "--send_ms", f"{shape.latency_ms:g}", "--receive_ms", f"{shape.latency_ms:g}"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        namespace (so closing the run kills it) but outside its CPU budget (a link costs a
+        real host nothing: this one's CPU is the harness's); returns once both its ends are open."""
+        line = subprocess.Popen(["ip", "netns", "exec", host.namespace, sys.executable, DELAY_LINE,
+                                 "--host_device", DEVICE, "--bridge_namespace", f"/run/netns/{host.bridge_ns}",
+                                 "--port", host.port, "--send_ms", f"{shape.latency_ms:g}",
+                                 "--receive_ms", f"{shape.latency_ms:g}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.delay_lines.append(line)
         ready, _, _ = select.select([line.stdout], [], [], timeout_s)
         if not ready or line.stdout.readline().strip() != "ready":

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from herd_testing import ROOT, wait_for
+from herd.cluster.cpu_budget import named_cgroups
 from herd.cluster.netns import LinkShape, NamespaceError, namespaces
 from herd.cluster.ray_hosts import measure_rtt
 
@@ -49,7 +50,7 @@ def test_a_bandwidth_limit_holds_and_a_cut_link_carries_nothing(hosts_or_fail, l
 OWNER = """
 import sys, time
 from herd.cluster.netns import LinkShape, NetnsCluster
-net = NetnsCluster(2, LinkShape(latency_ms=1)).__enter__()
+net = NetnsCluster(2, LinkShape(latency_ms=1), cores=[None, 0.5]).__enter__()
 sleeper = net.hosts[1].popen(["sleep", "1000"])
 print(net.run, sleeper.pid, *(line.pid for line in net.delay_lines), flush=True)
 time.sleep(1000)
@@ -59,7 +60,7 @@ time.sleep(1000)
 def test_an_owner_killed_with_sigkill_leaves_no_namespace_and_no_process():
     """Catches cleanup that only runs on a normal exit (atexit, signal handlers): after
     kill -9 of the owner, its reaper must still kill the hosts' processes and the links'
-    delay lines, and delete every namespace of the run."""
+    delay lines, and delete every namespace and every cgroup (host 1's budget) of the run."""
     owner = subprocess.Popen([sys.executable, "-c", OWNER], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
@@ -67,10 +68,12 @@ def test_an_owner_killed_with_sigkill_leaves_no_namespace_and_no_process():
         sleeper = psutil.Process(int(pid))
         assert sleeper.is_running() and any(ns.startswith(run + "-") for ns in namespaces())
         assert len(lines) == 2 and all(psutil.pid_exists(int(p)) for p in lines), lines
+        assert named_cgroups(run + "-")
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
     assert wait_for(lambda: not any(ns.startswith(run + "-") for ns in namespaces()), 60), namespaces()
+    assert wait_for(lambda: not named_cgroups(run + "-"), 30), named_cgroups(run + "-")
     for process in (pid, *lines):
         assert wait_for(lambda: gone(int(process)), 30), process
 
