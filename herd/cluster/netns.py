@@ -340,8 +340,8 @@ class NetnsCluster:
                                        start_new_session=True)
 
     def on_signal(self, signum, frame) -> None:
+        previous = self.previous_handlers.get(signum, signal.SIG_DFL)    # close() forgets it
         self.close()
-        previous = self.previous_handlers.get(signum, signal.SIG_DFL)
         if callable(previous):
             previous(signum, frame)
         elif previous != signal.SIG_IGN:

@@ -86,6 +86,30 @@ def gone(pid: int) -> bool:
         return True
 
 
+INTERRUPTED = """
+import os, signal, time
+from herd.cluster.netns import NetnsCluster
+net = NetnsCluster(2).__enter__()
+run = net.run
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", net.closed, len(net.namespaces()), signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+"""
+
+
+def test_ctrl_c_closes_the_cluster_then_reaches_the_program_as_keyboardinterrupt():
+    """Catches a SIGINT handler that cleans up and then kills the process (the shell sees exit
+    130 and nothing of the program's own handling): after closing the cluster it must hand
+    the signal to the handler it replaced, here Python's KeyboardInterrupt, and restore it."""
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, (done.returncode, done.stderr[-500:])
+    assert done.stdout.split() == ["KeyboardInterrupt", "True", "0", "True"], done.stdout
+
+
 NOT_ROOT = """
 import os, sys
 from herd.cluster.netns import NamespaceError, NetnsCluster
