@@ -95,7 +95,7 @@ def inner(options: dict) -> dict:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"    # hosts' own addresses (ray_scaling sets 0: loopback)
     import numpy as np
     import ray
-    from ray_scaling import StampedWorker, spec_and_layout
+    from ray_scaling import StampedWorker, spec_and_layout, take_rollouts
     from herd.actors.actor import ActorSpec
     from herd.backends.ray_actors import WeightsBoard
     from herd.backends.ray_wire import pack_obs, unpack_obs
@@ -110,36 +110,27 @@ def inner(options: dict) -> dict:
             return rollout, pack_obs(arrays), stamp
 
     def sink(actors, rate, seconds, compressed):
-        """Takes rollouts as they come (rate None) or one every 1/rate s, for `seconds`."""
-        owner = {a.next_rollout.remote(): i for i, a in enumerate(actors) for _ in range(options["inflight"])}
-        latencies, steps, taken, start, received = [], 0, 0, time.monotonic(), rx_bytes()
-        busy, host_busy = busy_seconds(), host_cpu_seconds(options["usage_fds"])
-        raw = packed = 0
-        while (now := time.monotonic()) - start < seconds:
-            if rate is not None and taken >= (now - start) * rate:
-                time.sleep(min(0.002, 1 / rate))
-                continue
-            ready, _ = ray.wait(list(owner), num_returns=1, timeout=0.5)
-            if not ready:
-                continue
-            rollout, arrays, stamp = ray.get(ready[0])
+        """Takes rollouts as they come (rate None) or one every 1/rate s, for `seconds`
+        (ray_scaling.take_rollouts), measuring the link, the cores and the compression."""
+        sizes = {"raw": 0, "packed": 0}
+
+        def receive(arrays):
             if compressed:
-                packed += len(arrays["obs"].data)
-                arrays = unpack_obs(arrays)
-                raw += arrays["obs"].nbytes
-            latencies.append(time.time() - stamp)
-            steps += rollout.steps
-            taken += 1
-            owner[actors[owner.pop(ready[0])].next_rollout.remote()] = rollout.actor_id
-        elapsed, received, busy = time.monotonic() - start, rx_bytes() - received, busy_seconds() - busy
+                sizes["packed"] += len(arrays["obs"].data)
+                sizes["raw"] += unpack_obs(arrays)["obs"].nbytes
+
+        received, busy, host_busy = rx_bytes(), busy_seconds(), host_cpu_seconds(options["usage_fds"])
+        took = take_rollouts(actors, options["inflight"], rate, seconds, receive)
+        elapsed, steps = took["elapsed"], took["steps"]
+        received, busy = rx_bytes() - received, busy_seconds() - busy
         host_used = cores_used(host_busy, host_cpu_seconds(options["usage_fds"]), elapsed)
-        ray.get(list(owner))                    # the calls still queued finish before the next sink starts
-        lat = np.array(latencies or [float("nan")]) * 1e3
-        return {"rollouts_per_s": round(taken / elapsed, 2), "frames_per_s": round(steps / elapsed, 1),
+        ray.get(took["pending"])                # the calls still queued finish before the next sink starts
+        lat = np.array(took["latencies_s"] or [float("nan")]) * 1e3
+        return {"rollouts_per_s": round(took["taken"] / elapsed, 2), "frames_per_s": round(steps / elapsed, 1),
                 "p50_ms": round(float(np.median(lat)), 2), "p90_ms": round(float(np.percentile(lat, 90)), 2),
                 "p99_ms": round(float(np.percentile(lat, 99)), 2),
                 "bytes_per_step": round(received / max(steps, 1), 1),
-                "lz4_ratio": round(raw / packed, 2) if packed else None,
+                "lz4_ratio": round(sizes["raw"] / sizes["packed"], 2) if sizes["packed"] else None,
                 "busy_cores": round(busy / elapsed, 3),
                 "host_cores_used": host_used}
 

@@ -66,8 +66,12 @@ def spec_and_layout(env: str, envs: int, unroll: int) -> tuple[ActorSpec, object
     return spec, layout
 
 
-def sink(actors: list, inflight: int, rate: float | None, seconds: float) -> dict:
-    """Takes rollouts at `rate` per second (None: as fast as they come) for `seconds`."""
+def take_rollouts(actors: list, inflight: int, rate: float | None, seconds: float,
+                  receive=lambda arrays: None) -> dict:
+    """The sink: keeps `inflight` calls queued on every actor and takes their rollouts at
+    `rate` per second (None: as fast as they come) for `seconds`, handing each one's arrays
+    to `receive`. Returns {'latencies_s': [return -> taken], 'steps', 'taken', 'elapsed',
+    'pending': the refs of the calls still queued}."""
     owner = {}
     for index, actor in enumerate(actors):
         for _ in range(inflight):
@@ -82,14 +86,22 @@ def sink(actors: list, inflight: int, rate: float | None, seconds: float) -> dic
         if not ready:
             continue
         rollout, arrays, stamp = ray.get(ready[0])
+        receive(arrays)
         latencies.append(time.time() - stamp)
         steps += rollout.steps
         taken += 1
-        del arrays
-        owner[actors[owner.pop(ready[0])].next_rollout.remote()] = rollout.actor_id
-    elapsed = time.monotonic() - start
-    lat = np.array(latencies or [float("nan")]) * 1e3
-    return {"rollouts_per_s": round(taken / elapsed, 1), "env_steps_per_s": round(steps / elapsed),
+        index = owner.pop(ready[0])
+        owner[actors[index].next_rollout.remote()] = index
+    return {"latencies_s": latencies, "steps": steps, "taken": taken, "elapsed": time.monotonic() - start,
+            "pending": list(owner)}
+
+
+def sink(actors: list, inflight: int, rate: float | None, seconds: float) -> dict:
+    """Takes rollouts at `rate` per second (None: as fast as they come) for `seconds`."""
+    took = take_rollouts(actors, inflight, rate, seconds)
+    elapsed = took["elapsed"]
+    lat = np.array(took["latencies_s"] or [float("nan")]) * 1e3
+    return {"rollouts_per_s": round(took["taken"] / elapsed, 1), "env_steps_per_s": round(took["steps"] / elapsed),
             "latency_p50_ms": round(float(np.median(lat)), 2), "latency_p90_ms": round(float(np.percentile(lat, 90)), 2)}
 
 
