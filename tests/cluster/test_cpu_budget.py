@@ -58,7 +58,7 @@ def test_what_a_host_starts_stays_in_its_cgroup_and_a_delay_line_stays_out(hosts
 
 @pytest.mark.parametrize("hosts, cores, reason", [
     (3, [1.5, 1.5, 1.5], "add up to 4.5 cores"),
-    (2, [0.001, None], "host 0's budget of 0.001 cores"),
+    (2, [0.05, None], "host 0's budget of 0.05 cores: give 0.1 to 2"),
     (2, [-1.0, None], "host 0's budget of -1 cores"),
     (2, [0.5], "1 CPU budgets for 2 hosts"),
 ], ids=["too_many", "too_small", "negative", "one_short"])
