@@ -16,15 +16,15 @@ link latency; latency comes from the harness's user-space delay line):
                  delay lines and Ray's included), so CPU-seconds per step can be read off
     host cores   with --host_cores and --head_cores: each worker host (and host 0) runs on its own
                  budget of cores (a cgroup quota, herd/cluster/cpu_budget.py) and the cores each
-                 host used are counted apart (host_cores_used: [host 0, host 1, ...])
+                 host used are counted apart (host_cores_used: {host index: cores})
 
 and, with --learner_seconds, herd's real learner (`herd train --multiprocessing_backend=ray`)
 on host 0 with the same actors, its steady frames/s from train.csv.
 
 Without budgets all hosts share this machine's cores (2 here), so frames/s cannot grow with
 hosts the way a real cluster's does: what grows is the network's share. With budgets each
-host has its own cores, as long as they add up to no more than the machine's. The throughput model built from
-these numbers is in docs/netns-cluster.md. Needs root (network namespaces).
+host has its own cores (together no more than the machine's). The throughput model built
+from these numbers is in docs/netns-cluster.md. Needs root (network namespaces).
 Usage: python benchmarks/netns_cluster.py [--hosts 1,2,4] [--bandwidths none,100,30] [--latencies 0,1]
        [--seconds 12] [--learner_seconds 30]
 Last line: netns_cluster: hosts=<n> frames_per_s=<x> p50_ms=<y> bytes_per_step=<z> (the first
