@@ -152,6 +152,18 @@ def named_cgroups(prefix: str) -> list[str]:
     return found
 
 
+def cgroup_pids(prefix: str) -> list[int]:
+    """The processes in every cgroup whose name starts with `prefix`."""
+    pids = set()
+    for path in named_cgroups(prefix):
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as procs:
+                pids.update(int(p) for p in procs.read().split())
+        except FileNotFoundError:
+            pass
+    return sorted(pids)
+
+
 def remove_cgroups(run: str, timeout_s: float = 10.0) -> list[str]:
     """Removes the cgroups of `run`'s hosts (named <run>-...) wherever they are in the cpu and
     cpuacct hierarchies, once their processes are gone (the caller killed them; a cgroup

@@ -21,7 +21,7 @@ host's processes share all of this machine's cores with the other hosts'.
 
 Cleaning up. Every namespace of a run is named <run>-..., where <run> is
 `herdnet<owner pid>x<random>`. Closing (the context manager, atexit, SIGINT/SIGTERM) kills
-every process inside the run's namespaces (`ip netns pids`) and deletes them; a reaper
+every process inside the run's namespaces and cgroups and deletes them; a reaper
 process (this file run as a script, in its own session) does the same once its owner dies
 without closing (kill -9); and every new cluster first removes the namespaces of runs
 whose owner process is gone; the run's cgroups (named <run>-h<i>) go with its namespaces.
@@ -47,9 +47,10 @@ from dataclasses import dataclass
 import psutil
 
 if __package__:
-    from herd.cluster.cpu_budget import BudgetError, CpuBudget, check_cores, remove_cgroups, runs_with_cgroups
+    from herd.cluster.cpu_budget import (BudgetError, CpuBudget, cgroup_pids, check_cores, remove_cgroups,
+                                          runs_with_cgroups)
 else:           # run as a script: the reaper (guard), beside cpu_budget.py
-    from cpu_budget import BudgetError, CpuBudget, check_cores, remove_cgroups, runs_with_cgroups
+    from cpu_budget import BudgetError, CpuBudget, cgroup_pids, check_cores, remove_cgroups, runs_with_cgroups
 
 PREFIX = "herdnet"
 SUBNET = "10.213.0"          # host i is SUBNET.(i+1)/24, on this run's own bridge only
@@ -108,15 +109,44 @@ def namespaces() -> list[str]:
     return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
 
 
+def net_inode(namespace: str) -> int | None:
+    """The inode of a named namespace (what /proc/<pid>/ns/net of its processes points to)."""
+    try:
+        return os.stat(f"/run/netns/{namespace}").st_ino
+    except FileNotFoundError:
+        return None
+
+
+def pids_in_nets(inodes: set[int]) -> list[int]:
+    """Every process whose network namespace is one of `inodes`: what `ip netns pids` tells
+    for one named namespace, and still after a namespace has lost its name."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.stat(f"/proc/{entry.name}/ns/net").st_ino in inodes:
+                    found.append(int(entry.name))
+            except OSError:                  # gone, or a zombie (its namespaces are released)
+                pass
+    return found
+
+
 def pids_in(namespace: str) -> list[int]:
-    done = ip("netns", "pids", namespace, check=False)
-    return [int(p) for p in done.stdout.split() if p.strip().isdigit()]
+    inode = net_inode(namespace)
+    return [] if inode is None else pids_in_nets({inode})
 
 
-def kill_all_in(namespace: str, grace_s: float = 3.0) -> None:
-    """SIGTERM to every process in the namespace, SIGKILL to those left after grace_s."""
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def kill_all(find_pids, grace_s: float = 3.0) -> None:
+    """SIGTERM to every process find_pids() names, SIGKILL to those left after grace_s."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        pids = pids_in(namespace)
+        pids = find_pids()
         for pid in pids:
             try:
                 os.kill(pid, sig)
@@ -124,20 +154,40 @@ def kill_all_in(namespace: str, grace_s: float = 3.0) -> None:
                 pass
         deadline = time.monotonic() + wait
         while pids and time.monotonic() < deadline:
-            pids = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+            pids = [p for p in pids if running(p)]
             time.sleep(0.05)
         if not pids:
             return
 
 
-def remove_run(run: str) -> None:
-    """Every process in the run's namespaces killed, then the namespaces deleted (their
-    veth ends and the bridge go with them), then the hosts' cgroups."""
+def kill_all_in(namespace: str, grace_s: float = 3.0) -> None:
+    kill_all(lambda: pids_in(namespace), grace_s)
+
+
+def remove_run(run: str, settle_s: float = 0.3) -> None:
+    """Every process of the run killed (in its namespaces or its hosts' cgroups), then the
+    namespaces deleted (their veth ends and the bridge go with them), then the cgroups.
+
+    A process being started on a host when this runs may be in neither yet: `ip netns exec`
+    opens the namespace's name and only then enters it, so one that opened it just before
+    the name was deleted enters it after, unnamed (a host with a budget: it joined the
+    cgroups first). Such late comers are looked for by the namespaces' inodes and the
+    cgroups until none has appeared for settle_s."""
     mine = [ns for ns in namespaces() if ns.startswith(run + "-")]
-    for ns in mine:
-        kill_all_in(ns)
+    inodes = {inode for ns in mine if (inode := net_inode(ns)) is not None}
+
+    def left() -> list[int]:
+        return [p for p in {*pids_in_nets(inodes), *cgroup_pids(run + "-")} if running(p)]
+
+    kill_all(left)
     for ns in mine:
         ip("netns", "del", ns, check=False)
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < settle_s:
+        if left():
+            kill_all(left, grace_s=0.0)
+            quiet_since = time.monotonic()
+        time.sleep(0.05)
     remove_cgroups(run)
 
 
@@ -178,8 +228,25 @@ class Host:
         join = self.budget.join_argv() if self.budget else []
         return [*join, "ip", "netns", "exec", self.namespace, *argv]
 
-    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
-        return subprocess.Popen(self.command(argv), **kwargs)
+    def popen(self, argv: list[str], enter_timeout_s: float = 30.0, **kwargs) -> subprocess.Popen:
+        """Starts argv on this host; returns once it is inside the host's namespace (or has
+        ended), so that closing the run, or its reaper, finds it there from then on."""
+        process = subprocess.Popen(self.command(argv), **kwargs)
+        inode = net_inode(self.namespace)
+        deadline = time.monotonic() + enter_timeout_s
+        while process.poll() is None:
+            try:
+                if os.stat(f"/proc/{process.pid}/ns/net").st_ino == inode:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                process.kill()
+                process.wait()
+                raise NamespaceError(f"a process started on host {self.index} did not enter its namespace "
+                                     f"within {enter_timeout_s:g} s: {' '.join(argv)[:80]}")
+            time.sleep(0.002)
+        return process
 
     def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(argv), **kwargs)

@@ -11,7 +11,7 @@ import pytest
 
 from herd_testing import ROOT, wait_for
 from herd.cluster.cpu_budget import named_cgroups
-from herd.cluster.netns import LinkShape, NamespaceError, namespaces
+from herd.cluster.netns import LinkShape, NamespaceError, namespaces, running
 from herd.cluster.ray_hosts import measure_rtt
 
 # Sends SIZE bytes from host 0 to host 1 over TCP; prints the seconds it took.
@@ -55,6 +55,30 @@ sleeper = net.hosts[1].popen(["sleep", "1000"])
 print(net.run, sleeper.pid, *(line.pid for line in net.delay_lines), flush=True)
 time.sleep(1000)
 """
+
+
+def test_closing_kills_processes_on_their_way_into_a_host(hosts_or_fail):
+    """Catches a cleanup that looks for a run's processes only in its named namespaces
+    (CI once left a `sleep` alive, and its cgroup, when the owner was killed while the sleep
+    was still being started). Two late comers: one that joined host 1's cgroup but not yet
+    its namespace, and one that opened host 0's namespace and enters it only once its name
+    is deleted (what `ip netns exec` does when it opens the name just before the deletion).
+    Both must be dead after close, and the cgroup gone."""
+    with hosts_or_fail(2, cores=[None, 0.5]) as net:
+        run, path = net.run, f"/run/netns/{net.hosts[0].namespace}"
+        joined = subprocess.Popen([*net.hosts[1].budget.join_argv(), "sleep", "1000"])
+        assert wait_for(lambda: joined.pid in net.hosts[1].budget.pids(), 10)
+        entering = subprocess.Popen(["sh", "-c", f"exec 3<{path}; echo held; while [ -e {path} ]; do sleep 0.01; done; "
+                                     "exec nsenter --net=/proc/self/fd/3 sleep 1000"], stdout=subprocess.PIPE, text=True)
+        assert entering.stdout.readline().strip() == "held"
+        assert joined.pid not in net.hosts[1].pids() and entering.pid not in net.hosts[0].pids()
+    try:
+        assert not running(joined.pid) and not running(entering.pid)
+        assert named_cgroups(run + "-") == []
+    finally:
+        for process in (joined, entering):
+            process.kill()
+            process.wait()
 
 
 def test_an_owner_killed_with_sigkill_leaves_no_namespace_and_no_process():
