@@ -357,7 +357,9 @@ def main() -> None:
                  "bytes/step", "busy cores"], rows)
     path = record(f"netns_cluster_{args.env.split('-')[0]}{args.record}",
                   {"command": " ".join(["python", "benchmarks/netns_cluster.py", *sys.argv[1:]]),
-                   "note": "all hosts share this machine's cores (machine.load_average_1min: its load when recorded)",
+                   "note": (f"each worker host has {args.host_cores:g} cores of its own and host 0 {args.head_cores:g} "
+                            "(cgroup quotas)" if args.host_cores else "all hosts share this machine's cores")
+                           + " (machine.load_average_1min: its load when recorded)",
                    "args": vars(args),
                    "runs": runs})
     print(f"recorded {path}")
