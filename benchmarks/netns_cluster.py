@@ -283,6 +283,8 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
             "busy_cores": round((b1 - b0) / (t1 - t0), 3) if t1 > t0 else None,
             "host_cores_used": cores_used(h0, h1, t1 - t0) if t1 > t0 else None,
             "environment_steps": summary.get("environment_steps"),
+            # rollouts that came with newer weights than their actor's previous one: the versions taken up
+            "weights_taken": summary.get("actor_weights_taken"),
             "bytes_per_step": round(received / max(summary.get("environment_steps") or 1, 1), 1),
             # what host 0 sent per step: the weights the actors pulled (and Ray's messages)
             "sent_bytes_per_step": round(sent / max(summary.get("environment_steps") or 1, 1), 1)}

@@ -72,6 +72,7 @@ def train_ray(session: TrainingSession, spec: ActorSpec, worker_count: int, slot
                             compress_obs=ray_compress_obs)
         session.summary_extra["actor_restarts"] = lambda: pool.restarts
         session.summary_extra["actor_nodes"] = lambda: dict(pool.nodes)   # node id -> actors started there
+        session.summary_extra["actor_weights_taken"] = lambda: pool.weights_taken    # rollouts with newer weights
         session.summary_extra["learner_node"] = lambda: cluster.driver_node
         session.summary_extra["replay"] = lambda: {"location": "learner", "node": cluster.driver_node,
                                                    "rollout_bytes": read[0]}

@@ -36,6 +36,7 @@ class RemoteActor:
     last_seen: float = 0.0                # when it last delivered a rollout (or started)
     delivered: bool = False               # any rollout yet: until then START_GRACE applies
     offered: int = -1                     # the newest weights version it was told about
+    acted_with: int | None = None         # the weights version of its last rollout
     failed: str | None = None             # why it must be replaced (set by receive)
     waiting_logged: bool = False
 
@@ -60,6 +61,10 @@ class RayActorPool:
         self.nodes: Counter = Counter()          # node id -> actors started there (summary.json)
         self.actors: list[RemoteActor | None] = [None] * count
         self.owner: dict = {}                    # metadata ref of a next_rollout call -> (actor id, arrays ref)
+        # Rollouts that came with newer weights than their actor's previous one: how often the
+        # actors took up new weights (each such version was pulled to its node). Counted
+        # where the rollouts arrive, from the version each carries: nothing asked of the actors.
+        self.weights_taken = 0
 
     def start(self) -> None:
         for actor_id in range(self.count):
@@ -122,6 +127,9 @@ class RayActorPool:
                 log.warning("a rollout of actor %d was lost (%s): dropped", actor_id, one_line(err))
                 continue
             actor.last_seen, actor.delivered = time.monotonic(), True
+            if actor.acted_with is not None and rollout.version > actor.acted_with:
+                self.weights_taken += 1
+            actor.acted_with = rollout.version
             rollouts.append((actor_id, rollout, arrays))
         return rollouts
 

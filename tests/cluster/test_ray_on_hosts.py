@@ -77,6 +77,11 @@ def test_cartpole_learns_with_every_actor_on_the_other_hosts(cluster, tmp_path):
     workers = {ray.node_ids[1], ray.node_ids[2]}
     assert summary["actor_nodes"] and set(summary["actor_nodes"]) <= workers, summary["actor_nodes"]
     assert summary["learner_node"] == ray.node_ids[0] and summary["actor_restarts"] == 0
+    # The actors took up new weights as the learner published them: at most once per rollout
+    # after their first, and never more versions than updates.
+    config = json.loads((only_run(tmp_path) / "config.json").read_text())
+    rollouts = summary["environment_steps"] // (config["envs_per_worker"] * config["r_f_steps"])
+    assert 0 < summary["actor_weights_taken"] <= min(rollouts - 2, 2 * summary["training_steps"]), summary
     # Every step's observation reached the learner's host over its link (and more: the other fields).
     received = net.hosts[0].link_bytes()["rx"] - before
     assert received >= summary["environment_steps"] * CARTPOLE_OBS_BYTES, received
