@@ -238,7 +238,7 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
     import csv
     import tempfile
     results = Path(tempfile.mkdtemp(prefix="netns_learner_"))
-    before = net.hosts[0].link_bytes()
+    before = {h.index: h.link_bytes() for h in net.hosts}
     argv = [sys.executable, "-m", "herd.cli", "train", f"--env={args.env}", "--multiprocessing_backend=ray",
             f"--ray_address={ray.address}", f"--worker_count={hosts * args.actors_per_host}",
             f"--envs_per_worker={args.envs}", f"--r_f_steps={args.unroll}", f"--actor_cpus={args.host_cpus / args.actors_per_host:g}",
@@ -260,8 +260,11 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=300)
-    after = net.hosts[0].link_bytes()
-    received, sent = after["rx"] - before["rx"], after["tx"] - before["tx"]
+    after = {h.index: h.link_bytes() for h in net.hosts}
+    # {host: {rx, tx}} bytes over the whole run: a worker host's rx is mostly the weights its
+    # actors pulled, from host 0 or from another node that has them (Ray fetches from any copy)
+    moved = {str(i): {way: after[i][way] - before[i][way] for way in ("rx", "tx")} for i in before}
+    received, sent = moved["0"]["rx"], moved["0"]["tx"]
     runs = [p for p in results.iterdir() if p.is_dir()]
     rows = list(csv.DictReader((runs[0] / "train.csv").open())) if runs else []
     summary = json.loads((runs[0] / "summary.json").read_text()) if runs else {}
@@ -287,7 +290,8 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
             "weights_taken": summary.get("actor_weights_taken"),
             "bytes_per_step": round(received / max(summary.get("environment_steps") or 1, 1), 1),
             # what host 0 sent per step: the weights the actors pulled (and Ray's messages)
-            "sent_bytes_per_step": round(sent / max(summary.get("environment_steps") or 1, 1), 1)}
+            "sent_bytes_per_step": round(sent / max(summary.get("environment_steps") or 1, 1), 1),
+            "link_bytes": moved}
 
 
 def refuse(message: str) -> None:
