@@ -32,7 +32,7 @@ then its prediction for 8 to 64 nodes.
     idle per node    busy cores of an idle Ray node (raylet and workers polling)
     link             bytes/s of the learner host's link (every link is shaped alike)
     S, W, R          steps per update (batch x T: 8 x 20, herd's CPU Atari default), the
-                     weights' bytes (the Nature CNN's 1,687,719 float32) and an actor's
+                     weights' bytes (herd's Pong network: 1,950,375 float32) and an actor's
                      rollout (T x envs: 20 x 4 here): structure, not fitted
 
 Runs with different budgets (none, or host 0's and each worker host's cores) are fitted and
@@ -91,7 +91,10 @@ NODE_RATE = 11_800        # agent steps/s of one 16-core node of CPU actors: the
                           # rate (benchmarks/results/pong_h100_defaults_3min/train.csv, 14 actors x 8 envs)
 GPU_LEARNER_FLOOR = 11_800   # that H100 learner kept up with it: its own ceiling is higher, not measured
                              # here (no GPU): the table says what each learner must sustain
-WEIGHT_BYTES = 1_687_719 * 4  # the Nature CNN's float32 weights, pulled once per node per update
+# herd's Pong network, float32: the Nature CNN with its 512-unit feature layer (the Atari
+# profile's feature_out_layer_size, --use_additional_scaling_FC_layer on by default):
+# 1,687,719 parameters without that layer, 1,950,375 with it (tests/test_netns_model.py counts it)
+WEIGHT_BYTES = 1_950_375 * 4
 STEPS_PER_UPDATE = 32 * 20    # herd's CUDA Atari defaults: batch 32 x T 20
 ROLLOUT_STEPS = 8 * 20        # an actor's rollout there: 8 envs x T 20
 CPU_BATCH = 8                 # herd's CPU Atari default batch (the benchmark's real learner)
@@ -167,8 +170,25 @@ def rows_of(run: dict, args: dict) -> list[dict]:
                          "bytes_per_step": run[name]["bytes_per_step"], "busy_cores": run[name].get("busy_cores"),
                          "host_cores_used": run[name].get("host_cores_used"),
                          "idle_busy_cores": run.get(obs, {}).get("idle_busy_cores"), "learner": math.inf,
-                         "sent_bytes_per_step": run[name].get("sent_bytes_per_step")})
+                         "sent_bytes_per_step": run[name].get("sent_bytes_per_step"),
+                         "pulls_per_node_update": pulls_per_node_update(run[name], run["hosts"])})
     return rows
+
+
+def pulls_per_node_update(learner: dict, hosts: int) -> float | None:
+    """The weights a worker host took in per update, on average over the worker hosts: what
+    its link received (Ray brings each version from host 0 or from a node that has it)
+    over the whole run, in weights, per update. None in records without every host's bytes."""
+    moved, updates = learner.get("link_bytes"), learner.get("updates")
+    if not moved or not updates:
+        return None
+    received = [moved[str(h)]["rx"] for h in range(1, hosts + 1)]
+    return round(sum(received) / len(received) / WEIGHT_BYTES / updates, 2)
+
+
+def most_pulls_per_node_update(hosts: int, steps_per_update: float, rollout_steps: float) -> float:
+    """The model's pulls per worker host and update: pulls_per_step's, per node and update."""
+    return pulls_per_step(hosts, steps_per_update, rollout_steps) * steps_per_update / hosts
 
 
 def head_cores(run: dict) -> float | None:
@@ -263,13 +283,15 @@ def check(rows: list[dict], cores: int) -> dict | None:
         value, limit = predict_row(r, params)
         # the most host 0 can send for the weights per step (pulls_per_step): what it sent says how
         # close the actors came (on a fast link they skip versions the learner made in the meantime)
-        expected_sent = (WEIGHT_BYTES * pulls_per_step(r["hosts"], CPU_BATCH * r["unroll"], r["unroll"] * r["envs"])
-                         if r["sink"] == "herd" else None)
+        # the most pulls per worker host and update (pulls_per_step): what each took in says how close
+        # the actors came (on a fast link they skip versions the learner made in the meantime)
+        most_pulls = (round(most_pulls_per_node_update(r["hosts"], CPU_BATCH * r["unroll"], r["unroll"] * r["envs"]), 2)
+                      if r["sink"] == "herd" else None)
         error = (value - r["frames_per_s"]) / r["frames_per_s"] if r["frames_per_s"] else math.inf
         kind = ("paced" if r["sink"] == "paced" else "network" if r["bandwidth_mbit"] and (limit != "cpu" or
                 r["sink"] == "herd") else "cpu")
         table.append({**r, "predicted": round(value, 1), "limit": limit, "error": round(error, 3), "fitted": fitted,
-                      "kind": kind, "expected_sent_bytes_per_step": expected_sent and round(expected_sent)})
+                      "kind": kind, "most_pulls_per_node_update": most_pulls})
     print("fitted on the 1-host unshaped runs (veth; delay line: its CPU only): "
           + json.dumps({k: round(v, 6 if "cpu_s" in k else 3) for k, v in params.items()}))
     print(f"{'hosts':>5} {'Mbit/s':>7} {'lat ms':>6} {'obs':>4} {'sink':>6} {'measured':>9} {'predicted':>9} "
@@ -278,8 +300,8 @@ def check(rows: list[dict], cores: int) -> dict | None:
         print(f"{t['hosts']:>5} {t['bandwidth_mbit'] or '-':>7} {t['latency_ms']:>6g} {t['obs']:>4} {t['sink']:>6} "
               f"{t['frames_per_s']:>9} {t['predicted']:>9} {t['limit']:>8} {100 * t['error']:>6.1f}%  "
               f"{'fit' if t['fitted'] else t['kind']}"
-              + (f"  sent/step {t['sent_bytes_per_step']} (pulls at most: "
-                 f"{t['expected_sent_bytes_per_step']})" if t["sink"] == "herd" else ""))
+              + (f"  pulls/host/update {t['pulls_per_node_update'] if t['pulls_per_node_update'] is not None else '?'}"
+                 f" (at most {t['most_pulls_per_node_update']})" if t["sink"] == "herd" else ""))
     checks = [t for t in table if not t["fitted"]]
     within = [t for t in checks if abs(t["error"]) <= 0.2]
     by_kind = {kind: [sum(abs(t["error"]) <= 0.2 for t in checks if t["kind"] == kind),

@@ -94,3 +94,16 @@ def test_budget_settings_are_named_apart():
     assert netns_model.budget_setting({"host_cores": None}) == "none"
     assert netns_model.budget_setting({}) == "none"
     assert netns_model.budget_setting({"host_cores": [0.5, 0.3, 0.3]}) == "head 0.5 / host 0.3"
+
+
+def test_the_models_weight_bytes_are_herds_pong_network():
+    """Catches a model that prices the weights of another network than the one herd's Pong
+    run publishes (it once took the Nature CNN without herd's 512-unit feature layer: 13 %
+    fewer bytes per pull)."""
+    from herd.config import NetworkConfig
+    from herd.models import build_model
+    from herd.profiles import PROFILES
+    network = NetworkConfig()
+    model = build_model("nature_cnn", (4, 84, 84), "uint8", 6, PROFILES["atari"]["feature_out_layer_size"],
+                        use_feature_layer=network.use_additional_scaling_FC_layer)
+    assert netns_model.WEIGHT_BYTES == 4 * sum(p.numel() for p in model.parameters())
