@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -237,38 +236,39 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
     busy cores over the same window."""
     import csv
     import tempfile
-    results = Path(tempfile.mkdtemp(prefix="netns_learner_"))
-    before = {h.index: h.link_bytes() for h in net.hosts}
-    argv = [sys.executable, "-m", "herd.cli", "train", f"--env={args.env}", "--multiprocessing_backend=ray",
-            f"--ray_address={ray.address}", f"--worker_count={hosts * args.actors_per_host}",
-            f"--envs_per_worker={args.envs}", f"--r_f_steps={args.unroll}", f"--actor_cpus={args.host_cpus / args.actors_per_host:g}",
-            "--tensorboard=False", "--environment_max_steps=100000000", "--learner_compile=False",
-            "--verbose_learner_out_int=1", f"--results_dir={results}", *extra]
-    launch = time.monotonic()
-    process = net.hosts[0].popen(argv, env={**ray.env(), "PYTHONPATH": str(HERE.parent)}, cwd=HERE.parent,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    while process.poll() is None and not first_update_logged(results) and time.monotonic() - launch < 600:
-        time.sleep(0.25)
-    first_update_at = time.monotonic()
-    def sample() -> tuple:
-        """(monotonic, the machine's busy CPU-seconds, {budgeted host: its CPU-seconds})"""
-        return time.monotonic(), busy_seconds(), {str(h.index): h.budget.usage_s() for h in net.hosts if h.budget}
-    busy = [sample()]                                # once a second
-    while process.poll() is None and time.monotonic() - first_update_at < args.learner_seconds:
-        time.sleep(1.0)
-        busy.append(sample())
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGINT)
-    _, err = process.communicate(timeout=300)
-    after = {h.index: h.link_bytes() for h in net.hosts}
-    # {host: {rx, tx}} bytes over the whole run: a worker host's rx is mostly the weights its
-    # actors pulled, from host 0 or from another node that has them (Ray fetches from any copy)
-    moved = {str(i): {way: after[i][way] - before[i][way] for way in ("rx", "tx")} for i in before}
-    received, sent = moved["0"]["rx"], moved["0"]["tx"]
-    runs = [p for p in results.iterdir() if p.is_dir()]
-    rows = list(csv.DictReader((runs[0] / "train.csv").open())) if runs else []
-    summary = json.loads((runs[0] / "summary.json").read_text()) if runs else {}
-    shutil.rmtree(results, ignore_errors=True)          # its checkpoints: nothing the record needs
+    # herd's results (its checkpoints: nothing the record needs) go, however the run ends
+    with tempfile.TemporaryDirectory(prefix="netns_learner_", ignore_cleanup_errors=True) as tmp:
+        results = Path(tmp)
+        before = {h.index: h.link_bytes() for h in net.hosts}
+        argv = [sys.executable, "-m", "herd.cli", "train", f"--env={args.env}", "--multiprocessing_backend=ray",
+                f"--ray_address={ray.address}", f"--worker_count={hosts * args.actors_per_host}",
+                f"--envs_per_worker={args.envs}", f"--r_f_steps={args.unroll}", f"--actor_cpus={args.host_cpus / args.actors_per_host:g}",
+                "--tensorboard=False", "--environment_max_steps=100000000", "--learner_compile=False",
+                "--verbose_learner_out_int=1", f"--results_dir={results}", *extra]
+        launch = time.monotonic()
+        process = net.hosts[0].popen(argv, env={**ray.env(), "PYTHONPATH": str(HERE.parent)}, cwd=HERE.parent,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        while process.poll() is None and not first_update_logged(results) and time.monotonic() - launch < 600:
+            time.sleep(0.25)
+        first_update_at = time.monotonic()
+        def sample() -> tuple:
+            """(monotonic, the machine's busy CPU-seconds, {budgeted host: its CPU-seconds})"""
+            return time.monotonic(), busy_seconds(), {str(h.index): h.budget.usage_s() for h in net.hosts if h.budget}
+        busy = [sample()]                                # once a second
+        while process.poll() is None and time.monotonic() - first_update_at < args.learner_seconds:
+            time.sleep(1.0)
+            busy.append(sample())
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=300)
+        after = {h.index: h.link_bytes() for h in net.hosts}
+        # {host: {rx, tx}} bytes over the whole run: a worker host's rx is mostly the weights its
+        # actors pulled, from host 0 or from another node that has them (Ray fetches from any copy)
+        moved = {str(i): {way: after[i][way] - before[i][way] for way in ("rx", "tx")} for i in before}
+        received, sent = moved["0"]["rx"], moved["0"]["tx"]
+        runs = [p for p in results.iterdir() if p.is_dir()]
+        rows = list(csv.DictReader((runs[0] / "train.csv").open())) if runs else []
+        summary = json.loads((runs[0] / "summary.json").read_text()) if runs else {}
     window = steady_window(rows)
     if window is None:
         return {"error": f"too few updates logged ({len(rows)}): {err[-500:]}"}
@@ -288,6 +288,8 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
             "environment_steps": summary.get("environment_steps"),
             # rollouts that came with newer weights than their actor's previous one: the versions taken up
             "weights_taken": summary.get("actor_weights_taken"),
+            "actor_restarts": summary.get("actor_restarts"),     # a restarted actor's first rollout is not counted above
+            "restart_reasons": [line[-200:] for line in err.splitlines() if "restarting it" in line][:5],
             "bytes_per_step": round(received / max(summary.get("environment_steps") or 1, 1), 1),
             # what host 0 sent per step: the weights the actors pulled (and Ray's messages)
             "sent_bytes_per_step": round(sent / max(summary.get("environment_steps") or 1, 1), 1),
