@@ -397,11 +397,14 @@ class NetnsCluster:
 
     def guard(self) -> None:
         """Cleanup however this process ends: atexit, SIGINT/SIGTERM (then the previous
-        handler runs), and a reaper that outlives a kill -9."""
+        handler runs; an ignored one stays ignored), and a reaper that outlives a kill -9."""
         atexit.register(self.close)
         if threading_main():
             for sig in (signal.SIGINT, signal.SIGTERM):
-                self.previous_handlers[sig] = signal.signal(sig, self.on_signal)
+                # A program that ignores the signal (nohup, a background job) goes on when it
+                # comes, so its cluster must stay up too: taking it down would break the run.
+                if signal.getsignal(sig) != signal.SIG_IGN:
+                    self.previous_handlers[sig] = signal.signal(sig, self.on_signal)
         self.reaper = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--reap", self.run],
                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                        start_new_session=True)

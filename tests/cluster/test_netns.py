@@ -134,6 +134,28 @@ def test_ctrl_c_closes_the_cluster_then_reaches_the_program_as_keyboardinterrupt
     assert done.stdout.split() == ["KeyboardInterrupt", "True", "0", "True"], done.stdout
 
 
+IGNORING = """
+import os, signal, time
+from herd.cluster.netns import NetnsCluster
+signal.signal(signal.SIGINT, signal.SIG_IGN)            # as under nohup, or a shell's background job
+with NetnsCluster(2) as net:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(1)
+    print("went on", net.closed, len(net.namespaces()), signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+print("closed", len(net.namespaces()))
+"""
+
+
+def test_a_program_that_ignores_ctrl_c_keeps_its_cluster_through_one():
+    """Catches a handler installed over SIG_IGN: a campaign run under nohup (SIGINT ignored)
+    lost its namespaces to a stray SIGINT and then failed reading a link's counters. The
+    program goes on, so its cluster must stay up, and close when the program closes it."""
+    done = subprocess.run([sys.executable, "-c", IGNORING], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, (done.returncode, done.stderr[-500:])
+    assert done.stdout.split() == ["went", "on", "False", "3", "True", "closed", "0"], done.stdout
+
+
 NOT_ROOT = """
 import os, sys
 from herd.cluster.netns import NamespaceError, NetnsCluster
