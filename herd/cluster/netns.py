@@ -164,7 +164,7 @@ def kill_all_in(namespace: str, grace_s: float = 3.0) -> None:
     kill_all(lambda: pids_in(namespace), grace_s)
 
 
-def remove_run(run: str, settle_s: float = 0.3) -> None:
+def remove_run(run: str, settle_s: float = 1.0) -> None:
     """Every process of the run killed (in its namespaces or its hosts' cgroups), then the
     namespaces deleted (their veth ends and the bridge go with them), then the cgroups.
 
