@@ -281,8 +281,6 @@ def check(rows: list[dict], cores: int) -> dict | None:
     for r in rows:
         fitted = is_fitted(r)
         value, limit = predict_row(r, params)
-        # the most host 0 can send for the weights per step (pulls_per_step): what it sent says how
-        # close the actors came (on a fast link they skip versions the learner made in the meantime)
         # the most pulls per worker host and update (pulls_per_step): what each took in says how close
         # the actors came (on a fast link they skip versions the learner made in the meantime)
         most_pulls = (round(most_pulls_per_node_update(r["hosts"], CPU_BATCH * r["unroll"], r["unroll"] * r["envs"]), 2)
