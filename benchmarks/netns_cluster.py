@@ -280,6 +280,7 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
         when = first_update_at + float(wall_time) - float(rows[0]["wall_time"])
         return min(busy, key=lambda sample: abs(sample[0] - when))
     (t0, b0, h0), (t1, b1, h1) = at(start["wall_time"]), at(end["wall_time"])
+    steps = max(summary.get("environment_steps") or 1, 1)          # the whole run's, as the link bytes
     return {"frames_per_s": round(frames / seconds, 1), "updates": summary.get("training_steps"),
             "start_up_s": round(first_update_at - launch, 1), "steady_s": round(seconds, 1),
             "rows": [[round(float(r["wall_time"]), 2), int(float(r["env_step"]))] for r in rows],  # the whole curve
@@ -290,9 +291,9 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
             "weights_taken": summary.get("actor_weights_taken"),
             "actor_restarts": summary.get("actor_restarts"),     # a restarted actor's first rollout is not counted above
             "restart_reasons": [line[-200:] for line in err.splitlines() if "restarting it" in line][:5],
-            "bytes_per_step": round(received / max(summary.get("environment_steps") or 1, 1), 1),
+            "bytes_per_step": round(received / steps, 1),
             # what host 0 sent per step: the weights the actors pulled (and Ray's messages)
-            "sent_bytes_per_step": round(sent / max(summary.get("environment_steps") or 1, 1), 1),
+            "sent_bytes_per_step": round(sent / steps, 1),
             "link_bytes": moved}
 
 

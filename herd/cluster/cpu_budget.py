@@ -123,8 +123,7 @@ class CpuBudget:
                 "throttled_s": int(fields["throttled_time"]) / 1e9}
 
     def pids(self) -> list[int]:
-        with open(os.path.join(self.dirs[0], "cgroup.procs")) as procs:
-            return [int(p) for p in procs.read().split()]
+        return procs_in(self.dirs[0])
 
 
 def write(path: str, value: int) -> None:
@@ -152,16 +151,18 @@ def named_cgroups(prefix: str) -> list[str]:
     return found
 
 
+def procs_in(cgroup: str) -> list[int]:
+    """The processes in one cgroup (a directory); none once it is removed."""
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as procs:
+            return [int(p) for p in procs.read().split()]
+    except FileNotFoundError:
+        return []
+
+
 def cgroup_pids(prefix: str) -> list[int]:
     """The processes in every cgroup whose name starts with `prefix`."""
-    pids = set()
-    for path in named_cgroups(prefix):
-        try:
-            with open(os.path.join(path, "cgroup.procs")) as procs:
-                pids.update(int(p) for p in procs.read().split())
-        except FileNotFoundError:
-            pass
-    return sorted(pids)
+    return sorted({pid for path in named_cgroups(prefix) for pid in procs_in(path)})
 
 
 def remove_cgroups(run: str, timeout_s: float = 10.0) -> list[str]:

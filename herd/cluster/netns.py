@@ -117,18 +117,19 @@ def net_inode(namespace: str) -> int | None:
         return None
 
 
+def net_of(pid: int) -> int | None:
+    """The inode of a process's network namespace; None when it is gone, or a zombie (its
+    namespaces are released)."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
 def pids_in_nets(inodes: set[int]) -> list[int]:
     """Every process whose network namespace is one of `inodes`: what `ip netns pids` tells
     for one named namespace, and still after a namespace has lost its name."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if os.stat(f"/proc/{entry.name}/ns/net").st_ino in inodes:
-                    found.append(int(entry.name))
-            except OSError:                  # gone, or a zombie (its namespaces are released)
-                pass
-    return found
+    return [int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit() and net_of(int(entry.name)) in inodes]
 
 
 def pids_in(namespace: str) -> list[int]:
@@ -234,12 +235,7 @@ class Host:
         process = subprocess.Popen(self.command(argv), **kwargs)
         inode = net_inode(self.namespace)
         deadline = time.monotonic() + enter_timeout_s
-        while process.poll() is None:
-            try:
-                if os.stat(f"/proc/{process.pid}/ns/net").st_ino == inode:
-                    break
-            except OSError:
-                pass
+        while process.poll() is None and net_of(process.pid) != inode:
             if time.monotonic() > deadline:
                 process.kill()
                 process.wait()
