@@ -28,7 +28,9 @@ from these numbers is in docs/netns-cluster.md. Needs root (network namespaces).
 Usage: python benchmarks/netns_cluster.py [--hosts 1,2,4] [--bandwidths none,100,30] [--latencies 0,1]
        [--seconds 12] [--learner_seconds 30]
 Last line: netns_cluster: hosts=<n> frames_per_s=<x> p50_ms=<y> bytes_per_step=<z> (the first
-configuration of the largest host count, free sink, no compression)."""
+configuration of the largest host count, free sink, no compression; with --sinks 0, herd's
+learner, raw, and p50_ms=None). A record made with --sinks 0 holds herd's rows only:
+netns_model.py takes each configuration's sinks from the newest record that has them."""
 from __future__ import annotations
 
 import argparse
@@ -189,12 +191,15 @@ def configuration(hosts: int, bandwidth: float | None, latency_ms: float, args) 
                        "unroll": args.unroll, "actors_per_host": args.actors_per_host, "host_cpus": args.host_cpus,
                        "inflight": args.inflight, "seconds": args.seconds, "rate": args.rate, "lz4": args.lz4,
                        "usage_fds": {host: f.fileno() for host, f in usage.items()}}
-            done = net.hosts[0].run([sys.executable, str(Path(__file__).resolve()), "--inner", json.dumps(options)],
-                                    env={**ray.env(), "PYTHONPATH": f"{HERE.parent}:{HERE}"}, capture_output=True,
-                                    text=True, timeout=600, pass_fds=list(options["usage_fds"].values()))
-            if done.returncode != 0:
-                raise RuntimeError(f"the driver failed: {done.stderr[-2000:]}")
-            sinks = json.loads(done.stdout.strip().splitlines()[-1])
+            sinks = {}
+            if args.sinks:
+                done = net.hosts[0].run([sys.executable, str(Path(__file__).resolve()), "--inner",
+                                         json.dumps(options)],
+                                        env={**ray.env(), "PYTHONPATH": f"{HERE.parent}:{HERE}"}, capture_output=True,
+                                        text=True, timeout=600, pass_fds=list(options["usage_fds"].values()))
+                if done.returncode != 0:
+                    raise RuntimeError(f"the driver failed: {done.stderr[-2000:]}")
+                sinks = json.loads(done.stdout.strip().splitlines()[-1])
             learner = real_learner(net, ray, hosts, args) if args.learner_seconds else None
             learner_lz4 = real_learner(net, ray, hosts, args, ["--ray_compress_obs=True"]) \
                 if args.learner_seconds and args.lz4 else None
@@ -324,8 +329,12 @@ def main() -> None:
     parser.add_argument("--lz4", type=int, default=1, help="also measure LZ4-compressed observations")
     parser.add_argument("--learner_seconds", type=float, default=0,
                         help="also run herd's real learner this long after its first update")
+    parser.add_argument("--sinks", type=int, default=1,
+                        help="measure the sinks (0: herd's learner alone, which needs --learner_seconds)")
     parser.add_argument("--record", default="", help="suffix of the results file")
     args = parser.parse_args()
+    if not args.sinks and not args.learner_seconds:
+        refuse("--sinks 0 measures herd's learner alone: give --learner_seconds too")
     if bool(args.head_cores) != bool(args.host_cores):
         refuse("give --host_cores and --head_cores together (each host its own cores, host 0's too), or neither")
     for hosts in (int(h) for h in args.hosts.split(",")):     # every configuration's sizes, before the first runs
@@ -372,9 +381,15 @@ def main() -> None:
                    "args": vars(args),
                    "runs": runs})
     print(f"recorded {path}")
-    top = [r for r in runs if r["hosts"] == max(x["hosts"] for x in runs)][0]["raw"]["free"]
-    print(f"netns_cluster: hosts={max(r['hosts'] for r in runs)} frames_per_s={top['frames_per_s']} "
-          f"p50_ms={top['p50_ms']} bytes_per_step={top['bytes_per_step']}")
+    largest = [r for r in runs if r["hosts"] == max(x["hosts"] for x in runs)][0]
+    if args.sinks:
+        top = largest["raw"]["free"]
+        print(f"netns_cluster: hosts={largest['hosts']} frames_per_s={top['frames_per_s']} "
+              f"p50_ms={top['p50_ms']} bytes_per_step={top['bytes_per_step']}")
+    else:      # herd's learner alone: its rate, and no hand-off latency (nothing times it)
+        top = largest["learner"] or {}
+        print(f"netns_cluster: hosts={largest['hosts']} frames_per_s={top.get('frames_per_s')} "
+              f"p50_ms=None bytes_per_step={top.get('bytes_per_step')}")
 
 
 if __name__ == "__main__":

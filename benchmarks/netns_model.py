@@ -204,6 +204,14 @@ def budget_setting(run: dict) -> str:
     return f"head {cores[0] if cores[0] is not None else '-'} / host {cores[1]}"
 
 
+def with_older_sinks(run: dict, older: dict) -> dict:
+    """A run of herd's learner alone (netns_cluster.py --sinks 0) keeps the sinks of the
+    older run of its configuration; a run with sinks replaces the older whole."""
+    if any(obs in run for obs in ("raw", "lz4")):
+        return run
+    return {**run, **{obs: older[obs] for obs in ("raw", "lz4") if obs in older}}
+
+
 def kind_of(row: dict) -> str:
     """The harness's kind of link: a delay line (latency) costs this machine's CPU per packet
     that a veth pair (and a real link) does not."""
@@ -316,7 +324,7 @@ def main() -> None:
     if len(machines) != 1:
         sys.exit(f"the records come from {len(machines)} machines {sorted(machines)}: fit and check one machine's")
     # A configuration measured in several records counts once: the newest record's run (a
-    # rerun replaces what it reran).
+    # rerun replaces what it reran; one of herd's learner alone keeps the older sinks).
     newest: dict = {}
     for f, r in sorted(zip(files, records), key=lambda fr: fr[1]["date"]):
         for run in r["runs"]:
@@ -326,6 +334,8 @@ def main() -> None:
                       "another load)")
                 continue
             key = (budget_setting(run), run["hosts"], run["bandwidth_mbit"], run.get("latency_ms", 0.0))
+            if key in newest:
+                run = with_older_sinks(run, newest[key][2])
             newest[key] = (f, r, run)
     settings: dict = {}
     for f, r, run in newest.values():

@@ -107,3 +107,14 @@ def test_the_models_weight_bytes_are_herds_pong_network():
     model = build_model("nature_cnn", (4, 84, 84), "uint8", 6, PROFILES["atari"]["feature_out_layer_size"],
                         use_feature_layer=network.use_additional_scaling_FC_layer)
     assert netns_model.WEIGHT_BYTES == 4 * sum(p.numel() for p in model.parameters())
+
+
+def test_a_record_of_herd_alone_keeps_the_older_sinks():
+    older = {"hosts": 2, "raw": {"free": {"frames_per_s": 95.8}}, "lz4": {"free": {"frames_per_s": 160.0}},
+             "learner": {"frames_per_s": 56.6}}
+    herd_alone = {"hosts": 2, "learner": {"frames_per_s": 101.0}, "learner_lz4": {"frames_per_s": 150.0}}
+    merged = netns_model.with_older_sinks(herd_alone, older)
+    assert merged["raw"] == older["raw"] and merged["lz4"] == older["lz4"]
+    assert merged["learner"]["frames_per_s"] == 101.0          # herd's rows are the newer record's
+    rerun = {"hosts": 2, "raw": {"free": {"frames_per_s": 99.0}}, "learner": None}
+    assert netns_model.with_older_sinks(rerun, older) is rerun   # a run with sinks replaces the older whole

@@ -1,0 +1,77 @@
+"""How the Ray backend's pool reads finished rollouts (herd/backends/ray_pool.py receive),
+against real Ray actors on a one-node local Ray (loopback): once its time is spent, the
+rollouts whose arrays have not arrived stay queued, in the order their calls were made,
+for the next receive. (A receive that read every finished rollout first held a learner for
+42 s on a 30 Mbit/s link, with 64 rollouts queued: nothing trained, no call was made.)
+Loopback moves arrays at once, so a gate in the pool's reader stands for a thin link: the
+arrays of every call but the first wait at it until the test opens it."""
+import threading
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+T, E, SLOTS = 8, 4, 3
+WAIT_S = 120.0        # actors start in seconds here; reached only if they never deliver
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", object_store_memory=80 * 2**20,
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def cartpole_pool(actors: int):
+    from herd.actors.actor import ActorSpec
+    from herd.algos import get_algorithm
+    from herd.algos.base import trajectory_layout
+    from herd.backends.ray_actors import WeightsBoard
+    from herd.backends.ray_pool import RayActorPool
+    from herd.models import build_model
+    model_kwargs = dict(network="mlp", obs_shape=(4,), obs_dtype="float32", num_actions=2, feature_size=64,
+                        use_feature_layer=False, hidden_sizes=(64, 64))
+    layout = trajectory_layout(get_algorithm("impala"), T, (4,), "float32", 2, 64)
+    spec = ActorSpec(env_id="CartPole-v1", env_kwargs={}, model_kwargs=model_kwargs, envs_per_worker=E,
+                     unroll_length=T, seed=1)
+    board = WeightsBoard()
+    board.publish(build_model(**model_kwargs), 0)
+    return RayActorPool(spec, layout, actors, SLOTS, actor_cpus=1, board=board, timeout=WAIT_S, max_restarts=0,
+                        driver_node=ray.get_runtime_context().get_node_id(), registry={})
+
+
+def test_a_receive_whose_time_is_spent_leaves_the_rest_queued_in_call_order(local_ray):
+    """Catches a receive that reads every finished rollout before it returns (its learner
+    then trains nothing and makes no call until the last arrays crossed the network), one
+    that drops what it did not read, and one that reads a later call before an earlier."""
+    pool = cartpole_pool(actors=2)
+    pool.start()
+    try:
+        calls = list(pool.owner)                              # oldest first: actor 0's, then actor 1's
+        ready, _ = ray.wait(calls, num_returns=len(calls), timeout=WAIT_S)
+        assert len(ready) == 2 * SLOTS, "the actors did not finish their calls"
+        link = threading.Event()
+        first_arrays = pool.owner[calls[0]][1]
+        submit = pool.reader.submit
+
+        def through_the_link(fetch, arrays_ref):
+            def fetch_when_through():
+                if arrays_ref != first_arrays:
+                    assert link.wait(WAIT_S), "the test never opened the link"
+                return fetch(arrays_ref)
+            return submit(fetch_when_through)
+
+        pool.reader.submit = through_the_link
+        first = pool.receive(timeout=0.0)                     # no time to read: the first one only
+        assert [actor_id for actor_id, _, _ in first] == [0]
+        assert list(pool.owner) == calls[1:]                  # the rest still queued, in order
+        link.set()
+        rest = pool.receive(timeout=WAIT_S)
+        assert [actor_id for actor_id, _, _ in rest] == [0] * (SLOTS - 1) + [1] * SLOTS
+        for _, rollout, arrays in first + rest:
+            assert rollout.steps == T * E
+            assert arrays["obs"].shape[:2] == (T + 1, E)      # field -> [T(+1), E, ...], read whole
+        assert not pool.owner
+    finally:
+        pool.stop()
