@@ -204,12 +204,18 @@ def budget_setting(run: dict) -> str:
     return f"head {cores[0] if cores[0] is not None else '-'} / host {cores[1]}"
 
 
-def with_older_sinks(run: dict, older: dict) -> dict:
-    """A run of herd's learner alone (netns_cluster.py --sinks 0) keeps the sinks of the
-    older run of its configuration; a run with sinks replaces the older whole."""
-    if any(obs in run for obs in ("raw", "lz4")):
-        return run
-    return {**run, **{obs: older[obs] for obs in ("raw", "lz4") if obs in older}}
+SINK_KEYS, LEARNER_KEYS = ("raw", "lz4"), ("learner", "learner_lz4")
+
+
+def merged_with_older(run: dict, older: dict) -> dict:
+    """A configuration measured again in part keeps the older run's other part: a run of
+    herd's learner alone (netns_cluster.py --sinks 0) the older sinks, a run of the sinks
+    alone (--learner_seconds 0) the older learner rows; a whole run replaces the older."""
+    merged = dict(run)
+    for part in (SINK_KEYS, LEARNER_KEYS):
+        if not any(run.get(key) for key in part):
+            merged.update({key: older[key] for key in part if key in older})
+    return merged
 
 
 def kind_of(row: dict) -> str:
@@ -324,7 +330,7 @@ def main() -> None:
     if len(machines) != 1:
         sys.exit(f"the records come from {len(machines)} machines {sorted(machines)}: fit and check one machine's")
     # A configuration measured in several records counts once: the newest record's run (a
-    # rerun replaces what it reran; one of herd's learner alone keeps the older sinks).
+    # rerun replaces what it reran; one of herd's learner or of the sinks alone keeps the older other part).
     newest: dict = {}
     for f, r in sorted(zip(files, records), key=lambda fr: fr[1]["date"]):
         for run in r["runs"]:
@@ -335,7 +341,7 @@ def main() -> None:
                 continue
             key = (budget_setting(run), run["hosts"], run["bandwidth_mbit"], run.get("latency_ms", 0.0))
             if key in newest:
-                run = with_older_sinks(run, newest[key][2])
+                run = merged_with_older(run, newest[key][2])
             newest[key] = (f, r, run)
     settings: dict = {}
     for f, r, run in newest.values():

@@ -109,12 +109,17 @@ def test_the_models_weight_bytes_are_herds_pong_network():
     assert netns_model.WEIGHT_BYTES == 4 * sum(p.numel() for p in model.parameters())
 
 
-def test_a_record_of_herd_alone_keeps_the_older_sinks():
+def test_a_configuration_measured_again_in_part_keeps_the_older_other_part():
     older = {"hosts": 2, "raw": {"free": {"frames_per_s": 95.8}}, "lz4": {"free": {"frames_per_s": 160.0}},
-             "learner": {"frames_per_s": 56.6}}
+             "learner": {"frames_per_s": 56.6}, "learner_lz4": {"frames_per_s": 33.9}}
     herd_alone = {"hosts": 2, "learner": {"frames_per_s": 101.0}, "learner_lz4": {"frames_per_s": 150.0}}
-    merged = netns_model.with_older_sinks(herd_alone, older)
+    merged = netns_model.merged_with_older(herd_alone, older)
     assert merged["raw"] == older["raw"] and merged["lz4"] == older["lz4"]
-    assert merged["learner"]["frames_per_s"] == 101.0          # herd's rows are the newer record's
-    rerun = {"hosts": 2, "raw": {"free": {"frames_per_s": 99.0}}, "learner": None}
-    assert netns_model.with_older_sinks(rerun, older) is rerun   # a run with sinks replaces the older whole
+    assert merged["learner"]["frames_per_s"] == 101.0          # herd's rows are the newer run's
+    sinks_alone = {"hosts": 2, "raw": {"free": {"frames_per_s": 99.0}}, "learner": None, "learner_lz4": None}
+    merged = netns_model.merged_with_older(sinks_alone, older)
+    assert merged["raw"]["free"]["frames_per_s"] == 99.0
+    assert "lz4" not in merged            # the newer sinks are taken whole: no older sink mixed in
+    assert merged["learner"] == older["learner"] and merged["learner_lz4"] == older["learner_lz4"]
+    whole = {**older, "raw": {"free": {"frames_per_s": 90.0}}, "learner": {"frames_per_s": 70.0}}
+    assert netns_model.merged_with_older(whole, older) == whole           # a whole run replaces the older

@@ -39,7 +39,7 @@ class RemoteActor:
     starting: object = None               # ref of its where() call until it answered: placed and started
     node: str | None = None               # node id (hex) it runs on
     calls: list = field(default_factory=list)   # metadata refs of its queued next_rollout calls, oldest first
-    last_seen: float = 0.0                # when it last delivered a rollout (or started)
+    last_seen: float = 0.0                # when a call of it last returned (or it started)
     delivered: bool = False               # any rollout yet: until then START_GRACE applies
     offered: int = -1                     # the newest weights version it was told about
     acted_with: int | None = None         # the weights version of its last rollout
@@ -127,7 +127,12 @@ class RayActorPool:
         ready, _ = ray.wait([*pending, *wake], num_returns=1, timeout=timeout)
         if ready:   # take everything that is ready by now, not one per wait (oldest calls first)
             ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
-        reading_until = time.monotonic() + timeout
+        now = time.monotonic()
+        for ref in ready:
+            # Its call returned: the actor is alive, though its arrays may wait behind others'
+            # (reading every actor's rollouts in call order on a thin link takes a while).
+            self.actors[self.owner[ref][0]].last_seen = now
+        reading_until = now + timeout
         rollouts = []
         for ref in ready:
             self.read_ahead(ready)           # the window moves on as rollouts are read

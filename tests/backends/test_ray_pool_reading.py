@@ -44,7 +44,8 @@ def cartpole_pool(actors: int):
 def test_a_receive_whose_time_is_spent_leaves_the_rest_queued_in_call_order(local_ray):
     """Catches a receive that reads every finished rollout before it returns (its learner
     then trains nothing and makes no call until the last arrays crossed the network), one
-    that drops what it did not read, and one that reads a later call before an earlier."""
+    that drops what it did not read, one that reads a later call before an earlier, and one
+    that counts an actor whose rollouts wait unread as silent (the pool would restart it)."""
     pool = cartpole_pool(actors=2)
     pool.start()
     try:
@@ -63,9 +64,13 @@ def test_a_receive_whose_time_is_spent_leaves_the_rest_queued_in_call_order(loca
             return submit(fetch_when_through)
 
         pool.reader.submit = through_the_link
+        seen = pool.actors[1].last_seen
         first = pool.receive(timeout=0.0)                     # no time to read: the first one only
         assert [actor_id for actor_id, _, _ in first] == [0]
         assert list(pool.owner) == calls[1:]                  # the rest still queued, in order
+        # Actor 1's calls returned, unread: it is alive (not restarted after --actor_timeout
+        # while its rollouts wait behind others' on a thin link)
+        assert pool.actors[1].last_seen > seen
         link.set()
         rest = pool.receive(timeout=WAIT_S)
         assert [actor_id for actor_id, _, _ in rest] == [0] * (SLOTS - 1) + [1] * SLOTS
