@@ -272,8 +272,11 @@ def real_learner(net, ray, hosts: int, args, extra: tuple = ()) -> dict:
         moved = {str(i): {way: after[i][way] - before[i][way] for way in ("rx", "tx")} for i in before}
         received, sent = moved["0"]["rx"], moved["0"]["tx"]
         runs = [p for p in results.iterdir() if p.is_dir()]
-        rows = list(csv.DictReader((runs[0] / "train.csv").open())) if runs else []
-        summary = json.loads((runs[0] / "summary.json").read_text()) if runs else {}
+        if not runs or not (runs[0] / "summary.json").exists():
+            # herd failed (it writes summary.json however it stops): the campaign goes on
+            return {"error": f"herd exited {process.returncode} without summary.json: {err[-1500:]}"}
+        rows = list(csv.DictReader((runs[0] / "train.csv").open()))
+        summary = json.loads((runs[0] / "summary.json").read_text())
     window = steady_window(rows)
     if window is None:
         return {"error": f"too few updates logged ({len(rows)}): {err[-500:]}"}

@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 import ray
@@ -26,10 +24,6 @@ from herd.errors import ActorFailure
 from herd.trajectory import TrajectoryLayout
 
 log = logging.getLogger("herd")
-
-# Finished rollouts whose arrays are fetched ahead of the learner: enough to keep a link busy
-# while the learner trains on the one before (each waits in the object store until read).
-READ_AHEAD = 2
 
 
 @dataclass
@@ -71,10 +65,6 @@ class RayActorPool:
         # actors took up new weights (each such version was pulled to its node). Counted
         # where the rollouts arrive, from the version each carries: nothing asked of the actors.
         self.weights_taken = 0
-        # The arrays of finished calls being fetched (metadata ref -> future), oldest first: one
-        # reader thread, so one rollout crosses into this node at a time, in call order.
-        self.reading: dict = {}
-        self.reader = ThreadPoolExecutor(1, thread_name_prefix="herd-rollout-reader")
 
     def start(self) -> None:
         for actor_id in range(self.count):
@@ -112,14 +102,12 @@ class RayActorPool:
         server's answer). A call that raised marks its actor for replacement; its rollout
         is dropped whole (and so are the actor's other queued calls when it is replaced).
 
-        Reading a rollout's arrays waits for them to cross the network: a reader thread
-        fetches the finished rollouts' arrays one after another, oldest call first, up to
-        READ_AHEAD ahead of the learner, so the link carries the next while the learner
-        trains. Once `timeout` seconds have gone into reading (the first rollout is always
-        waited for), the finished rollouts not yet read stay queued for the next call, and
-        the learner trains and queues new calls in between. (Reading every finished rollout
-        first held a learner 42 s on a 30 Mbit/s link with 64 of them queued: it trained
-        nothing, and the actors, out of calls, stood idle.)"""
+        Reading a rollout's arrays waits for them to cross the network, one at a time, oldest
+        call first. Once `timeout` seconds have gone into reading (the first rollout is always
+        read), the finished rollouts not yet read stay queued for the next call, and the
+        learner trains and queues new calls in between. (Reading every finished rollout first
+        held a learner 42 s on a 30 Mbit/s link with 64 of them queued: it trained nothing,
+        and the actors, out of calls, stood idle.)"""
         pending = list(self.owner)
         if not pending:
             time.sleep(timeout)
@@ -135,20 +123,15 @@ class RayActorPool:
         reading_until = now + timeout
         rollouts = []
         for ref in ready:
-            self.read_ahead(ready)           # the window moves on as rollouts are read
-            if rollouts and not self.arrived(ref, reading_until):
+            if rollouts and time.monotonic() > reading_until:
                 break               # the rest stay in self.owner: the next call reads them first
             actor_id, arrays_ref = self.owner.pop(ref)
-            reading = self.reading.pop(ref, None)
             actor = self.actors[actor_id]
             actor.calls.remove(ref)
             try:
                 # Both returns exist once the call returned: the metadata is what was waited on.
                 rollout = ray.get(ref)
-                if self.fetch_arrays:
-                    arrays = unpack_obs(reading.result() if reading is not None else ray.get(arrays_ref))
-                else:
-                    arrays = arrays_ref          # a replay server reads them
+                arrays = unpack_obs(ray.get(arrays_ref)) if self.fetch_arrays else arrays_ref
             except RayTaskError as err:          # its code raised (an env crashed): the actor is unusable
                 actor.failed = f"failed: {one_line(err)}"
                 continue
@@ -164,30 +147,6 @@ class RayActorPool:
             actor.acted_with = rollout.version
             rollouts.append((actor_id, rollout, arrays))
         return rollouts
-
-    def read_ahead(self, ready: list) -> None:
-        """Starts fetching the arrays of the oldest finished calls, READ_AHEAD at most at a
-        time (their objects wait in this node's object store until read)."""
-        if not self.fetch_arrays:
-            return
-        for ref in ready:
-            if len(self.reading) >= READ_AHEAD:
-                break
-            if ref in self.owner and ref not in self.reading:
-                self.reading[ref] = self.reader.submit(ray.get, self.owner[ref][1])
-
-    def arrived(self, ref, until: float) -> bool:
-        """Whether the call's arrays are here by `until` (monotonic); True where nothing is read."""
-        reading = self.reading.get(ref)
-        if reading is None:
-            return not self.fetch_arrays
-        try:
-            reading.result(timeout=max(until - time.monotonic(), 0.0))
-        except FutureTimeout:
-            return False
-        except Exception:
-            pass                     # it raised: receive() reads the error and replaces the actor
-        return True
 
     def check_health(self) -> None:
         """Notes where started actors run; replaces failed and hung ones with fresh
@@ -233,7 +192,6 @@ class RayActorPool:
         """Kills the actor and forgets its queued calls: their rollouts are never used."""
         for ref in actor.calls:
             self.owner.pop(ref, None)
-            self.reading.pop(ref, None)      # a fetch under way ends unread
         actor.calls.clear()
         try:
             ray.kill(actor.handle, no_restart=True)
@@ -244,7 +202,6 @@ class RayActorPool:
         for actor in self.actors:
             if actor is not None:
                 self.discard(actor)
-        self.reader.shutdown(wait=False, cancel_futures=True)
 
 
 def one_line(err: BaseException) -> str:

@@ -12,14 +12,6 @@ from herd.errors import ReplayLost
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", object_store_memory=80 * 2**20,
-             log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 class Server:
     """Stands in for ReplayServer: answers state calls at once, or never (`hung`)."""
 
