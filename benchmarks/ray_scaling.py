@@ -68,8 +68,8 @@ def spec_and_layout(env: str, envs: int, unroll: int) -> tuple[ActorSpec, object
 
 def take_rollouts(actors: list, inflight: int, rate: float | None, seconds: float,
                   receive=lambda arrays: None) -> dict:
-    """The sink: keeps `inflight` calls queued on every actor and takes their rollouts, one at
-    a time, at `rate` per second (None: as fast as they come) for `seconds`, handing each one's arrays
+    """The sink: keeps `inflight` calls queued on every actor and takes their rollouts at
+    `rate` per second (None: as fast as they come) for `seconds`, handing each one's arrays
     to `receive`. Returns {'latencies_s': [return -> taken], 'steps', 'taken', 'elapsed',
     'pending': the refs of the calls still queued}."""
     owner = {}
@@ -82,11 +82,7 @@ def take_rollouts(actors: list, inflight: int, rate: float | None, seconds: floa
         if rate is not None and taken >= (now - start) * rate:
             time.sleep(min(0.002, 1 / rate))
             continue
-        # fetch_local=False: a call is ready once it returned, wherever its rollout is, and
-        # ray.get then brings that one rollout over, oldest call first, as herd's learner reads
-        # them (herd/backends/ray_pool.py). With fetch_local every wait started pulling every
-        # queued rollout at once, from every host into the one link.
-        ready, _ = ray.wait(list(owner), num_returns=1, timeout=0.5, fetch_local=False)
+        ready, _ = ray.wait(list(owner), num_returns=1, timeout=0.5)
         if not ready:
             continue
         rollout, arrays, stamp = ray.get(ready[0])
