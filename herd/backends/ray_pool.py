@@ -141,7 +141,7 @@ class RayActorPool:
             except RayError as err:              # the object was lost with its node
                 log.warning("a rollout of actor %d was lost (%s): dropped", actor_id, one_line(err))
                 continue
-            actor.last_seen, actor.delivered = time.monotonic(), True
+            actor.delivered = True           # last_seen: set above, when its call was found returned
             if actor.acted_with is not None and rollout.version > actor.acted_with:
                 self.weights_taken += 1
             actor.acted_with = rollout.version
