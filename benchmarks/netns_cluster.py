@@ -121,7 +121,8 @@ def inner(options: dict) -> dict:
                 sizes["raw"] += unpack_obs(arrays)["obs"].nbytes
 
         received, busy, host_busy = rx_bytes(), busy_seconds(), host_cpu_seconds(options["usage_fds"])
-        took = take_rollouts(actors, options["inflight"], rate, seconds, receive)
+        # One at a time, oldest first, as herd's learner reads: the sink stands in for it.
+        took = take_rollouts(actors, options["inflight"], rate, seconds, receive, one_at_a_time=True)
         elapsed, steps = took["elapsed"], took["steps"]
         received, busy = rx_bytes() - received, busy_seconds() - busy
         host_used = cores_used(host_busy, host_cpu_seconds(options["usage_fds"]), elapsed)

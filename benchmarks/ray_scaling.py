@@ -67,11 +67,13 @@ def spec_and_layout(env: str, envs: int, unroll: int) -> tuple[ActorSpec, object
 
 
 def take_rollouts(actors: list, inflight: int, rate: float | None, seconds: float,
-                  receive=lambda arrays: None) -> dict:
+                  receive=lambda arrays: None, one_at_a_time: bool = False) -> dict:
     """The sink: keeps `inflight` calls queued on every actor and takes their rollouts at
     `rate` per second (None: as fast as they come) for `seconds`, handing each one's arrays
-    to `receive`. Returns {'latencies_s': [return -> taken], 'steps', 'taken', 'elapsed',
-    'pending': the refs of the calls still queued}."""
+    to `receive`. one_at_a_time: wait without fetching, then fetch the oldest finished
+    rollout alone, as herd's learner reads (herd/backends/ray_pool.py); otherwise Ray's
+    wait starts fetching every queued rollout at once. Returns {'latencies_s': [return ->
+    taken], 'steps', 'taken', 'elapsed', 'pending': the refs of the calls still queued}."""
     owner = {}
     for index, actor in enumerate(actors):
         for _ in range(inflight):
@@ -82,7 +84,8 @@ def take_rollouts(actors: list, inflight: int, rate: float | None, seconds: floa
         if rate is not None and taken >= (now - start) * rate:
             time.sleep(min(0.002, 1 / rate))
             continue
-        ready, _ = ray.wait(list(owner), num_returns=1, timeout=0.5)
+        # owner is in call order, and wait returns ready refs in the order given: the oldest.
+        ready, _ = ray.wait(list(owner), num_returns=1, timeout=0.5, fetch_local=not one_at_a_time)
         if not ready:
             continue
         rollout, arrays, stamp = ray.get(ready[0])

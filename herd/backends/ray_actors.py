@@ -1,7 +1,8 @@
 """What runs inside the Ray backend's actors, and how weights reach them.
 
     learner (driver)                                    RolloutWorker (a Ray actor, any node)
-      next_rollout.remote()  x slots_per_actor  ---->   steps its E envs until a rollout is done
+      next_rollout.remote(version, [ref])  x slots  ->  takes those weights (or newer), then steps
+                                                        its E envs until a rollout is done
       ray.wait / ray.get  <-- two object refs -------   returns Rollout, {field: [T(+1), E, ...]}
       ray.put(weights) once per update
       offer_weights.remote(version, [ref]) ---------->  remembers the newest ref; pulls the
@@ -17,10 +18,11 @@ refs raise, so nothing half-written can reach the learner or the server. The lea
 keeps slots_per_actor calls queued per actor: they bound how far an actor runs ahead, as
 its slots do in the local backend.
 
-Weights are one ray.put per update (a flat float32 vector); each actor is told the newest
-ref with a tiny call in its own concurrency group (so it is not queued behind the rollout
-calls) and fetches the vector only when it refreshes, between rollouts: one copy per node
-in Ray's object store, not one per actor sent by the learner."""
+Weights are one ray.put per update (a flat float32 vector). Each call tells its actor the
+newest ref, and so does a tiny call in its own concurrency group, for an actor whose
+queued calls would tell it late. The actor fetches the vector only when it refreshes,
+between rollouts: one copy per node in Ray's object store, not one per actor sent by the
+learner."""
 from __future__ import annotations
 
 import os
@@ -133,9 +135,14 @@ class RolloutWorker:
                                "(raise --shared_queue_size)")
         return self.free.popleft()
 
-    def next_rollout(self) -> tuple[Rollout, dict]:
+    def next_rollout(self, version: int = -1, refs: list = ()) -> tuple[Rollout, dict]:
         """Steps until a rollout is finished; returns it: (Rollout, field -> [T(+1), E, ...]),
-        as two objects (the pool calls it with num_returns=2: herd/backends/ray_pool.py)."""
+        as two objects (the pool calls it with num_returns=2: herd/backends/ray_pool.py).
+        (version, refs): the newest weights when the call was made; the rollout acts with
+        them or newer. (offer_weights, in its own thread, may reach an idle actor just
+        after the call it came with has started: a one-node test saw 16 such misses in 200.)"""
+        if refs:
+            self.weights.offer(version, refs[0])
         # The previous call's arrays were serialized into the object store when it returned
         # (calls of this group run one after another), so its slot may be written again.
         self.free.extend(self.handed)

@@ -92,7 +92,8 @@ class RayActorPool:
             # Fire and forget: a failure shows in its rollout calls.
             actor.handle.offer_weights.options(concurrency_group=WEIGHTS_GROUP).remote(version, refs)
             actor.offered = version
-        metadata, arrays = actor.handle.next_rollout.options(num_returns=2).remote()
+        # The call carries the newest weights too, so an idle actor cannot start it on older ones.
+        metadata, arrays = actor.handle.next_rollout.options(num_returns=2).remote(version, refs)
         actor.calls.append(metadata)
         self.owner[metadata] = (actor_id, arrays)
 

@@ -1,8 +1,11 @@
-"""How the Ray backend's pool reads finished rollouts (herd/backends/ray_pool.py receive),
-against real Ray actors on a one-node local Ray (loopback): once its time is spent, the
-rollouts it has not read stay queued, in the order their calls were made, for the next
-receive. (A receive that read every finished rollout first held a learner for 42 s on a
-30 Mbit/s link, with 64 rollouts queued: nothing trained, no call was made.)"""
+"""The Ray backend's pool (herd/backends/ray_pool.py) against real Ray actors on a one-node
+local Ray (loopback).
+
+- How it reads finished rollouts: once its time is spent, the rollouts it has not read
+  stay queued, in the order their calls were made, for the next receive. (A receive that
+  read every finished rollout first held a learner for 42 s on a 30 Mbit/s link, with 64
+  rollouts queued: nothing trained, no call was made.)
+- Which weights a call's rollout acts with: the newest when the call was made, or newer."""
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -55,3 +58,34 @@ def test_a_receive_whose_time_is_spent_leaves_the_rest_queued_in_call_order(loca
         assert not pool.owner
     finally:
         pool.stop()
+
+
+def test_a_call_made_after_new_weights_acts_with_them(local_ray):
+    """Catches a call whose actor may start it on older weights than the learner had when
+    it made the call: the newest version went only in a second call (offer_weights, in
+    its own thread), which an idle actor may see after its rollout has begun (a one-node
+    run saw 16 misses in 200). Each round leaves the actor idle, publishes new weights and
+    makes one call; its rollout must carry that version."""
+    from herd.models import build_model
+    pool = cartpole_pool(actors=1)
+    pool.start()
+    try:
+        assert len(read(pool, SLOTS)) == SLOTS        # the calls made at start: the actor is idle now
+        model = build_model(**pool.spec.model_kwargs)
+        acted_with = []
+        for version in range(1, 41):
+            pool.board.publish(model, version)
+            pool.call(0)
+            [(_, rollout, _)] = read(pool, 1)
+            acted_with.append(rollout.version)
+        assert acted_with == list(range(1, 41))
+    finally:
+        pool.stop()
+
+
+def read(pool, count: int) -> list:
+    """The next `count` rollouts the pool receives (its calls must be queued already)."""
+    rollouts = []
+    while len(rollouts) < count:
+        rollouts += pool.receive(timeout=WAIT_S)
+    return rollouts
