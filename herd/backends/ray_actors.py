@@ -140,7 +140,7 @@ class RolloutWorker:
         as two objects (the pool calls it with num_returns=2: herd/backends/ray_pool.py).
         (version, refs): the newest weights when the call was made; the rollout acts with
         them or newer. (offer_weights, in its own thread, may reach an idle actor just
-        after the call it came with has started: a one-node test saw 16 such misses in 200.)"""
+        after the call it came with has started: tests/backends/test_ray_pool.py.)"""
         if refs:
             self.weights.offer(version, refs[0])
         # The previous call's arrays were serialized into the object store when it returned
