@@ -161,6 +161,7 @@ def compare(args) -> None:
         for name, learner in (("old", old), ("new", new)):
             ms, reads, ops = steady_state(learner, batch, args.repeats, device)
             row.update({f"{name}_ms": round(ms, 2), f"{name}_host_reads": reads, f"{name}_aten_ops": ops})
+        row["new_captured"] = new.graph is not None   # a failed capture runs eagerly (and logs why)
         results.append(row)
     # CartPole's learner: the vector profile's MLP, batch 8 x 16, Adam, fp32, one thread.
     torch.set_num_threads(1)
@@ -180,7 +181,7 @@ def compare(args) -> None:
     table = [[r["learner"], r["old_ms"], r["new_ms"], f"{r['old_ms'] / r['new_ms']:.2f}x", r["old_host_reads"],
               r["new_host_reads"], r["old_aten_ops"], r["new_aten_ops"]] for r in results]
     print(f"learner step on {device.type} ({precision}, {threads} thread(s)"
-          f"{', new step captured as one CUDA graph' if device.type == 'cuda' else ''}; "
+          f"{', new step captured as one CUDA graph' if all(r.get('new_captured') for r in results[:-1]) else ''}; "
           f"load average {os.getloadavg()[0]:.1f})")
     print_table(["learner", "old ms", "new ms", "speed-up", "old reads/upd", "new reads/upd", "old ops/upd",
                  "new ops/upd"], table)

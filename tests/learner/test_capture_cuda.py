@@ -1,0 +1,65 @@
+"""The captured update on a real GPU (herd/learner/learner.py, `capture`): the same update
+code replayed from one CUDA graph must give the eager update's weights on new batches, and
+must skip a poisoned batch on the device as the eager update does. On a CPU these are
+skipped: a CPU learner never captures (tests/learner/test_fast_step.py covers the code)."""
+import functools
+
+import pytest
+import torch
+
+from impala_testing import impala_batch
+from herd.learner.learner import CAPTURE_WARMUP, Learner, build_optimizer, build_scheduler
+from herd.losses.impala import ImpalaLossWeights, impala_loss
+from herd.models import build_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+T, B, A = 5, 4, 6
+NETWORKS = {  # name -> (observation shape, dtype, build_model keywords)
+    "mlp": ((6,), "float32", {"hidden_sizes": (16,), "feature_size": 8, "use_feature_layer": True}),
+    "nature_cnn": ((4, 84, 84), "uint8", {"feature_size": None}),
+}
+
+
+def make(network: str, capture: bool) -> Learner:
+    obs, dtype, kwargs = NETWORKS[network]
+    torch.manual_seed(0)
+    model = build_model(network=network, obs_shape=obs, obs_dtype=dtype, num_actions=A, **kwargs).cuda()
+    opt = build_optimizer("rmsprop", model.parameters(), 1e-3, 0.01)
+    return Learner(model, opt, build_scheduler(opt, 1e-3, 1e-5, 100),
+                   functools.partial(impala_loss, weights=ImpalaLossWeights()), 40.0, capture=capture)
+
+
+def cuda_batch(network: str, seed: int, nan_reward: bool = False) -> dict:
+    obs, dtype, _ = NETWORKS[network]
+    return {k: v.cuda() for k, v in impala_batch(T, B, A, obs, dtype, seed=seed, nan_reward=nan_reward).items()}
+
+
+@pytest.mark.parametrize("network", list(NETWORKS))
+def test_captured_updates_give_the_eager_weights(network):
+    eager, captured = make(network, False), make(network, True)
+    for seed in range(CAPTURE_WARMUP + 8):          # the capture, then replays on batches it never saw
+        batch = cuda_batch(network, seed)
+        eager.step(batch)
+        captured.step(batch)
+    assert captured.graph is not None, "the update was not captured (see the log's warning)"
+    assert eager.graph is None
+    for (name, want), got in zip(eager.model.state_dict().items(), captured.model.state_dict().values()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=f"{name} differs after replays")
+
+
+def test_a_captured_update_skips_a_poisoned_batch_on_the_device():
+    learner = make("mlp", True)
+    for seed in range(CAPTURE_WARMUP + 2):
+        learner.step(cuda_batch("mlp", seed))
+    assert learner.graph is not None
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    steps_before = learner.scheduler.last_epoch
+    metrics = learner.step(cuda_batch("mlp", 99, nan_reward=True))
+    assert float(metrics["skipped"]) == 1.0
+    assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
+    assert learner.scheduler.last_epoch == steps_before
+    # ... and the next clean batch trains again, through the same graph.
+    metrics = learner.step(cuda_batch("mlp", 100))
+    assert float(metrics["skipped"]) == 0.0
+    assert any(not torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
