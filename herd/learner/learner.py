@@ -166,7 +166,11 @@ class Learner:
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             self.optimizer.zero_grad(set_to_none=True)
-            with torch.cuda.graph(graph):
+            # thread_local: the batch threads go on copying fresh trajectories to the device
+            # (pageable copies, events) while this thread captures; in the default global
+            # mode CUDA refuses those calls in every thread and the run fails (Pong on an
+            # H200, tests/learner/test_capture_cuda.py).
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self.static_metrics = self.update(self.static_batch)
             self.graph = graph
             log.info("learner: the whole update (forward, losses, backward, clipping, optimizer) is captured as "

@@ -3,7 +3,9 @@ code replayed from one CUDA graph must give the eager update's weights on new ba
 must skip a poisoned batch on the device as the eager update does. On a CPU these are
 skipped: a CPU learner never captures (tests/learner/test_fast_step.py covers the code)."""
 import functools
+import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,13 +23,13 @@ NETWORKS = {  # name -> (observation shape, dtype, build_model keywords)
 }
 
 
-def make(network: str, capture: bool) -> Learner:
+def make(network: str, capture: bool, loss_fn=None) -> Learner:
     obs, dtype, kwargs = NETWORKS[network]
     torch.manual_seed(0)
     model = build_model(network=network, obs_shape=obs, obs_dtype=dtype, num_actions=A, **kwargs).cuda()
     opt = build_optimizer("rmsprop", model.parameters(), 1e-3, 0.01)
     return Learner(model, opt, build_scheduler(opt, 1e-3, 1e-5, 100),
-                   functools.partial(impala_loss, weights=ImpalaLossWeights()), 40.0, capture=capture)
+                   loss_fn or functools.partial(impala_loss, weights=ImpalaLossWeights()), 40.0, capture=capture)
 
 
 def cuda_batch(network: str, seed: int, nan_reward: bool = False) -> dict:
@@ -63,3 +65,42 @@ def test_a_captured_update_skips_a_poisoned_batch_on_the_device():
     metrics = learner.step(cuda_batch("mlp", 100))
     assert float(metrics["skipped"]) == 0.0
     assert any(not torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
+
+
+def test_another_thread_may_copy_to_the_gpu_while_the_update_is_captured():
+    # A run's batch threads write fresh trajectories into the device replays (pageable host
+    # -> device copies on their own streams) whenever they arrive, also while the learner
+    # captures. Captured in CUDA's default global mode, Pong on an H200 failed with
+    # "operation not permitted when stream is capturing" in the batch thread. Here the copy
+    # is made to happen during the capture: the loss, run inside it, waits for the copy.
+    capturing, copied, errors = threading.Event(), threading.Event(), []
+    target = torch.zeros(1024, device="cuda")
+    source = np.arange(1024, dtype=np.float32)
+
+    def writer():                                   # as herd/replay/device_storage.py writes
+        if not capturing.wait(120):
+            return
+        try:
+            target.copy_(torch.as_tensor(source), non_blocking=True)
+        except Exception as err:                    # torch raises AcceleratorError / RuntimeError
+            errors.append(err)
+        finally:
+            copied.set()
+
+    def loss(batch, out):
+        if torch.cuda.is_current_stream_capturing():
+            capturing.set()
+            copied.wait(120)
+        return impala_loss(batch, out, weights=ImpalaLossWeights())
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    learner = make("mlp", True, loss)
+    for seed in range(CAPTURE_WARMUP + 2):
+        learner.step(cuda_batch("mlp", seed))
+    thread.join(120)
+    assert capturing.is_set() and copied.is_set(), "the update was never captured"
+    assert not errors, f"the other thread's copy failed during the capture: {errors[0]}"
+    assert learner.graph is not None, "the capture failed (see the log's warning)"
+    torch.cuda.synchronize()
+    assert torch.equal(target.cpu(), torch.from_numpy(source))
