@@ -74,14 +74,16 @@ def test_another_thread_may_copy_to_the_gpu_while_the_update_is_captured():
     # "operation not permitted when stream is capturing" in the batch thread. Here the copy
     # is made to happen during the capture: the loss, run inside it, waits for the copy.
     capturing, copied, errors = threading.Event(), threading.Event(), []
-    target = torch.zeros(1024, device="cuda")
-    source = np.arange(1024, dtype=np.float32)
+    # [time, capacity, ...] as a device replay holds; a slot big enough that the copy's
+    # staging buffer on the device is a fresh allocation (cudaMalloc), as Pong frames were.
+    replay = torch.zeros(21, 2, 2**20, device="cuda")
+    source = np.arange(21 * 2**20, dtype=np.float32).reshape(21, 2**20)
 
     def writer():                                   # as herd/replay/device_storage.py writes
         if not capturing.wait(120):
             return
         try:
-            target.copy_(torch.as_tensor(source), non_blocking=True)
+            replay[:, 1].copy_(torch.as_tensor(source), non_blocking=True)   # a strided slot
         except Exception as err:                    # torch raises AcceleratorError / RuntimeError
             errors.append(err)
         finally:
@@ -103,4 +105,4 @@ def test_another_thread_may_copy_to_the_gpu_while_the_update_is_captured():
     assert not errors, f"the other thread's copy failed during the capture: {errors[0]}"
     assert learner.graph is not None, "the capture failed (see the log's warning)"
     torch.cuda.synchronize()
-    assert torch.equal(target.cpu(), torch.from_numpy(source))
+    assert torch.equal(replay[:, 1].cpu(), torch.from_numpy(source))
