@@ -12,12 +12,17 @@ then its prediction for 8 to 64 nodes.
       pulls per step p = min(nodes / S, 1 / R): a node pulls at most once per update and at
                      most once per rollout its actors finish (they refresh only then), so
                      with more nodes than rollouts per update (nodes x R > S) they skip versions
-      actors term    1 / (1 / (actors x r) + p x W / link)   (the actors wait for the pulls,
-                     which leave the learner's host one after another: at most they fill its
-                     link, when the actors' own time is nothing)
+      actors term    actors / (1 / r + a x W / link), a = min(actors / S, 1 / R): each actor
+                     waits for the pulls it takes (once per update, at most once per rollout),
+                     each at best at the link's rate; while one node pulls, the others roll out
+      weights term   link / (p x W): the pulls leave the learner's host on its outgoing link,
+                     at most back to back
       link term      link / bytes per step   (the trajectories, into the learner's host: the
                      other direction; each direction of a link has its own rate, here as on
                      a real full-duplex link)
+      (Until a trace of a 2-host thin-link run, the actors term charged every pull to every
+      actor, as if all nodes pulled at once and nobody rolled out meanwhile: the lockstep.
+      The trace showed the nodes' pulls overlapping about half of the time; docs/netns-cluster.md.)
     learner rate     the paced sink's rollouts/s x T x E (known, not fitted)
     cpu term         (cores - idle cores per node x (hosts + 1)) / CPU-seconds per step: every
                      host here shares this machine's cores (a real node brings its own)
@@ -79,9 +84,10 @@ def predict(actors: int, per_actor: float, link_mbit: float | None, bytes_per_st
     if weight_bytes:
         # herd: a node pulls the newest weights at most once per update and at most once per
         # rollout of its actors, out of the learner's link (the direction the trajectories do
-        # not use), and its actors wait for them.
-        pulls = pulls_per_step(nodes, steps_per_update, rollout_steps)
-        terms["actors"] = 1 / (1 / (actors * per_actor) + pulls * weight_bytes / link)
+        # not use); each actor waits for the pulls it takes, and the others go on meanwhile.
+        waits = pulls_per_step(actors, steps_per_update, rollout_steps)      # per step of one actor
+        terms["actors"] = actors / (1 / per_actor + waits * weight_bytes / link)
+        terms["weights"] = link / (pulls_per_step(nodes, steps_per_update, rollout_steps) * weight_bytes)
     limit = min(terms, key=terms.get)
     return terms[limit], limit
 
@@ -89,7 +95,7 @@ def predict(actors: int, per_actor: float, link_mbit: float | None, bytes_per_st
 # A cluster of GPU-learner Pong (the assumptions of the 8-64 node prediction, each measured):
 NODE_RATE = 11_800        # agent steps/s of one 16-core node of CPU actors: the H100 machine's steady
                           # rate (benchmarks/results/pong_h100_defaults_3min/train.csv, 14 actors x 8 envs)
-GPU_LEARNER_FLOOR = 11_800   # that H100 learner kept up with it: its own ceiling is higher, not measured
+GPU_LEARNER_FLOOR = 11_800   # that H100 learner kept up with it: its own ceiling is higher (an H200's captured update: 1.53 ms per 640 steps), not measured
                              # here (no GPU): the table says what each learner must sustain
 # herd's Pong network, float32: the Nature CNN with its 512-unit feature layer (the Atari
 # profile's feature_out_layer_size, --use_additional_scaling_FC_layer on by default):

@@ -31,11 +31,29 @@ def test_more_nodes_than_rollouts_per_update_skip_versions():
     # 4 nodes of 80-step rollouts, 160 steps per update: a node refreshes once per rollout,
     # so the weights leave host 0 once per 80 steps, not 4 times per 160
     value, limit = herd_terms(nodes=4, rollout_steps=80)
-    assert limit == "actors"         # waiting for pulls that fill host 0's link back to back
+    assert limit == "weights"        # pulls that fill host 0's outgoing link back to back
     assert value == pytest.approx(3.75e6 / (W / 80), rel=1e-6)
     uncapped, _ = herd_terms(nodes=4, rollout_steps=1)          # no cap: every node every update
     assert uncapped == pytest.approx(3.75e6 / (4 * W / 160), rel=1e-6)
     assert value == pytest.approx(2 * uncapped, rel=1e-6)
+
+
+def test_a_node_rolls_out_while_another_pulls():
+    # 2 nodes of one 80-step actor at 79 steps/s, an update per 160 steps: each actor waits
+    # for its own pull (W at the link's rate) once per rollout, and rolls out while the other
+    # node pulls; what binds is host 0's outgoing link, full of pulls back to back.
+    pull_s = W / 3.75e6
+    value, limit = netns_model.predict(2, 79.0, LINK_MBIT, 1.0, nodes=2, weight_bytes=W,
+                                       steps_per_update=160, rollout_steps=80)
+    assert limit == "weights" and value == pytest.approx(80 / pull_s, rel=1e-6)
+    # the lockstep (both nodes pull at once, sharing the link, and nobody rolls out meanwhile)
+    # would be slower: one rollout's time plus two pulls per 160 steps
+    lockstep = 160 / (80 / 79.0 + 2 * pull_s)
+    assert value > 1.2 * lockstep
+    # actors that take no time change nothing: the link binds, not the actors
+    fast, _ = netns_model.predict(2, 1e9, LINK_MBIT, 1.0, nodes=2, weight_bytes=W, steps_per_update=160,
+                                  rollout_steps=80)
+    assert fast == pytest.approx(value, rel=1e-6)
 
 
 def test_the_trajectories_and_the_weights_use_opposite_directions():
