@@ -95,8 +95,9 @@ def predict(actors: int, per_actor: float, link_mbit: float | None, bytes_per_st
 # A cluster of GPU-learner Pong (the assumptions of the 8-64 node prediction, each measured):
 NODE_RATE = 11_800        # agent steps/s of one 16-core node of CPU actors: the H100 machine's steady
                           # rate (benchmarks/results/pong_h100_defaults_3min/train.csv, 14 actors x 8 envs)
-GPU_LEARNER_FLOOR = 11_800   # that H100 learner kept up with it: its own ceiling is higher (an H200's captured update: 1.53 ms per 640 steps), not measured
-                             # here (no GPU): the table says what each learner must sustain
+GPU_LEARNER_FLOOR = 11_800   # that H100 learner kept up with it; its own ceiling is higher (an H200's
+                             # captured update alone: 1.53 ms per 640 steps, results/learner_step_compare_cuda.json)
+                             # but its intake from remote actors is not measured: the table says what each must sustain
 # herd's Pong network, float32: the Nature CNN with its 512-unit feature layer (the Atari
 # profile's feature_out_layer_size, --use_additional_scaling_FC_layer on by default):
 # 1,687,719 parameters without that layer, 1,950,375 with it (tests/test_netns_model.py counts it)

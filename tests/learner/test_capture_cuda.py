@@ -69,7 +69,7 @@ def test_a_captured_update_skips_a_poisoned_batch_on_the_device():
 
 def test_another_thread_may_copy_to_the_gpu_while_the_update_is_captured():
     # A run's batch threads write fresh trajectories into the device replays (pageable host
-    # -> device copies on their own streams) whenever they arrive, also while the learner
+    # -> device copies, from their own threads) whenever they arrive, also while the learner
     # captures. Captured in CUDA's default global mode, Pong on an H200 failed with
     # "operation not permitted when stream is capturing" in the batch thread. Here the copy
     # is made to happen during the capture: the loss, run inside it, waits for the copy.
