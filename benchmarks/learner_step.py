@@ -181,7 +181,7 @@ def compare(args) -> None:
     table = [[r["learner"], r["old_ms"], r["new_ms"], f"{r['old_ms'] / r['new_ms']:.2f}x", r["old_host_reads"],
               r["new_host_reads"], r["old_aten_ops"], r["new_aten_ops"]] for r in results]
     print(f"learner step on {device.type} ({precision}, {threads} thread(s)"
-          f"{', new step captured as one CUDA graph' if all(r.get('new_captured') for r in results[:-1]) else ''}; "
+          f"{', new step captured as one CUDA graph' if all(r['new_captured'] for r in results if 'new_captured' in r) else ''}; "
           f"load average {os.getloadavg()[0]:.1f})")
     print_table(["learner", "old ms", "new ms", "speed-up", "old reads/upd", "new reads/upd", "old ops/upd",
                  "new ops/upd"], table)
