@@ -27,8 +27,8 @@ from herd.learner.distributed import torchrun_world_size
 from herd.errors import ConfigError
 from herd.inputs import check_option_value, excerpt
 from herd.models import NETWORKS
-from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, MACHINE_PROFILES, PROFILES, inference_servers_for,
-                           machine_profile)
+from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, FALLBACKS, MACHINE_PROFILES, PROFILES,
+                           inference_servers_for, machine_profile)
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters, passes_per_batch
 from herd.replay.writer import DISCARDING_STRATEGIES
 from herd.validation import parse_eval_interval, transition_items, validate
@@ -57,7 +57,7 @@ class GeneralConfig:
     results_dir: str = opt("results", "folder that holds one sub-folder per run")
     save_replay: bool = opt(True, "save the replays' contents (LZ4-packed) with every checkpoint; turn off for very large buffers")
     device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda", ("cpu", "auto", "cuda"))
-    algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER), apex (Ape-X: prioritized replay, n-step double dueling DQN; its own defaults, see README) or impact (IMPACT: a target network, a clipped surrogate and a circular buffer that trains on each batch several times; docs/impact.md)", tuple(ALGORITHMS))
+    algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER), apex (Ape-X: prioritized replay, n-step double dueling DQN; its own defaults, see README), impact (IMPACT: a target network, a clipped surrogate and a circular buffer that trains on each batch several times; docs/impact.md) or appo (PPO's epochs and minibatches over each stored batch with a clipped surrogate on V-trace targets; docs/appo.md)", tuple(ALGORITHMS))
     # -- run names (issue 29) --
     name: Optional[str] = opt(None, "a name for the run: its folder is <results_dir>/<name>_<env>_<algorithm>_<date-time>")
     tag: Optional[str] = opt(None, "labels for the run, comma-separated (kept in config.json; the folder name carries them after the name; herd plot ignores both when grouping)")
@@ -70,7 +70,7 @@ class TrainingConfig:
     lr: Optional[float] = opt(None, "learning rate")
     batch_size: Optional[int] = opt(None, "trajectories per learner batch")
     r_f_steps: Optional[int] = opt(None, "rollout fragment length, the unroll length T")
-    gradient_clip_by_norm_threshold: float = opt(40.0, "global gradient-norm clip; 0 disables")
+    gradient_clip_by_norm_threshold: Optional[float] = opt(None, "global gradient-norm clip; 0 disables (unset: 40, APPO 0.5: its gradients of normalised advantages are clipped as PPO's are)")
     gamma: float = opt(0.99, "discount factor")
     optimizer: Optional[str] = opt(None, "rmsprop or adam", ("rmsprop", "adam"))
     rmsprop_eps: Optional[float] = opt(None, "RMSprop epsilon, added to the root of the squared-gradient average (herd's losses are means over the batch, and the seed's 0.01 would swamp their small gradients on Atari, see README)")
@@ -85,7 +85,11 @@ class TrainingConfig:
     learner_precision: Optional[str] = opt(None, "learner arithmetic: fp32, bf16 (autocast: about 2x faster on CPUs with AMX and on GPUs with bf16), or auto (bf16 where the hardware has it, else fp32)", ("auto", "fp32", "bf16"))
     replay_ratio: Optional[float] = opt(None, "without a queue replay: items the learner samples per item added (trajectories, or transitions for Ape-X), held both ways (actors wait while the learner lags); unset: 1")
     n_step: int = opt(3, "Ape-X: steps of the n-step return (the last steps of a trajectory bootstrap from its final observation with fewer)")
-    target_update_period: Optional[int] = opt(None, "Ape-X and IMPACT: learner updates between syncs (hard copies) of the target network")
+    target_update_period: Optional[int] = opt(None, "Ape-X, IMPACT and APPO: learner updates between syncs (hard copies) of the target network (APPO: 1, the learner as each stored batch arrives, PPO's old policy)")
+    # --- sample reuse (APPO, issue 40) ---
+    passes_per_batch: Optional[int] = opt(None, "APPO: passes (PPO's epochs) over each stored batch (unset: 4 for APPO; 1, the only value other algorithms take)")
+    minibatches_per_pass: Optional[int] = opt(None, "APPO: minibatches per pass, each batch_size / N shuffled trajectories and one gradient step (unset: 4 for APPO; 1 otherwise)")
+    # --- end sample reuse ---
     apex_epsilon: float = opt(0.4, "Ape-X: actor i of N explores with epsilon^(1 + apex_alpha * i / (N - 1))")
     apex_alpha: float = opt(7.0, "Ape-X: the exponent spread of the actors' epsilons")
     # --- learning-rate schedule (issue 16) ---
@@ -197,6 +201,7 @@ class LossConfig:
     value_loss_weight: float = opt(0.5, "weight of the value loss")
     entropy_loss_weight: float = opt(0.01, "weight of the entropy bonus")
     c_const: float = opt(1.0, "V-trace c-bar")
+    vtrace_lambda: Optional[float] = opt(None, "V-trace's lambda, c_t = lambda min(c-bar, rho_t) (GAE's lambda on on-policy data; unset: 1, the IMPALA paper's; 0.95 for APPO)")
     rho_const: float = opt(1.0, "V-trace rho-bar (and policy-gradient rho-bar)")
     use_policy_cloning_loss: Optional[bool] = opt(None, "CLEAR policy cloning on replayed data (default: on when a replay other than the queue is used)")
     use_value_cloning_loss: Optional[bool] = opt(None, "CLEAR value cloning on replayed data (default: as policy cloning)")
@@ -205,12 +210,17 @@ class LossConfig:
     use_kl_mask: bool = opt(False, "LASER: mask transitions whose KL(target||behaviour) exceeds the threshold")
     kl_div_threshold: float = opt(0.3, "LASER KL threshold")
     # --- IMPACT (issue 26) ---
-    clip_param: float = opt(0.4, "IMPACT: epsilon of the clipped surrogate, which keeps the learner's policy within 1 +- epsilon of the target network's")
+    clip_param: Optional[float] = opt(None, "IMPACT and APPO: epsilon of the clipped surrogate, which keeps the learner's policy within 1 +- epsilon of the target network's (unset: 0.4 IMPACT, 0.1 APPO)")
     importance_weight_clip: float = opt(2.0, "IMPACT: truncation (rho-bar) of the target-to-behaviour importance weights in the surrogate")
     use_kl_loss: bool = opt(False, "IMPACT: add a KL(target || learner) penalty with an adaptive coefficient")
     kl_coeff: float = opt(1.0, "IMPACT: the KL penalty's initial coefficient (x1.5 when the KL exceeds 2 x kl_target, x0.5 below half of it)")
     kl_target: float = opt(0.01, "IMPACT: the KL the adaptive coefficient aims at")
     # --- end IMPACT ---
+    # --- APPO (issue 40) ---
+    normalize_advantages: Optional[bool] = opt(None, "APPO: normalise each stored batch's advantages to mean 0 and std 1 (unset: on for APPO)")
+    value_clip: Optional[float] = opt(None, "APPO: PPO's value clipping, the value moves at most this far from the target network's per update (0: off, the unset default)")
+    normalize_returns: Optional[bool] = opt(None, "APPO: the value head learns returns divided by their running root-mean-square (rewards scaled for learning, scores raw; unset: off)")
+    # --- end APPO ---
 
 
 # -- continuous control (issue 13) ------------------------------------------------------
@@ -355,7 +365,7 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     environment, ALGORITHM_PROFILES), then of the environment's kind (PROFILES)."""
     algorithm_profile = ALGORITHM_PROFILES.get(cfg.general.algorithm, {}).get(kind, {})
     for name, value in [*algorithm_profile.items(), *machine_profile(kind, cfg.general.device).items(),
-                        *PROFILES[kind].items()]:
+                        *PROFILES[kind].items(), *FALLBACKS.items()]:
         section = getattr(cfg, FIELD_SECTION[name])
         if getattr(section, name) is None:
             setattr(section, name, value)
@@ -380,7 +390,8 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     if cfg.train.learner_compile is None:
         # On a CPU compiling measured 1.0-1.1x faster for long Atari runs; on an H100 it was
         # slower than eager (13.2 against 9.4 ms at batch 32), where the captured graph wins.
-        cfg.train.learner_compile = (not on_gpu and kind == "atari" and cfg.general.algorithm in ("impala", "impact")
+        cfg.train.learner_compile = (not on_gpu and kind == "atari"
+                                     and cfg.general.algorithm in ("impala", "impact", "appo")
                                      and cfg.train.environment_max_steps >= COMPILE_FROM_STEPS)
     if cfg.train.learner_capture is None:
         cfg.train.learner_capture = (on_gpu and getattr(ALGORITHMS[cfg.general.algorithm], "capturable_loss", False)

@@ -230,8 +230,8 @@ def check_continuous(cfg: Config, spec: EnvSpec, algorithm: Algorithm) -> None:
     if c.normalize_observations and spec.kind != "vector":
         raise ConfigError("--normalize_observations applies to vector observations; Atari frames are scaled to "
                           "[0, 1] already")
-    if c.normalize_observations and cfg.general.algorithm not in ("impala", "impact"):
-        raise ConfigError(f"--normalize_observations is built for --algorithm=impala or impact, not "
+    if c.normalize_observations and cfg.general.algorithm not in ("impala", "impact", "appo"):
+        raise ConfigError(f"--normalize_observations is built for --algorithm=impala, impact or appo, not "
                           f"{cfg.general.algorithm} (its target network would normalise with older statistics)")
     if c.normalize_observations and cfg.parallel.learner_count > 1:
         raise ConfigError(f"--normalize_observations with --learner_count={cfg.parallel.learner_count}: each "

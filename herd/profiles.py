@@ -96,8 +96,31 @@ COMPILE_FROM_STEPS = 1_000_000
 CIRCULAR = '[{"type": "circular", "capacity": 4, "sample_ratio": 1, "iterations_per_batch": 2}]'
 IMPACT_PROFILE: dict[str, Any] = dict(replay_parameters=CIRCULAR, target_update_period=8)
 
+# APPO (herd/losses/appo.py): PPO's reuse on the V-trace path, with PPO's published Atari
+# settings where herd has the same knob (CleanRL's ppo_atari, Sample Factory's APPO on
+# Atari): 4 passes of 4 minibatches over each stored batch, clip 0.1, lambda 0.95,
+# advantages normalised, Adam at 2.5e-4 with a gradient clip of 0.5 that acts; a stored
+# batch of 64 x 16 = 1,024 steps (PPO's 8 x 128), so 16 gradient steps per 1,024 agent steps.
+# The target network is the learner as each stored batch arrives (PPO's old policy).
+APPO_PROFILE: dict[str, Any] = dict(
+    passes_per_batch=4, minibatches_per_pass=4, vtrace_lambda=0.95, clip_param=0.1, normalize_advantages=True,
+    gradient_clip_by_norm_threshold=0.5, target_update_period=1, optimizer="adam", replay_parameters=QUEUE_ONLY,
+    use_policy_cloning_loss=False, use_value_cloning_loss=False)
+APPO_KINDS: dict[str, dict[str, Any]] = {
+    "atari": dict(lr=0.00025, batch_size=64, r_f_steps=16),
+    "minatar": dict(batch_size=32),
+    "vector": dict(batch_size=32),
+    "continuous": dict(batch_size=32),
+}
+
+# What an option left unset takes when no profile above names it.
+FALLBACKS: dict[str, Any] = dict(
+    passes_per_batch=1, minibatches_per_pass=1, vtrace_lambda=1.0, clip_param=0.4, gradient_clip_by_norm_threshold=40.0,
+    normalize_advantages=False, value_clip=0.0, normalize_returns=False)
+
 ALGORITHM_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "impact": {kind: dict(IMPACT_PROFILE) for kind in ("atari", "vector", "continuous", "minatar")},
+    "appo": {kind: dict(APPO_PROFILE, **extra) for kind, extra in APPO_KINDS.items()},
     "apex": {
         # Horgan et al.: Adam-like small steps (the paper: RMSprop 0.00025/4), n=3, target sync
         # every 2500 updates, a replay ratio near 1; batch 128 instead of 512 on a CPU.

@@ -113,7 +113,8 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
     learner = Learner(model, optimizer, scheduler, algorithm.build_loss(cfg, model),
                       cfg.train.gradient_clip_by_norm_threshold,
                       precision=cfg.train.learner_precision, compile_model=cfg.train.learner_compile,
-                      grad_sync=sync.exchange if sync is not None else None, capture=cfg.train.learner_capture)
+                      grad_sync=sync.exchange if sync is not None else None, capture=cfg.train.learner_capture,
+                      reuse=algorithm.reuse(cfg))
     log.info("learner: %s on %s, %s, %d intra-op thread(s), %s", algorithm.name, device.type,
              cfg.train.learner_precision, cfg.train.learner_thread_count,
              "compiled (torch.compile: measured faster on CPUs)" if cfg.train.learner_compile

@@ -200,6 +200,7 @@ def validate(cfg: Config) -> None:
                           "(use --actor_inference=local)")
     validate_impact(cfg, specs, shares)
     validate_learners(cfg, specs)
+    validate_reuse(cfg)
     validate_inference(cfg)
 
 
@@ -256,13 +257,43 @@ def validate_impact(cfg: Config, specs: list, shares: list) -> None:
             raise ConfigError(f"--replay_parameters: the circular buffer's {spec.capacity} batches of {share} "
                               f"trajectories hold less than one actor's rollout ({cfg.parallel.envs_per_worker} "
                               "trajectories, --envs_per_worker): raise its capacity (batches) or --batch_size")
-    if cfg.general.algorithm != "impact":
+    if cfg.general.algorithm not in ("impact", "appo"):
         if lo.use_kl_loss:
-            raise ConfigError(f"--use_kl_loss is IMPACT's penalty: use --algorithm=impact, not {cfg.general.algorithm}")
+            raise ConfigError(f"--use_kl_loss is IMPACT's and APPO's penalty: use --algorithm=impact or appo, not "
+                              f"{cfg.general.algorithm}")
         return
     if lo.use_kl_mask or lo.use_policy_cloning_loss or lo.use_value_cloning_loss:
-        raise ConfigError("--algorithm=impact has no LASER mask or CLEAR cloning terms (its surrogate is clipped "
-                          "against a target network instead): drop --use_kl_mask and the cloning losses")
+        raise ConfigError(f"--algorithm={cfg.general.algorithm} has no LASER mask or CLEAR cloning terms (its "
+                          "surrogate is clipped against a target network instead): drop --use_kl_mask and the "
+                          "cloning losses")
+
+
+def validate_reuse(cfg: Config) -> None:
+    """APPO's passes and minibatches (herd/learner/reuse.py) and the V-trace and value
+    options that come with them; sizes are checked here, before anything is allocated."""
+    t, lo = cfg.train, cfg.loss
+    if not 0 <= lo.vtrace_lambda <= 1:
+        raise ConfigError(f"--vtrace_lambda must be in [0, 1], got {lo.vtrace_lambda}")
+    if not 0 <= lo.value_clip < float("inf"):
+        raise ConfigError(f"--value_clip must be a number >= 0 (0: off), got {lo.value_clip}")
+    for name, value in (("passes_per_batch", t.passes_per_batch), ("minibatches_per_pass", t.minibatches_per_pass)):
+        if not 1 <= value <= 1000:
+            raise ConfigError(f"--{name} must be from 1 to 1000, got {value}")
+    if cfg.general.algorithm != "appo":
+        given = [name for name, on in (("passes_per_batch", t.passes_per_batch > 1),
+                                       ("minibatches_per_pass", t.minibatches_per_pass > 1),
+                                       ("normalize_advantages", lo.normalize_advantages),
+                                       ("value_clip", lo.value_clip > 0),
+                                       ("normalize_returns", lo.normalize_returns)) if on]
+        if given:
+            raise ConfigError(f"--{given[0]} is APPO's (passes of minibatches over each stored batch): use "
+                              f"--algorithm=appo, not {cfg.general.algorithm}")
+        return
+    per_learner = t.batch_size // cfg.parallel.learner_count
+    if per_learner % t.minibatches_per_pass:
+        raise ConfigError(f"--batch_size={t.batch_size} gives each learner {per_learner} trajectories, which do not "
+                          f"split into --minibatches_per_pass={t.minibatches_per_pass} equal minibatches: use a "
+                          f"multiple of {t.minibatches_per_pass * cfg.parallel.learner_count}")
 
 
 def validate_learners(cfg: Config, specs: list) -> None:
@@ -276,8 +307,8 @@ def validate_learners(cfg: Config, specs: list) -> None:
                           "drop --learner_count or make them equal")
     if n == 1:
         return
-    if cfg.general.algorithm not in ("impala", "impact"):
-        raise ConfigError(f"--learner_count={n}: several learners train IMPALA and IMPACT only so far; "
+    if cfg.general.algorithm not in ("impala", "impact", "appo"):
+        raise ConfigError(f"--learner_count={n}: several learners train IMPALA, IMPACT and APPO only so far; "
                           f"use --learner_count=1 with --algorithm={cfg.general.algorithm}")
     here = int(os.environ.get("LOCAL_WORLD_SIZE", n))      # learners on this machine (torchrun: per node)
     if learner_device(cfg.general.device).type == "cuda" and torch.cuda.device_count() < here:
@@ -300,8 +331,8 @@ def validate_lstm(cfg: Config) -> None:
     """--use_lstm (issue 13): IMPALA's recurrent core."""
     if cfg.network.lstm_size < 1:
         raise ConfigError(f"--lstm_size must be >= 1, got {cfg.network.lstm_size}")
-    if cfg.network.use_lstm and cfg.general.algorithm not in ("impala", "impact"):
-        raise ConfigError(f"--use_lstm: the LSTM core trains with --algorithm=impala or impact only, not "
+    if cfg.network.use_lstm and cfg.general.algorithm not in ("impala", "impact", "appo"):
+        raise ConfigError(f"--use_lstm: the LSTM core trains with --algorithm=impala, impact or appo only, not "
                           f"{cfg.general.algorithm} (its transition replay has no recurrent state)")
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from herd.algos.apex import APEX
+from herd.algos.appo import APPO
 from herd.algos.base import Algorithm, trajectory_layout
 from herd.algos.impact import IMPACT
 from herd.algos.impala import IMPALA
 from herd.errors import ConfigError
 
-ALGORITHMS: dict[str, Algorithm] = {"impala": IMPALA, "apex": APEX, "impact": IMPACT}
+ALGORITHMS: dict[str, Algorithm] = {"impala": IMPALA, "apex": APEX, "impact": IMPACT, "appo": APPO}
 
 __all__ = ["ALGORITHMS", "Algorithm", "get_algorithm", "trajectory_layout"]
 

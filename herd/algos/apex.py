@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 
 from herd.algos.base import describe_optimization as optimizer_and_schedule
+from herd.algos.base import one_step_per_batch
 from herd.losses.dqn import ApexLoss
 from herd.ops.returns import trajectory_priorities
 from herd.trajectory import Field
@@ -39,6 +40,7 @@ class Apex:
     replay_types = ("prioritized",)
     inference_server = False        # actors need their own network for the initial priorities
     capturable_loss = False         # the target network syncs on a host-side count of calls
+    reuse = staticmethod(one_step_per_batch)
     model_options = {"head": "dueling_q"}
     action_kinds = ("discrete",)    # Q-learning over an enumerable action set
 

@@ -34,6 +34,10 @@ supplies only what differs:
     metric_names                            the loss metrics written to train.csv and
                                             TensorBoard (the learner adds grad_norm and lr)
     describe_optimization(cfg)              the optimizer and schedule, for summary.json
+    reuse(cfg)                              None (one gradient step per batch), or a
+                                            herd.learner.reuse.Reuse: passes of minibatch
+                                            steps per stored batch, build_loss then giving a
+                                            StoredBatchLoss (APPO)
 
 Builders unpack the config into explicit arguments here; nothing below them reads it.
 """
@@ -43,6 +47,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 
 import torch
 
+from herd.learner.reuse import Reuse
 from herd.models.core import CORE_STATE
 from herd.ops.distributions import get_distribution
 from herd.trajectory import Field, TrajectoryLayout
@@ -82,6 +87,8 @@ class Algorithm(Protocol):
 
     def describe_optimization(self, cfg) -> dict: ...
 
+    def reuse(self, cfg) -> Reuse | None: ...
+
 
 def trajectory_layout(algorithm: Algorithm, unroll_length: int, obs_shape: tuple, obs_dtype: str,
                       num_actions: int, feature_size: int, action_distribution: str = "categorical",
@@ -100,6 +107,11 @@ def trajectory_layout(algorithm: Algorithm, unroll_length: int, obs_shape: tuple
         fields[CORE_STATE] = Field(tuple(core_state_shape), "float32", float("nan"), start_only=True)
     return TrajectoryLayout(unroll_length, tuple(obs_shape), obs_dtype, tuple(fields.items()),
                             dist.action_shape(num_actions), dist.action_dtype)
+
+
+def one_step_per_batch(cfg) -> None:
+    """reuse(cfg) of the algorithms that train each batch once, in one gradient step."""
+    return None
 
 
 def describe_optimization(cfg) -> dict:

@@ -8,6 +8,7 @@ continuous actions, the LSTM core, the inference server, Ray) runs IMPACT."""
 from __future__ import annotations
 
 from herd.algos.base import describe_optimization as optimizer_and_schedule
+from herd.algos.base import one_step_per_batch
 from herd.algos.impala import IMPALA
 from herd.losses.impact import ImpactLoss, ImpactLossWeights
 from herd.models import action_distribution_of
@@ -18,7 +19,7 @@ def loss_weights(cfg) -> ImpactLossWeights:
     lo = cfg.loss
     return ImpactLossWeights(
         gamma=cfg.train.gamma, value=lo.value_loss_weight, entropy=lo.entropy_loss_weight, rho_const=lo.rho_const,
-        c_const=lo.c_const, clip_param=lo.clip_param, importance_weight_clip=lo.importance_weight_clip,
+        c_const=lo.c_const, vtrace_lambda=lo.vtrace_lambda, clip_param=lo.clip_param, importance_weight_clip=lo.importance_weight_clip,
         use_kl_loss=lo.use_kl_loss, kl_target=lo.kl_target)
 
 
@@ -33,6 +34,7 @@ class Impact:
     capturable_loss = False
     model_options: dict = {}
     finish_rollout = None
+    reuse = staticmethod(one_step_per_batch)
     action_kinds = IMPALA.action_kinds
     # The actor side is IMPALA's (composition: the same functions, not a subclass).
     step_fields = staticmethod(IMPALA.step_fields)

@@ -8,6 +8,7 @@ from typing import Sequence
 import torch
 
 from herd.algos.base import describe_optimization as optimizer_and_schedule
+from herd.algos.base import one_step_per_batch
 from herd.algos.base import trajectory_layout
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import action_distribution_of
@@ -19,7 +20,7 @@ def loss_weights(cfg) -> ImpalaLossWeights:
     lo = cfg.loss
     return ImpalaLossWeights(
         gamma=cfg.train.gamma, policy_gradient=lo.policy_gradient_loss_weight, value=lo.value_loss_weight,
-        entropy=lo.entropy_loss_weight, rho_const=lo.rho_const, c_const=lo.c_const,
+        entropy=lo.entropy_loss_weight, rho_const=lo.rho_const, c_const=lo.c_const, vtrace_lambda=lo.vtrace_lambda,
         use_policy_cloning=lo.use_policy_cloning_loss, policy_cloning=lo.policy_cloning_loss_weight,
         use_value_cloning=lo.use_value_cloning_loss, value_cloning=lo.value_cloning_loss_weight,
         use_kl_mask=lo.use_kl_mask, kl_div_threshold=lo.kl_div_threshold)
@@ -34,6 +35,7 @@ class Impala:
     capturable_loss = True          # no host-side logic in the loss: the update can be one CUDA graph
     model_options: dict = {}        # the default actor-critic heads
     finish_rollout = None           # nothing to add to a finished rollout
+    reuse = staticmethod(one_step_per_batch)
     action_kinds = ("discrete", "continuous")   # a categorical or a diagonal Gaussian policy
 
     @staticmethod

@@ -14,6 +14,7 @@ import logging
 import numpy as np
 import torch
 
+from herd.learner.reuse import Reuse, take_columns
 from herd.learner.optim import build_optimizer, build_scheduler  # noqa: F401  (re-exported: callers build both here)
 from herd.models import ModelOutput
 from herd.models.core import core_input_from_batch
@@ -47,7 +48,8 @@ def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch
 
 class Learner:
     def __init__(self, model: torch.nn.Module, optimizer, scheduler, loss_fn, grad_clip_norm: float,
-                 precision: str = "fp32", compile_model: bool = False, grad_sync=None, capture: bool = False):
+                 precision: str = "fp32", compile_model: bool = False, grad_sync=None, capture: bool = False,
+                 reuse: Reuse | None = None):
         """loss_fn(batch, out) -> (scalar loss, metrics): the algorithm's (herd/algos);
         metrics are detached 0-dim tensors, and "priorities" [B] a tensor for the replays.
         optimizer, scheduler: herd/learner/optim.py's (a guarded step and a device
@@ -80,6 +82,7 @@ class Learner:
         self.static_batch: dict[str, torch.Tensor] | None = None
         self.static_metrics: dict[str, torch.Tensor] | None = None
         self.eager_updates = 0
+        self.reuse = reuse
 
     def run_model(self, obs: torch.Tensor, core=None):
         """The training forward pass; a torch.compile that fails (no C compiler, an
@@ -104,6 +107,15 @@ class Learner:
         learners, {"stopped": True} when the group stopped (this update is not applied).
         On a captured step the tensors are the graph's outputs: read them (or add them
         to a MetricSums) before the next step overwrites them."""
+        if self.reuse is None:
+            return self.step_once(batch)
+        self.loss_fn.begin_batch()          # host side: the target's first sync, outside any graph
+        metrics = self.step_once(batch)
+        self.loss_fn.end_batch()            # host side: the periodic target sync
+        return metrics
+
+    def step_once(self, batch: dict[str, torch.Tensor]) -> dict:
+        """One update, replayed from the captured graph where there is one."""
         if self.graph is not None:
             for name, tensor in self.static_batch.items():
                 tensor.copy_(batch[name], non_blocking=True)
@@ -117,8 +129,42 @@ class Learner:
         return self.update(batch)
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict:
-        """The update itself, the same code eager and captured."""
+        """The update itself, the same code eager and captured: one gradient step on the
+        batch, or with reuse a stored batch's passes of minibatch steps; the learning-rate
+        schedule steps once either way."""
         self.model.train()
+        if self.reuse is None:
+            metrics, applied = self.gradient_step(batch)
+        else:
+            metrics, applied = self.reused_steps(batch)
+        if "stopped" in metrics:
+            return metrics                  # several learners: the group stopped, nothing applied
+        self.scheduler.step(applied)
+        metrics.update(lr=self.scheduler.lr.detach().clone(), skipped=(~applied).float())
+        return metrics
+
+    def reused_steps(self, batch: dict[str, torch.Tensor]) -> tuple[dict, torch.Tensor]:
+        """reuse.passes x reuse.minibatches gradient steps on one stored batch [T+1, B]:
+        the metrics are their means; applied is True when at least one step was applied
+        (a stored batch whose every step was skipped changed nothing)."""
+        stored = self.loss_fn.prepare(batch)                              # + [T, B] targets, no grad
+        B = batch["reward"].shape[1]
+        size = self.reuse.minibatch_size(B)
+        sums: dict[str, torch.Tensor] = {}
+        applied_any = torch.zeros((), dtype=torch.bool, device=self.device)
+        for order in self.reuse.column_orders(B, self.device):              # [B] per pass
+            for start in range(0, B, size):
+                metrics, applied = self.gradient_step(take_columns(stored, order[start:start + size]))
+                if "stopped" in metrics:
+                    return metrics, applied
+                applied_any |= applied
+                for name, value in metrics.items():
+                    sums[name] = value if name not in sums else sums[name] + value
+        return {name: total / self.reuse.steps for name, total in sums.items()}, applied_any
+
+    def gradient_step(self, batch: dict[str, torch.Tensor]) -> tuple[dict, torch.Tensor]:
+        """Forward, loss, backward, clipping and the guarded optimizer step on one batch or
+        minibatch. Returns (the loss's metrics and grad_norm, applied: a device bool)."""
         # autocast's weight-cast cache must be off under capture (it would hold tensors
         # from the capturing pass); eager, the cache changes nothing within one forward.
         with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
@@ -140,15 +186,13 @@ class Learner:
             torch._foreach_add_(grads, torch.where(loss_finite, 0.0, float("nan")))
             if not self.grad_sync():
                 self.optimizer.zero_grad(set_to_none=True)
-                return {**metrics, "stopped": True}
+                return {**metrics, "stopped": True}, loss_finite
         max_norm = self.grad_clip_norm if self.grad_clip_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, max_norm, foreach=True)
         ok = loss_finite & torch.isfinite(grad_norm)
         applied = self.optimizer.step(ok, self.scheduler.lr)      # also False if a weight would overflow
-        self.scheduler.step(applied)
-        metrics.update(grad_norm=grad_norm.detach(), lr=self.scheduler.lr.detach().clone(),
-                       skipped=(~applied).float())
-        return metrics
+        metrics["grad_norm"] = grad_norm.detach()
+        return metrics, applied
 
     def capture_update(self, batch: dict[str, torch.Tensor]) -> dict | None:
         """Captures update() as one CUDA graph over static copies of this batch, replays it

@@ -26,7 +26,7 @@ from herd.trajectory import TrajectoryLayout
 log = logging.getLogger("herd")
 
 # What the session adds to the algorithm's and the learner's metrics in train.csv.
-SESSION_METRICS = ("policy_lag", "fps", "average_score")
+SESSION_METRICS = ("policy_lag", "policy_lag_max", "fps", "average_score")
 
 
 @dataclass
@@ -93,7 +93,9 @@ class TrainingSession:
         self.start_wall = 0.0
         self.fps = 0.0
         self.fps_mark = (time.monotonic(), 0)
-        self.recent_lag: list[float] = []
+        self.recent_lag: list[float] = []       # each batch's mean policy lag (updates), this interval
+        self.recent_lag_max = float("nan")      # the oldest rollout's lag this interval
+        self.lag_sum, self.lag_batches, self.lag_max = 0.0, 0, float("nan")    # over the session
         # The updates' metrics, summed on the device and read once per log interval.
         self.metric_sums = MetricSums((*options.metric_names, *LEARNER_METRICS), options.device)
         self.last_metrics: dict[str, float] = {}    # the last interval's means
@@ -196,7 +198,11 @@ class TrainingSession:
                 self.trained = True
                 log.info("first update (update %d) after %d environment steps", self.counters.updates,
                          self.counters.env_steps)
-            self.recent_lag.append(float(np.mean(self.counters.updates - 1 - mixed.versions)))
+            lags = self.counters.updates - 1 - np.asarray(mixed.versions)         # [B] updates behind
+            self.recent_lag.append(float(lags.mean()))
+            self.recent_lag_max = float(np.nanmax([self.recent_lag_max, lags.max()]))
+            self.lag_sum, self.lag_batches = self.lag_sum + self.recent_lag[-1], self.lag_batches + 1
+            self.lag_max = float(np.nanmax([self.lag_max, lags.max()]))
             if mixed.last_pass:
                 # Once per batch: a batch served K times (IMPACT's circular buffer) publishes
                 # after its last pass only.
@@ -234,10 +240,12 @@ class TrainingSession:
             self.fps = (self.counters.env_steps - mark_steps) / (now - mark_time)
         self.fps_mark = (now, self.counters.env_steps)
         lag = float(np.mean(self.recent_lag)) if self.recent_lag else float("nan")
+        lag_max, self.recent_lag_max = self.recent_lag_max, float("nan")
         self.recent_lag.clear()
         wanted = (*self.options.metric_names, *LEARNER_METRICS)
         values = {k: round(v, 6) for k, v in self.last_metrics.items() if k in wanted}   # the interval's means
         values.update(update=self.counters.updates, wall_time=round(self.elapsed, 3), policy_lag=round(lag, 3),
+                      policy_lag_max=lag_max,
                       fps=round(self.fps, 1), average_score=round(self.stats.average, 3))
         if self.marked_stats is not None:
             values["least_exploring_average"] = round(self.marked_stats.average, 3)
@@ -340,6 +348,9 @@ class TrainingSession:
             "skipped_updates": self.counters.skipped_updates,
             "stale_rollouts_dropped": self.counters.stale_rollouts,
             "weights_published": self.publishes,
+            # Updates between the weights that made a trained rollout and the update training it.
+            "policy_lag_mean": round(self.lag_sum / self.lag_batches, 3) if self.lag_batches else None,
+            "policy_lag_max": None if self.lag_max != self.lag_max else self.lag_max,
             "last_lr": float(self.learner.scheduler.lr),
             **({"least_exploring_actor": self.options.least_exploring_actor,
                 "least_exploring_average_score": self.marked_stats.average if self.marked_stats.episodes else None}

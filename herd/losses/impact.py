@@ -49,13 +49,21 @@ class ImpactLossWeights:
     entropy: float = 0.01
     rho_const: float = 1.0           # V-trace rho-bar (its targets and advantages)
     c_const: float = 1.0             # V-trace c-bar
+    vtrace_lambda: float = 1.0       # V-trace's lambda
     clip_param: float = 0.4          # eps of the clipped surrogate
     importance_weight_clip: float = 2.0   # rho_is: truncation of pi_tgt / mu in the surrogate
     use_kl_loss: bool = False
     kl_target: float = 0.01
 
     def vtrace(self) -> ImpalaLossWeights:
-        return ImpalaLossWeights(gamma=self.gamma, rho_const=self.rho_const, c_const=self.c_const)
+        return ImpalaLossWeights(gamma=self.gamma, rho_const=self.rho_const, c_const=self.c_const,
+                                 vtrace_lambda=self.vtrace_lambda)
+
+
+def clipped_surrogate(ratio: Tensor, weight: Tensor, advantages: Tensor, eps: float) -> Tensor:
+    """min(w r A, w clip(r, 1 - eps, 1 + eps) A) per step: the objective to maximise (IMPACT's
+    and APPO's, herd/losses/appo.py). All [T, B]; ratio carries the gradient."""
+    return torch.minimum(weight * ratio * advantages, weight * ratio.clamp(1 - eps, 1 + eps) * advantages)
 
 
 def impact_loss(batch: dict[str, Tensor], out, target_logits: Tensor, weights: ImpactLossWeights,
@@ -77,8 +85,7 @@ def impact_loss(batch: dict[str, Tensor], out, target_logits: Tensor, weights: I
     ratio = (learner_alp - target_alp).exp()                                   # [T, B] r_t
     advantages = targets.pg_advantages                                         # [T, B]
     eps = weights.clip_param
-    surrogate = torch.minimum(weight * ratio * advantages, weight * ratio.clamp(1 - eps, 1 + eps) * advantages)
-    pg_loss = -surrogate.mean()
+    pg_loss = -clipped_surrogate(ratio, weight, advantages, eps).mean()
     value_loss = (0.5 * (targets.vs - values) ** 2).mean()
     entropy = distribution.entropy(logits).mean()
     kl = distribution.kl(target_logits[:-1], logits).mean()                  # KL(pi_tgt || pi)

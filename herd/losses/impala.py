@@ -37,6 +37,7 @@ class ImpalaLossWeights:
     entropy: float = 0.01
     rho_const: float = 1.0          # V-trace rho-bar, also the policy-gradient rho-bar
     c_const: float = 1.0            # V-trace c-bar
+    vtrace_lambda: float = 1.0      # V-trace's lambda: c_t = lambda min(c-bar, rho_t)
     use_policy_cloning: bool = False
     policy_cloning: float = 0.05    # CLEAR: KL(behaviour || target) on replayed columns
     use_value_cloning: bool = False
@@ -113,6 +114,7 @@ def vtrace_targets(batch: dict[str, Tensor], out, weights: ImpalaLossWeights,
         clip_rho_threshold=weights.rho_const,
         clip_pg_rho_threshold=weights.rho_const,
         clip_c_threshold=weights.c_const,
+        lambda_=weights.vtrace_lambda,
     )
     return VTraceTargets(returns.vs, returns.pg_advantages, target_alp, log_rhos, keep, discounts, rewards)
 

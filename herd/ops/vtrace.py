@@ -14,7 +14,9 @@ Targets come from the backward recursion (paper, Remark 1)
     vs_t - V(x_t) = delta_t + gamma_t c_t (vs_{t+1} - V(x_{t+1})),   vs_T = V(x_T)
     delta_t       = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t))
 
-with rho_t = min(rho_bar, pi/mu) and c_t = min(c_bar, pi/mu).  The recursion is exactly the
+with rho_t = min(rho_bar, pi/mu) and c_t = lambda min(c_bar, pi/mu): lambda (default 1, the
+paper's) mixes n-step returns as in TD(lambda); on on-policy data (pi = mu, c_bar >= 1)
+vs_t - V(x_t) is then GAE(lambda)'s advantage (tests/ops/test_vtrace.py checks both).  The recursion is exactly the
 paper's double sum, re-associated; tests/ops/test_vtrace.py checks that literally. It is computed in closed
 form (discounted_trace_sums), not by a loop over time.
 
@@ -84,6 +86,7 @@ def from_importance_weights(
     clip_rho_threshold: Optional[float] = 1.0,
     clip_pg_rho_threshold: Optional[float] = 1.0,
     clip_c_threshold: Optional[float] = 1.0,
+    lambda_: float = 1.0,
 ) -> VTraceReturns:
     """V-trace targets vs [T, B] and advantages pg_advantages [T, B] (see module docstring).
 
@@ -95,7 +98,7 @@ def from_importance_weights(
     with torch.no_grad():
         rhos = torch.exp(log_rhos)                                             # [T, B]
         clipped_rhos = _clip(rhos, clip_rho_threshold)                         # [T, B]
-        cs = _clip(rhos, clip_c_threshold)                                     # [T, B]
+        cs = lambda_ * _clip(rhos, clip_c_threshold)                           # [T, B]
 
         # V(x_{t+1}) for every t, with the bootstrap standing in after the last step.
         values_t_plus_1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)  # [T, B]
@@ -126,6 +129,7 @@ def from_logits(
     clip_rho_threshold: Optional[float] = 1.0,
     clip_pg_rho_threshold: Optional[float] = 1.0,
     clip_c_threshold: Optional[float] = 1.0,
+    lambda_: float = 1.0,
 ) -> VTraceFromLogitsReturns:
     """V-trace from policy logits [T, B, A] and actions [T, B] (int64).
 
@@ -143,6 +147,7 @@ def from_logits(
         clip_rho_threshold=clip_rho_threshold,
         clip_pg_rho_threshold=clip_pg_rho_threshold,
         clip_c_threshold=clip_c_threshold,
+        lambda_=lambda_,
     )
     return VTraceFromLogitsReturns(
         vs=returns.vs,

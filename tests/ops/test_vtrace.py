@@ -234,3 +234,37 @@ def test_the_number_of_operations_does_not_grow_with_the_unroll():
         return sum(e.count for e in prof.key_averages())
 
     assert ops_for(60) - ops_for(5) < 60 - 5
+
+
+def gae(rewards, values, bootstrap, discounts, lam):
+    """Generalised advantage estimation (Schulman et al. 2016), a loop over time:
+    A_t = delta_t + gamma_t lambda A_{t+1}, delta_t = r_t + gamma_t V_{t+1} - V_t."""
+    T = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    following = torch.zeros_like(bootstrap)
+    for t in reversed(range(T)):
+        next_value = bootstrap if t == T - 1 else values[t + 1]
+        delta = rewards[t] + discounts[t] * next_value - values[t]
+        following = delta + discounts[t] * lam * following
+        advantages[t] = following
+    return advantages
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5, 0.95, 1.0])
+def test_vtrace_with_lambda_on_policy_is_gae(lam):
+    """On on-policy data (log rho = 0) with c-bar >= 1, vs_t - V(x_t) is GAE(lambda)'s
+    advantage, episode ends included; the negative control: lambda left out of the
+    traces gives GAE(1), far from GAE(lambda) for lambda < 1."""
+    g = torch.Generator().manual_seed(7)
+    T, B = 12, 5
+    rewards = torch.randn(T, B, generator=g, dtype=torch.float64)
+    values = torch.randn(T, B, generator=g, dtype=torch.float64)
+    bootstrap = torch.randn(B, generator=g, dtype=torch.float64)
+    discounts = 0.99 * (torch.rand(T, B, generator=g) > 0.2).to(torch.float64)
+    log_rhos = torch.zeros(T, B, dtype=torch.float64)
+    vs = from_importance_weights(log_rhos, discounts, rewards, values, bootstrap, lambda_=lam).vs
+    expected = gae(rewards, values, bootstrap, discounts, lam)
+    torch.testing.assert_close(vs - values, expected, rtol=0, atol=1e-6)
+    if lam < 1:
+        without = from_importance_weights(log_rhos, discounts, rewards, values, bootstrap).vs
+        assert (without - values - expected).abs().max() > 1e-2
