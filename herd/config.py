@@ -28,7 +28,7 @@ from herd.errors import ConfigError
 from herd.inputs import check_option_value, excerpt
 from herd.models import NETWORKS
 from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, FALLBACKS, MACHINE_PROFILES, PROFILES,
-                           inference_servers_for, machine_profile)
+                           inference_servers_for, machine_profile, slots_for_bounded_lag)
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters, passes_per_batch
 from herd.replay.writer import DISCARDING_STRATEGIES
 from herd.validation import parse_eval_interval, transition_items, validate
@@ -364,6 +364,7 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     """Fills the fields left at None with the defaults of the algorithm (for this kind of
     environment, ALGORITHM_PROFILES), then of the environment's kind (PROFILES)."""
     algorithm_profile = ALGORITHM_PROFILES.get(cfg.general.algorithm, {}).get(kind, {})
+    queue_unset = cfg.parallel.shared_queue_size is None
     for name, value in [*algorithm_profile.items(), *machine_profile(kind, cfg.general.device).items(),
                         *PROFILES[kind].items(), *FALLBACKS.items()]:
         section = getattr(cfg, FIELD_SECTION[name])
@@ -373,6 +374,10 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         cfg.parallel.worker_count = max(1, os.cpu_count() or 1)
     if cfg.parallel.learner_count is None:
         cfg.parallel.learner_count = torchrun_world_size() or 1
+    if queue_unset and cfg.train.passes_per_batch * cfg.train.minibatches_per_pass > 1:
+        # Reuse trains on a policy's data many times: keep what waits for the learner near one batch.
+        cfg.parallel.shared_queue_size = slots_for_bounded_lag(cfg.train.batch_size, cfg.parallel.worker_count,
+                                                               cfg.parallel.envs_per_worker)
     if cfg.parallel.inference_servers is None:
         cfg.parallel.inference_servers = inference_servers_for(learner_device(cfg.general.device).type,
                                                                cfg.parallel.worker_count)
@@ -428,6 +433,8 @@ def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
         names.append("learner_precision")           # bf16 where the hardware has bf16 units
     if "learner_thread_count" not in profile:
         names.append("learner_thread_count")        # from the cores and the precision
+    if cfg.train.passes_per_batch * cfg.train.minibatches_per_pass > 1:
+        names.append("shared_queue_size")           # from the actors and envs: a bounded policy lag
     if kind == "atari":
         names.append("learner_compile")             # long Atari runs (apply_profile)
     if device.type == "cuda":
