@@ -115,11 +115,14 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
                       precision=cfg.train.learner_precision, compile_model=cfg.train.learner_compile,
                       grad_sync=sync.exchange if sync is not None else None, capture=cfg.train.learner_capture,
                       reuse=algorithm.reuse(cfg))
-    log.info("learner: %s on %s, %s, %d intra-op thread(s), %s", algorithm.name, device.type,
+    reuse = learner.reuse
+    log.info("learner: %s on %s, %s, %d intra-op thread(s), %s%s", algorithm.name, device.type,
              cfg.train.learner_precision, cfg.train.learner_thread_count,
              "compiled (torch.compile: measured faster on CPUs)" if cfg.train.learner_compile
              else "one captured CUDA graph per update after a short eager warm-up" if learner.capture
-             else "eager")
+             else "eager",
+             "" if reuse is None else f"; each stored batch trained in {reuse.passes} passes of {reuse.minibatches} "
+                                      f"minibatches ({reuse.steps} gradient steps)")
     options = SessionOptions(
         max_env_steps=cfg.train.environment_max_steps, save_model_period=cfg.general.save_model_period,
         log_interval=cfg.stats.verbose_learner_out_int, device=device,

@@ -259,8 +259,8 @@ def validate_impact(cfg: Config, specs: list, shares: list) -> None:
                               "trajectories, --envs_per_worker): raise its capacity (batches) or --batch_size")
     if cfg.general.algorithm not in ("impact", "appo"):
         if lo.use_kl_loss:
-            raise ConfigError(f"--use_kl_loss is IMPACT's and APPO's penalty: use --algorithm=impact or appo, not "
-                              f"{cfg.general.algorithm}")
+            raise ConfigError(f"--use_kl_loss is IMPACT's penalty (and APPO's): use --algorithm=impact or appo, "
+                              f"not {cfg.general.algorithm}")
         return
     if lo.use_kl_mask or lo.use_policy_cloning_loss or lo.use_value_cloning_loss:
         raise ConfigError(f"--algorithm={cfg.general.algorithm} has no LASER mask or CLEAR cloning terms (its "

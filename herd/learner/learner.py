@@ -217,8 +217,11 @@ class Learner:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self.static_metrics = self.update(self.static_batch)
             self.graph = graph
-            log.info("learner: the whole update (forward, losses, backward, clipping, optimizer) is captured as "
-                     "one CUDA graph")
+            steps = ("" if self.reuse is None else
+                     f", {self.reuse.passes} passes x {self.reuse.minibatches} minibatch steps with the target "
+                     "network's pass and the shuffles")
+            log.info("learner: the whole update (forward, losses, backward, clipping, optimizer%s) is captured as "
+                     "one CUDA graph", steps)
         except Exception as err:   # capture raises many types (host syncs, unsupported ops)
             self.graph, self.static_batch, self.static_metrics = None, None, None
             log.warning("learner: CUDA graph capture failed (%s: %s): updates run eagerly", type(err).__name__,

@@ -106,3 +106,51 @@ def test_another_thread_may_copy_to_the_gpu_while_the_update_is_captured():
     assert learner.graph is not None, "the capture failed (see the log's warning)"
     torch.cuda.synchronize()
     assert torch.equal(replay[:, 1].cpu(), torch.from_numpy(source))
+
+
+def make_appo(network: str, capture: bool, reuse) -> Learner:
+    """APPO's multi-pass learner (herd/learner/reuse.py) with the target network synced
+    every second stored batch and the adaptive KL on: every piece of state the graph must
+    update in place."""
+    from herd.learner.reuse import Reuse
+    from herd.losses.appo import AppoLoss, AppoLossWeights
+    obs, dtype, kwargs = NETWORKS[network]
+    torch.manual_seed(0)
+    model = build_model(network=network, obs_shape=obs, obs_dtype=dtype, num_actions=A, **kwargs).cuda()
+    opt = build_optimizer("adam", model.parameters(), 1e-3, 0.01)
+    loss = AppoLoss(model, AppoLossWeights(use_kl_loss=True, normalize_returns=True, value_clip=0.2),
+                    target_update_period=2)
+    return Learner(model, opt, build_scheduler(opt, 1e-3, 1e-5, 100), loss, 0.5, capture=capture,
+                   reuse=Reuse(*reuse))
+
+
+@pytest.mark.parametrize("network", list(NETWORKS))
+def test_a_captured_multi_pass_update_gives_the_eager_weights(network):
+    """Passes of one minibatch each (the whole batch, so the shuffle changes only the order
+    of a mean): the graph, replayed on new batches, gives the eager weights, the target's
+    syncs and the KL coefficient."""
+    eager, captured = make_appo(network, False, (3, 1)), make_appo(network, True, (3, 1))
+    for seed in range(CAPTURE_WARMUP + 8):
+        batch = cuda_batch(network, seed)
+        eager.step(batch)
+        captured.step(batch)
+    assert captured.graph is not None, "the update was not captured (see the log's warning)"
+    for (name, want), got in zip(eager.model.state_dict().items(), captured.model.state_dict().values()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"{name} differs after replays")
+    for want, got in zip(eager.loss_fn.target.state_dict().values(), captured.loss_fn.target.state_dict().values()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(captured.loss_fn.kl_coeff, eager.loss_fn.kl_coeff)
+    assert captured.loss_fn.target_syncs == eager.loss_fn.target_syncs == (CAPTURE_WARMUP + 8) // 2
+
+
+def test_a_captured_update_of_shuffled_minibatches_trains_every_step():
+    """4 passes of 4 minibatches, captured: the optimizer's step count grows by 16 per
+    replay (every minibatch step applied), and two replays draw different shuffles."""
+    learner = make_appo("mlp", True, (4, 4))
+    for seed in range(CAPTURE_WARMUP + 1):
+        learner.step(cuda_batch("mlp", seed))
+    assert learner.graph is not None
+    steps = lambda: {int(s["step"]) for s in learner.optimizer.state.values()}   # noqa: E731
+    before = steps()
+    learner.step(cuda_batch("mlp", 50))
+    assert steps() == {next(iter(before)) + 16}
