@@ -111,7 +111,7 @@ def record(name: str, data: dict) -> Path:
 
 
 def print_table(headers: list[str], rows: list[list]) -> None:
-    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+    widths = [max([len(str(h))] + [len(str(r[i])) for r in rows]) for i, h in enumerate(headers)]
     print("  ".join(str(h).ljust(w) for h, w in zip(headers, widths)))
     print("  ".join("-" * w for w in widths))
     for row in rows:
