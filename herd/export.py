@@ -58,15 +58,16 @@ def action_bounds(policy) -> dict[str, Any]:
         env.close()
 
 
-def export_run(run: str | Path, out: str | Path | None = None) -> Path:
+def export_run(run: str | Path, out: str | Path | None = None, env: str | None = None) -> Path:
     """Exports the policy of a run folder (its newest checkpoint) or a checkpoint file;
-    returns the folder written."""
+    returns the folder written. env: --env, which a custom environment's id must be given
+    as (herd.api.load_policy)."""
     from safetensors.torch import save_file
 
     from herd.api import load_policy
     from herd.files import write_json
     from herd.models import recurrent_core
-    policy = load_policy(run, greedy=True)
+    policy = load_policy(run, greedy=True, env=env)
     if recurrent_core(policy.model) is not None:
         raise ExportError(f"{run}: runs with an LSTM core (--use_lstm) cannot be exported yet (its state "
                           "would have to be an input and an output of the exported policy)")
@@ -94,9 +95,9 @@ def export_run(run: str | Path, out: str | Path | None = None) -> Path:
     return folder
 
 
-def export_command(run: str, out: str | None) -> int:
-    """`herd export RUN [--out DIR]`: prints the files written."""
-    folder = export_run(run, out)
+def export_command(run: str, out: str | None, env: str | None = None) -> int:
+    """`herd export RUN [--out DIR] [--env ID]`: prints the files written."""
+    folder = export_run(run, out, env)
     for name in FILES:
         print(folder / name)
     return 0

@@ -138,6 +138,12 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a plain file")
 
 
+class FromFile(dict):
+    """Options read from a file (an experiments file's experiment): a plain dict that says
+    where it came from, so that herd.config.resolve refuses what only a typed command may
+    ask for (a custom environment's module to import)."""
+
+
 def read_experiments(path: str) -> list[dict]:
     """The experiments of a JSON or YAML file: a list of dicts of option names to values,
     checked for size before parsing and for shape after (values: check_option_value, by
@@ -161,7 +167,7 @@ def read_experiments(path: str) -> list[dict]:
     if len(experiments) > MAX_EXPERIMENTS:
         raise ConfigError(f"{excerpt(path)} holds {len(experiments):,} experiments, more than the "
                           f"{MAX_EXPERIMENTS:,} one file may hold")
-    return experiments
+    return [FromFile(experiment) for experiment in experiments]
 
 
 def check_experiments(experiments: list[dict], check_value) -> None:
