@@ -22,7 +22,7 @@ from herd.checkpoint import CHECKPOINT_DIR
 from herd.config import Config, ConfigError, check_option, resolve
 from herd.errors import UserError
 from herd.evaluate import test_policy
-from herd.files import write_json
+from herd.files import LinkedPathError, run_subfolder, write_json
 from herd.inputs import check_experiments, describe, excerpt, read_experiments
 from herd.plan import describe_ignored, prepare, run_tags
 from herd.provenance import provenance
@@ -77,7 +77,7 @@ def test_dir(plan, command_line: dict) -> Path:
     if "results_dir" in command_line or run is None or not (run / "config.json").is_file():
         tested = run.name if run is not None else checkpoint.stem
         return make_run_dir(plan.cfg, name=f"test_{tested}_{stamp}")
-    return make_run_dir(plan.cfg, base=run / "tests", name=stamp)
+    return make_run_dir(plan.cfg, base=run_subfolder(run, "tests"), name=stamp)   # a linked tests/ is refused
 
 
 class RunLogFile(logging.FileHandler):
@@ -159,6 +159,9 @@ def run_plan(plan, options: dict | None = None, argv: list[str] | None = None) -
     except RunDirError as err:
         print(f"herd: error: {err}", file=sys.stderr)
         return 1, None
+    except LinkedPathError as err:     # a run folder's tests/ linked out of it: bad input, nothing written
+        print(f"herd: error: {err}", file=sys.stderr)
+        return 2, None
     log.info("run folder %s", run_dir)
     if plan.ignored_saved:
         log.info(describe_ignored(plan.ignored_saved))
