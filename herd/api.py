@@ -179,27 +179,32 @@ class Policy:
         return env_action(actions[0]) if single else actions
 
 
-def load_policy(run_dir: str | Path, greedy: bool = False) -> Policy:
+def load_policy(run_dir: str | Path, greedy: bool = False, env: str | None = None) -> Policy:
     """The policy of a run folder's newest checkpoint (or of a checkpoint file). Actions are
     sampled as in training unless `greedy` (the most probable action; Ape-X plays at its
-    --apex_test_epsilon either way)."""
+    --apex_test_epsilon either way). env: the run's environment id, needed (and only
+    then) for a custom `pkg.module:EnvId`: herd imports a module only when the caller
+    names it, never because a checkpoint does (docs/security.md)."""
     import tempfile
 
     from herd.plan import prepare
     # Loading writes nothing: the saved config's results folder (perhaps on another machine,
     # perhaps read-only) must not decide whether a policy can be read.
-    plan = prepare({"op_mode": "test", "load_model_url": str(run_dir), "render": False,
-                    "results_dir": tempfile.gettempdir()})
+    options = {"op_mode": "test", "load_model_url": str(run_dir), "render": False,
+               "results_dir": tempfile.gettempdir()}
+    plan = prepare({**options, "env": env} if env is not None else options)
     return Policy(plan, greedy)
 
 
-def evaluate(run_dir: str | Path, episodes: int = 10, greedy: bool = False, seed: int = 0) -> dict[str, Any]:
+def evaluate(run_dir: str | Path, episodes: int = 10, greedy: bool = False, seed: int = 0,
+             env: str | None = None) -> dict[str, Any]:
     """Plays `episodes` whole games with a run's policy, as `herd test` does, and returns
-    their scores: {"episode_count", "mean", "std", "min", "max", "episodes"}. Writes nothing."""
+    their scores: {"episode_count", "mean", "std", "min", "max", "episodes"}. Writes nothing.
+    env: as for load_policy (a custom environment's id, which the caller must name)."""
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise UserError(f"episodes must be a positive integer, got {episodes!r}")
     from herd.evaluate import MAX_TEST_ENVS, play_episodes, summarize
-    policy = load_policy(run_dir, greedy)
+    policy = load_policy(run_dir, greedy, env)
     scores = play_episodes(policy.model, policy.env_id, policy.env_kwargs, episodes, MAX_TEST_ENVS, seed,
                            greedy=greedy, policy=policy.algorithm_policy)
     return summarize(scores)

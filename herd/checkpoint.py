@@ -92,11 +92,15 @@ def stored_array(value: dict) -> np.ndarray:
 
 def check_tree(state: Any) -> None:
     """Refuses (CheckpointError, message without the path) a tree deeper than MAX_DEPTH or
-    holding one container twice, before any recursive walk; walks iteratively."""
+    holding one container twice, before any recursive walk, and any tensor whose layout
+    herd does not write (check_layout), before the checksum copies one; walks iteratively."""
     seen: set[int] = set()
     stack = [(state, 0)]
     while stack:
         value, depth = stack.pop()
+        if isinstance(value, torch.Tensor):
+            check_layout(value)
+            continue
         if not isinstance(value, (dict, list, tuple)):
             continue
         if depth > MAX_DEPTH:
@@ -108,6 +112,30 @@ def check_tree(state: Any) -> None:
         if isinstance(value, dict) and not all(isinstance(k, (str, int)) for k in value):
             raise CheckpointError("has a dict key that is neither text nor a number: herd does not write that")
         stack.extend((item, depth + 1) for item in items)
+
+
+def check_layout(tensor: torch.Tensor) -> None:
+    """A tensor whose elements each have their own bytes inside its storage: a dense strided
+    tensor, no stride 0 on a dimension of more than one element, no two elements at one
+    address, nothing addressed past the storage's end. Checked on shape, strides and
+    offset alone, before any copy: the checksum (and numpy) make a tensor contiguous, and a
+    4-byte storage seen as shape (10**10,) with stride 0 asked for 40 GB."""
+    shown = f"a tensor of shape {tuple(tensor.shape)[:8]} with strides {tuple(tensor.stride())[:8]}" \
+        if tensor.layout == torch.strided else f"a {tensor.layout} tensor"
+    if tensor.layout != torch.strided:
+        raise CheckpointError(f"holds {shown}: herd does not write that")
+    if tensor.numel() == 0:
+        return
+    dims = sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size > 1)
+    reach = 0                                  # the farthest element offset the smaller strides address
+    for stride, size in dims:
+        if stride <= reach:                    # stride 0, or a step that lands on an element already addressed
+            raise CheckpointError(f"holds {shown}, whose elements overlap: herd does not write that")
+        reach += (size - 1) * stride
+    needed = (tensor.storage_offset() + reach + 1) * tensor.element_size()
+    if tensor.storage_offset() < 0 or needed > tensor.untyped_storage().nbytes():
+        raise CheckpointError(f"holds {shown} addressing {needed:,} bytes of a "
+                              f"{tensor.untyped_storage().nbytes():,}-byte storage: herd does not write that")
 
 
 def checksum(state: Any) -> str:

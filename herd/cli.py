@@ -117,11 +117,13 @@ def run_watch(namespace: argparse.Namespace, options: dict) -> int:
 def export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run folder or checkpoint file")
     parser.add_argument("--out", help="folder for the files (default: RUN/export)")
+    parser.add_argument("--env", help="the run's environment id; needed for a custom pkg.module:EnvId, whose module "
+                                      "herd imports only when the command line names it")
 
 
 def run_export(namespace: argparse.Namespace, options: dict) -> int:
     from herd.export import export_command
-    return export_command(namespace.run, namespace.out)
+    return export_command(namespace.run, namespace.out, namespace.env)
 
 
 def run_multi_command(namespace: argparse.Namespace, options: dict) -> int:

@@ -25,7 +25,7 @@ from herd.envs.actor_envs import ENV_BACKENDS
 from herd.envs.wrappers import REWARD_CLIPPING_METHODS
 from herd.learner.distributed import torchrun_world_size
 from herd.errors import ConfigError
-from herd.inputs import check_option_value, excerpt
+from herd.inputs import FromFile, check_option_value, excerpt
 from herd.models import NETWORKS
 from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, FALLBACKS, MACHINE_PROFILES, PROFILES,
                            inference_servers_for, machine_profile, slots_for_bounded_lag)
@@ -445,19 +445,40 @@ def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
             "options": {name: flat[name] for name in names if name not in given}}
 
 
+def check_env_source(env: Any, source: str | None) -> None:
+    """The one rule for custom environments read from files: a `pkg.module:EnvId` id makes
+    herd import `pkg.module` (herd.envs.registry.import_env_module), which runs its code, so
+    only the command line or the Python call of this invocation may name one. A
+    checkpoint's saved config or an experiments file naming it is refused in one line,
+    before anything is imported (docs/security.md). Given the same id again (--env, or
+    env= in Python), it is the command line's, which wins the merge."""
+    if source is None or not isinstance(env, str) or ":" not in env:
+        return
+    raise ConfigError(f"environment '{excerpt(env)}' comes from {source}, and herd imports a custom environment's "
+                      f"module only when the command names it: add --env={excerpt(env)} (Python: env=...) if you "
+                      "trust that module")
+
+
 def resolve(command_line: dict[str, Any], overrides: dict[str, Any] | None = None,
             saved: dict[str, Any] | None = None, env_kind=None) -> Config:
     """Builds the run's config. Precedence, highest first: the command line, overrides
-    from multi_train.py, the config saved in the checkpoint being resumed, the
-    environment kind's profile, the defaults. `env_kind(env_id) -> "atari" | "minatar" | "vector" |
-    "continuous"` (herd.envs.registry.profile_kind)."""
-    layers = [saved or {}, overrides or {}, command_line]
+    from multi_train.py or an experiments file (herd.inputs.FromFile), the config saved in
+    the checkpoint being resumed, the environment kind's profile, the defaults. An env id
+    that imports a module may come from the command line only (check_env_source).
+    `env_kind(env_id) -> "atari" | "minatar" | "vector" | "continuous"`
+    (herd.envs.registry.profile_kind)."""
+    layers = [("the checkpoint's saved config", saved or {}),
+              ("the experiments file" if isinstance(overrides, FromFile) else None, overrides or {}),
+              (None, command_line)]
     merged: dict[str, Any] = {}
-    for layer in layers:
+    env_from = None                       # the file the env id came from; None: this invocation's own
+    for source, layer in layers:
         for name, value in layer.items():
             if name not in FIELD_SECTION:
                 raise ConfigError(f"unknown option '{excerpt(name)}'")
             merged[name] = value
+        env_from = source if "env" in layer else env_from
+    check_env_source(merged.get("env"), env_from)
     cfg = Config.from_flat(merged)
     if env_kind is not None:
         apply_profile(cfg, env_kind(cfg.env.env))

@@ -15,6 +15,7 @@ Runs with an LSTM core (--use_lstm) are refused in one line: their state is not 
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -58,31 +59,38 @@ def action_bounds(policy) -> dict[str, Any]:
         env.close()
 
 
-def export_run(run: str | Path, out: str | Path | None = None) -> Path:
+def export_run(run: str | Path, out: str | Path | None = None, env: str | None = None) -> Path:
     """Exports the policy of a run folder (its newest checkpoint) or a checkpoint file;
-    returns the folder written."""
-    from safetensors.torch import save_file
+    returns the folder written. env: --env, which a custom environment's id must be given
+    as (herd.api.load_policy)."""
+    from safetensors.torch import save
 
     from herd.api import load_policy
-    from herd.files import write_json
+    from herd.files import run_subfolder, write_bytes, write_json
     from herd.models import recurrent_core
-    policy = load_policy(run, greedy=True)
+    policy = load_policy(run, greedy=True, env=env)
     if recurrent_core(policy.model) is not None:
         raise ExportError(f"{run}: runs with an LSTM core (--use_lstm) cannot be exported yet (its state "
                           "would have to be an input and an output of the exported policy)")
     checkpoint = Path(policy.plan.checkpoint_path)
     run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    folder = Path(out) if out is not None else run_dir / "export"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ExportError(f"cannot create '{folder}': {err.strerror or err}") from None
+    if out is None:
+        folder = run_subfolder(run_dir, "export")     # a linked export/ is refused, not written through
+    else:
+        folder = Path(out)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ExportError(f"cannot create '{folder}': {err.strerror or err}") from None
     example = torch.zeros((1, *policy.obs_shape), dtype=getattr(torch, str(policy.obs_dtype)))
     with torch.no_grad():
         traced = torch.jit.trace(GreedyPolicy(policy.model).eval(), example, check_trace=False)
-    traced.save(str(folder / "policy.pt"))
+    # Serialised in memory, then written by write_bytes: a linked policy.pt is refused.
+    buffer = io.BytesIO()
+    torch.jit.save(traced, buffer)
+    write_bytes(folder / "policy.pt", buffer.getvalue())
     weights = {name: tensor.detach().contiguous().clone() for name, tensor in policy.model.state_dict().items()}
-    save_file(weights, str(folder / "weights.safetensors"), metadata={"format": "pt", "source": str(checkpoint)})
+    write_bytes(folder / "weights.safetensors", save(weights, metadata={"format": "pt", "source": str(checkpoint)}))
     spec = policy.preprocessing
     spec.pop("greedy")                         # the exported policy is greedy by construction
     write_json(folder / "preprocessing.json", {
@@ -94,9 +102,9 @@ def export_run(run: str | Path, out: str | Path | None = None) -> Path:
     return folder
 
 
-def export_command(run: str, out: str | None) -> int:
-    """`herd export RUN [--out DIR]`: prints the files written."""
-    folder = export_run(run, out)
+def export_command(run: str, out: str | None, env: str | None = None) -> int:
+    """`herd export RUN [--out DIR] [--env ID]`: prints the files written."""
+    folder = export_run(run, out, env)
     for name in FILES:
         print(folder / name)
     return 0

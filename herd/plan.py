@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,7 @@ def prepare_checked(options: dict[str, Any], overrides: dict[str, Any] | None) -
         cfg.general.seed = random.randrange(2**31)
     check_action_kind(cfg)      # before validate(): Ape-X's replay checks would hide the reason
     cfg.validate()
+    check_run_name(cfg)         # here, not in the CLI: herd.train(name=...) and resumes pass here too
     check_wandb(cfg.stats.wandb_project)
     check_thread_options(cfg)
     check_observation_size(cfg)  # before describe_env makes one
@@ -250,6 +252,23 @@ def check_continuous(cfg: Config, spec: EnvSpec, algorithm: Algorithm) -> None:
         raise ConfigError(f"--initial_log_std must be in [-5, 2] (the range the policy keeps it in), "
                           f"got {c.initial_log_std}")
 # -- end continuous control
+
+
+# A run's --name and --tag become part of its folder's name: letters, digits, . _ - only
+# (no '/' or '..': a name must not place the run folder outside --results_dir).
+SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def check_run_name(cfg: Config) -> None:
+    """--name and --tag must be usable in a folder name (one line, before anything is written)."""
+    for option, value in (("name", cfg.general.name), *(("tag", tag) for tag in run_tags(cfg))):
+        if value is not None and not (isinstance(value, str) and SAFE_NAME.match(value)):
+            raise ConfigError(f"--{option}={excerpt(value)!r}: use 1-64 letters, digits, '.', '_' or '-' "
+                              "(it becomes part of the run folder's name)")
+
+
+def run_tags(cfg: Config) -> list[str]:
+    return [tag.strip() for tag in (cfg.general.tag or "").split(",") if tag.strip()]
 
 
 # Kernel file systems: a run folder there fails at its first write, or writes a setting.

@@ -22,9 +22,9 @@ from herd.checkpoint import CHECKPOINT_DIR
 from herd.config import Config, ConfigError, check_option, resolve
 from herd.errors import UserError
 from herd.evaluate import test_policy
-from herd.files import write_json
+from herd.files import LinkedPathError, run_subfolder, write_json
 from herd.inputs import check_experiments, describe, excerpt, read_experiments
-from herd.plan import describe_ignored, prepare
+from herd.plan import describe_ignored, prepare, run_tags
 from herd.provenance import provenance
 from herd.devices import learner_device, use_deterministic_algorithms
 from herd.learner.distributed import from_primary, leave_group, torchrun_group, torchrun_world_size
@@ -38,22 +38,6 @@ USER_ERRORS = (UserError,)
 class RunDirError(UserError):
     """The run folder cannot be made (prepare() checked the path, but the file system can
     still refuse: a read-only mount, a full disk, a folder removed meanwhile)."""
-
-
-# A run's --name and --tag become part of its folder's name: letters, digits, . _ - only.
-SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-
-
-def check_run_name(cfg: Config) -> None:
-    """--name and --tag must be usable in a folder name (one line, before anything is written)."""
-    for option, value in (("name", cfg.general.name), *(("tag", tag) for tag in run_tags(cfg))):
-        if value is not None and not SAFE_NAME.match(value):
-            raise ConfigError(f"--{option}={value!r}: use 1-64 letters, digits, '.', '_' or '-' "
-                              "(it becomes part of the run folder's name)")
-
-
-def run_tags(cfg: Config) -> list[str]:
-    return [tag.strip() for tag in (cfg.general.tag or "").split(",") if tag.strip()]
 
 
 def run_folder_name(cfg: Config, now: float) -> str:
@@ -93,7 +77,7 @@ def test_dir(plan, command_line: dict) -> Path:
     if "results_dir" in command_line or run is None or not (run / "config.json").is_file():
         tested = run.name if run is not None else checkpoint.stem
         return make_run_dir(plan.cfg, name=f"test_{tested}_{stamp}")
-    return make_run_dir(plan.cfg, base=run / "tests", name=stamp)
+    return make_run_dir(plan.cfg, base=run_subfolder(run, "tests"), name=stamp)   # a linked tests/ is refused
 
 
 class RunLogFile(logging.FileHandler):
@@ -136,10 +120,8 @@ def seed_everything(cfg: Config) -> None:
 
 
 def prepare_run(options: dict, overrides: dict | None = None):
-    """prepare() and the run folder's name checked: a Plan, or a UserError's one line."""
-    plan = prepare(options, overrides)
-    check_run_name(plan.cfg)
-    return plan
+    """prepare(), which checks the run folder's name too: a Plan, or a UserError's one line."""
+    return prepare(options, overrides)
 
 
 def run_experiment(options: dict, overrides: dict | None = None, argv: list[str] | None = None) -> int:
@@ -177,6 +159,9 @@ def run_plan(plan, options: dict | None = None, argv: list[str] | None = None) -
     except RunDirError as err:
         print(f"herd: error: {err}", file=sys.stderr)
         return 1, None
+    except LinkedPathError as err:     # a run folder's tests/ linked out of it: bad input, nothing written
+        print(f"herd: error: {err}", file=sys.stderr)
+        return 2, None
     log.info("run folder %s", run_dir)
     if plan.ignored_saved:
         log.info(describe_ignored(plan.ignored_saved))

@@ -84,6 +84,31 @@ def test_a_view_of_a_larger_buffer_is_refused(tmp_path):
     assert_refused(path, "herd does not write that")
 
 
+@pytest.mark.parametrize("bomb", ["stride_0", "overlapping"])
+def test_a_tensor_that_addresses_its_bytes_many_times_is_refused_before_any_copy(tmp_path, bomb):
+    """4 bytes seen as 10**10 floats (stride 0), or 800 KB seen as a 10**5 x 10**5 matrix
+    whose rows overlap (strides 1, 1): each 40 GB once made contiguous. Before: the checksum
+    walk made it contiguous, an allocation of 40 GB (under the cap here: a MemoryError, on a
+    large machine the memory taken). Now the layout is refused first: the refusal names
+    the overlap, not a failed allocation."""
+    tensor = (torch.zeros(1).expand(10**10) if bomb == "stride_0"
+              else torch.arange(200_000, dtype=torch.float32).as_strided((100_000, 100_000), (1, 1)))
+    path = tmp_path / "ckpt.pt"
+    write({"model": {"w": tensor}}, path, digest="0" * 64)     # a true digest would take the same 40 GB
+    assert_refused(path, "whose elements overlap")
+    assert "asks for more than" not in load_in_child(path)
+
+
+def test_honest_tensor_layouts_pass_the_layout_check():
+    """What torch.save keeps of what herd saves: contiguous tensors, transposes, views
+    inside their storage, size-1 dimensions with any stride, empty and 0-d tensors."""
+    from herd.checkpoint import check_layout
+    base = torch.arange(24.0).reshape(2, 3, 4)
+    for tensor in (base, base.transpose(0, 2), base[1], base[:, 1:, ::2],
+                   torch.zeros(1).expand(1, 1), torch.zeros(0, 5), torch.tensor(3.0)):
+        check_layout(tensor)
+
+
 def test_a_tree_of_shared_references_is_refused_without_walking_it(tmp_path):
     """A list holding the same list twice, 60 times over: 2**60 paths from a few hundred
     bytes. Before: the checksum walk never ended."""

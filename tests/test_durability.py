@@ -26,7 +26,7 @@ def test_json_files_are_fsynced_before_the_rename(tmp_path, monkeypatch):
     monkeypatch.setattr(herd.files.os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b)))
     path = tmp_path / "summary.json"
     write_json(path, {"a": 1})
-    tmp = str(path.with_suffix(".tmp"))
+    tmp = str(path.with_name(f".{path.name}.tmp-{os.getpid()}"))
     assert events == [("fsync", tmp), ("replace", str(path)), ("fsync", str(tmp_path))]
     assert path.read_text().startswith("{") and not os.path.exists(tmp)
 

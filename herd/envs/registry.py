@@ -14,7 +14,9 @@ can cause is an EnvError with one line.
 Custom environments use gymnasium's own spelling, `pkg.module:EnvId-v0`: every public
 function here first imports `pkg.module` in the calling process (its import registers
 EnvId-v0), so actors, the evaluation worker, test mode and Ray nodes, which all build
-their environments through this module, each import it themselves (docs/environments.md)."""
+their environments through this module, each import it themselves (docs/environments.md).
+Such an id is imported only when this invocation was given it: one read from a file (a
+checkpoint's saved config, an experiments file) is refused first, in herd.config.resolve."""
 from __future__ import annotations
 
 import difflib
@@ -78,7 +80,9 @@ def import_env_module(env_id: str) -> str:
         raise EnvError(f"environment '{env_id}': write a custom environment as pkg.module:EnvId-v0")
     try:
         importlib.import_module(module)
-    except Exception as err:  # ImportError, or whatever the module's own code raises while importing
+    except KeyboardInterrupt:
+        raise                                  # a stop request, not the module's fault
+    except BaseException as err:  # ImportError, or whatever its code raises, SystemExit too (sys.exit() at import)
         first_line = (str(err).strip().splitlines() or [""])[0]
         raise EnvError(f"environment '{env_id}': cannot import module '{module}' ({type(err).__name__}: "
                        f"{first_line}); install its package or put it on PYTHONPATH") from None

@@ -11,6 +11,7 @@ Without --compare each group gets its own figures (a folder per group); with --c
 the groups share axes, labelled by the options in which they differ."""
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from herd.errors import UserError
+from herd.files import run_subfolder, write_bytes
 from herd.monitor.runfiles import (check_run_dir, configuration_key, join_resumed, moving_average, read_config,
                                    read_joined)
 
@@ -195,7 +197,9 @@ def save_figures(groups: list[list[Chain]], labels: list[str], out: Path, file_f
     written = []
     for name, fig in figures.items():
         path = out / f"{name}.{file_format}"
-        fig.savefig(path, dpi=dpi, bbox_inches="tight")
+        buffer = io.BytesIO()              # then write_bytes: a linked figure is refused, not written through
+        fig.savefig(buffer, format=file_format, dpi=dpi, bbox_inches="tight")
+        write_bytes(path, buffer.getvalue())
         written.append(path)
     return written
 
@@ -221,7 +225,8 @@ def plot_runs(paths: list[str], out: str | None = None, compare: bool = False, f
     for run in runs:
         if not read_joined([run], "episodes.csv").get("score", np.empty(0)).size:
             raise UserError(f"'{run}' has no finished games yet (episodes.csv is empty or missing): nothing to plot")
-    target = Path(out) if out else (runs[0] / "plots" if len(runs) == 1 else Path("herd_plots"))
+    # A run's own plots/ must not be a link out of it (herd.files.run_subfolder).
+    target = Path(out) if out else (run_subfolder(runs[0], "plots") if len(runs) == 1 else Path("herd_plots"))
     groups = group_runs(runs)
     labels = group_labels(groups)
     options = dict(file_format=file_format, dpi=dpi, band=band, smooth=smooth)

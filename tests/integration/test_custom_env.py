@@ -38,7 +38,8 @@ def test_custom_env_package_trains_with_two_actors_and_tests(tmp_path):
     with open(run / "eval.csv", newline="") as f:
         assert list(csv.DictReader(f)), "the evaluation worker played no Match-v0 game"
 
-    test = herd(["test", str(run), "--test_episode_count=10", "--render=False"], tmp_path / "test")
+    # --env again: herd imports a module a checkpoint names only when the command line names it too
+    test = herd(["test", str(run), f"--env={ENV}", "--test_episode_count=10", "--render=False"], tmp_path / "test")
     assert test.returncode == 0, test.stderr[-2000:]
     results = json.loads(next((tmp_path / "test").rglob("test_results.json")).read_text())
     # Chance is 5 +- 0.6 for a mean of 10 games; the run ends near 18.

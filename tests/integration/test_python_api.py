@@ -33,6 +33,16 @@ def test_bad_options_raise_the_command_lines_line_and_write_nothing(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("option", ["name", "tag"])
+def test_train_checks_the_run_name_as_the_command_line_does(tmp_path, option):
+    """Catches herd.train skipping the CLI's run-name check (it ran in the CLI only): a name
+    of '../x' put the run folder outside results_dir."""
+    with pytest.raises(UserError, match=f"--{option}="):
+        herd.train(env="CartPole-v1", results_dir=str(tmp_path / "r"), **{option: "../escaped"})
+    assert not (tmp_path / "r").exists() and not (tmp_path / "escaped").exists()
+    assert not any(tmp_path.glob("escaped*"))
+
+
 @pytest.mark.parametrize("w", [BALANCER, ANGLE_ONLY], ids=["balancer", "angle_only"])
 def test_load_policy_acts_with_the_saved_weights(small_cartpole_run, tmp_path, w):
     """Catches a policy that loads other weights than the run's checkpoint, or acts on
