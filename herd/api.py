@@ -169,7 +169,7 @@ class Policy:
     def act(self, observation: Any):
         """The action for one observation, or an array of actions for a batch [N, ...]."""
         from herd.envs.wrappers import env_action
-        from herd.evaluate import act
+        from herd.evaluation import act
         from herd.models import EnvCoreStates
         batch, single = self.network_input(observation)
         if self.states is None:
@@ -198,7 +198,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, greedy: bool = False, seed
     their scores: {"episode_count", "mean", "std", "min", "max", "episodes"}. Writes nothing."""
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise UserError(f"episodes must be a positive integer, got {episodes!r}")
-    from herd.evaluate import MAX_TEST_ENVS, play_episodes, summarize
+    from herd.evaluation import MAX_TEST_ENVS, play_episodes, summarize
     policy = load_policy(run_dir, greedy)
     scores = play_episodes(policy.model, policy.env_id, policy.env_kwargs, episodes, MAX_TEST_ENVS, seed,
                            greedy=greedy, policy=policy.algorithm_policy)
