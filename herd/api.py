@@ -79,7 +79,7 @@ def train(env: str, **options: Any) -> Run:
     code, run_dir = result["exit_code"], result["run_dir"] and Path(result["run_dir"])
     if run_dir is None or code != 0:
         where = f"in {run_dir} " if run_dir else "before its folder was made "
-        see = f"; see {run_dir / 'log.txt'}" if run_dir else ""
+        see = f" ({run_dir / 'log.txt'})" if run_dir else ""
         raise RunFailed(f"the run {where}ended with exit code {code}{cause(run_dir, stderr_tail)}{see}")
     return Run(run_dir, code)
 
