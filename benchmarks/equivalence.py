@@ -70,7 +70,7 @@ def synthetic_rollout(fields: dict, envs: int, num_actions: int, rng: np.random.
 def run_config(options: dict) -> dict:
     from herd.actors.policy import LocalPolicy
     from herd.run import seed_everything
-    from herd.train import build_session
+    from herd.training import build_session
     from herd.weights import SharedWeights
 
     plan = prepare({**options, "seed": 123, "tensorboard": False, "basic_verbose": False})

@@ -223,7 +223,7 @@ def check_replay_round_trip(run: Path, state: dict, results: Path, outcome: Outc
     nothing, saves, and compares that checkpoint's counters and replay with the saved
     ones (in-process: the actors a resume subprocess would start have no part in it)."""
     from herd.plan import prepare
-    from herd.train import build_session
+    from herd.training import build_session
 
     plan = prepare({"op_mode": "train_w_load", "load_model_url": str(run), "results_dir": str(results)})
     results.mkdir(parents=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,41 +58,53 @@ def as_option(value: Any) -> Any:
     return value
 
 
-@contextlib.contextmanager
-def stop_on_interrupt():
-    """Ctrl+C (a notebook's interrupt) stops the run cleanly, with a checkpoint, as on the
-    command line (herd.stopping); the previous handlers come back after. Signal handlers
-    can only be installed from the main thread: elsewhere the run stops when it ends."""
-    from herd import stopping
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    stopping.STOP.clear()            # a new run: an earlier stop in this process is not ours
-    restore = stopping.install()
-    try:
-        yield
-    finally:
-        restore()
-        stopping.STOP.clear()
-
-
 def train(env: str, **options: Any) -> Run:
     """Trains on `env` (any id `herd train --env` takes) with the given options and returns
-    the Run once it has ended. Raises UserError on bad input (nothing written) and
-    RunFailed when the run itself fails."""
-    from herd.plan import prepare
-    from herd.run import run_plan
+    the Run once it has ended. The training runs in a process of its own (herd/api_run.py
+    says why), so this works from a script without a main guard, a heredoc or a notebook.
+    Raises UserError on bad input (nothing written) and RunFailed when the run itself fails."""
+    from herd.api_launch import train_in_child
     given = {name: as_option(value) for name, value in options.items()}
     if given.get("op_mode", "train") != "train":
         raise UserError("herd.train starts a new run: op_mode cannot be given (use load_model_url with "
                         "op_mode='train_w_load' on the command line to resume)")
-    with stop_on_interrupt():
-        plan = prepare({**given, "env": env, "op_mode": "train"})
-        code, run_dir = run_plan(plan)
+    result, stderr_tail, process_code = train_in_child({**given, "env": env, "op_mode": "train"})
+    if "user_error" in result:
+        raise user_error(result["kind"])(result["user_error"])
+    if "crash" in result:
+        raise RunFailed(f"the run failed: {result['crash']}")
+    if not result:
+        raise RunFailed(f"the training process ended with exit code {process_code} before it said how the run "
+                        f"went{cause(None, stderr_tail)}")
+    code, run_dir = result["exit_code"], result["run_dir"] and Path(result["run_dir"])
     if run_dir is None or code != 0:
-        raise RunFailed(f"the run {'in ' + str(run_dir) if run_dir else 'before its folder was made'} "
-                        f"ended with exit code {code}" + (f"; see {run_dir / 'log.txt'}" if run_dir else ""))
+        where = f"in {run_dir} " if run_dir else "before its folder was made "
+        see = f" ({run_dir / 'log.txt'})" if run_dir else ""
+        raise RunFailed(f"the run {where}ended with exit code {code}{cause(run_dir, stderr_tail)}{see}")
     return Run(run_dir, code)
+
+
+def user_error(kind: str) -> type[UserError]:
+    """The class of a UserError the training process reported: herd.errors' of that name, or UserError."""
+    from herd import errors
+    found = getattr(errors, kind, UserError)
+    return found if isinstance(found, type) and issubclass(found, UserError) else UserError
+
+
+def cause(run_dir: Path | None, stderr_tail: list[str]) -> str:
+    """': <why>' from the run's log.txt (its last ERROR line) or else from the training
+    process's last error output; '' when neither says."""
+    lines = []
+    if run_dir is not None:
+        with contextlib.suppress(OSError):
+            lines = [m.group(1) for m in map(LOG_ERROR.match, (run_dir / "log.txt").read_text().splitlines()) if m]
+    lines = lines or [line.removeprefix("herd: error: ") for line in stderr_tail if line.startswith("herd: error: ")]
+    lines = lines or [line for line in stderr_tail if line.strip()]
+    return f": {' '.join(lines[-1].split())}" if lines else ""
+
+
+# A log.txt line of an error: '2025-01-01 12:00:00,000 ERROR <message>'.
+LOG_ERROR = re.compile(r"^\S+ \S+ (?:ERROR|CRITICAL) (.*)$")
 
 
 class Policy:
@@ -169,7 +181,7 @@ class Policy:
     def act(self, observation: Any):
         """The action for one observation, or an array of actions for a batch [N, ...]."""
         from herd.envs.wrappers import env_action
-        from herd.evaluate import act
+        from herd.evaluation import act
         from herd.models import EnvCoreStates
         batch, single = self.network_input(observation)
         if self.states is None:
@@ -203,7 +215,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, greedy: bool = False, seed
     env: as for load_policy (a custom environment's id, which the caller must name)."""
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise UserError(f"episodes must be a positive integer, got {episodes!r}")
-    from herd.evaluate import MAX_TEST_ENVS, play_episodes, summarize
+    from herd.evaluation import MAX_TEST_ENVS, play_episodes, summarize
     policy = load_policy(run_dir, greedy, env)
     scores = play_episodes(policy.model, policy.env_id, policy.env_kwargs, episodes, MAX_TEST_ENVS, seed,
                            greedy=greedy, policy=policy.algorithm_policy)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from herd.envs.render_gl import choose_mujoco_gl
-from herd.evaluate import play_episodes, quiet_sdl, render_episodes
+from herd.evaluation import play_episodes, quiet_sdl, render_episodes
 from herd.models import build_model
 from herd.stopping import sigint_blocked
 from herd.weights import SharedWeights

@@ -21,14 +21,14 @@ from herd.backends.start import start_fork_server
 from herd.checkpoint import CHECKPOINT_DIR
 from herd.config import Config, ConfigError, check_option, resolve
 from herd.errors import UserError
-from herd.evaluate import test_policy
+from herd.evaluation import test_policy
 from herd.files import LinkedPathError, run_subfolder, write_json
 from herd.inputs import check_experiments, describe, excerpt, read_experiments
 from herd.plan import describe_ignored, prepare, run_tags
 from herd.provenance import provenance
 from herd.devices import learner_device, use_deterministic_algorithms
 from herd.learner.distributed import from_primary, leave_group, torchrun_group, torchrun_world_size
-from herd.train import learner_logging, train
+from herd.training import learner_logging, train
 
 log = logging.getLogger("herd")
 

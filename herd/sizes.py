@@ -132,7 +132,7 @@ def cuda_free_bytes(device: torch.device) -> int:
 
 def replays_in_device_memory(cfg: Config) -> torch.device | None:
     """The GPU whose memory the replays will occupy, or None when they stay on the host: a
-    CUDA learner keeps every replay in its memory (herd/train.py build_mixer), except
+    CUDA learner keeps every replay in its memory (herd/training.py build_mixer), except
     behind the Ray replay server (a host process)."""
     device = learner_device(cfg.general.device)
     return device if device.type == "cuda" and not cfg.parallel.replay_server else None

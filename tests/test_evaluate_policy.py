@@ -5,7 +5,7 @@ import io
 import numpy as np
 import torch
 
-from herd.evaluate import ProgressBar, act, split_episodes
+from herd.evaluation import ProgressBar, act, split_episodes
 from herd.models import ModelOutput
 
 

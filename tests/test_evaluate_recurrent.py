@@ -1,8 +1,8 @@
-"""Test mode with an LSTM core (herd/evaluate.py): each game's state is carried from step to
+"""Test mode with an LSTM core (herd/evaluation.py): each game's state is carried from step to
 step and zeroed where its episode ends, env by env."""
 import torch
 
-from herd.evaluate import play_episodes
+from herd.evaluation import play_episodes
 from herd.models import ModelOutput
 from herd.models.core import LSTMCore
 

@@ -85,7 +85,7 @@ class Impala:
 
     @staticmethod
     def test_act_kwargs(cfg) -> None:
-        return None                 # herd test samples from the policy (herd/evaluate.py)
+        return None                 # herd test samples from the policy (herd/evaluation.py)
 
     @staticmethod
     def least_exploring_actor(num_actors: int) -> None:

@@ -43,7 +43,7 @@ def train_ray(session: TrainingSession, spec: ActorSpec, worker_count: int, slot
     """Runs Ray actors and the learner until the step budget or a stop request; returns why
     it ended. ray_address: local (a private Ray here), auto or host:port (join a cluster).
     replay_server: the replay in its own Ray actor on replay_server_node (learner or a node
-    id); the session's batch source is then a ReplayElsewhere stand-in (herd/train.py).
+    id); the session's batch source is then a ReplayElsewhere stand-in (herd/training.py).
     ray_compress_obs: actors send observations LZ4-compressed (herd/backends/ray_wire.py)."""
     if inference_device is not None:   # validate() refuses it; the server shares this machine's memory
         raise ConfigError("the Ray backend runs no inference server: use --actor_inference=local")

@@ -5,7 +5,7 @@ that actors on many nodes feed one replay and the learner process only trains.
         |                                           steps, games); it hands the arrays' ref on
         +-- arrays: field -> [T(+1), E, ...] -----> ReplayServer (Ray actor; the learner's node
                     (Ray resolves the ref on the      by default): a ReplayMixer built by the same
-                     server's node)                   code as the learner's (herd/train.py)
+                     server's node)                   code as the learner's (herd/training.py)
     learner <-- sample(): (sequence, MixedBatch, lagging), --cache_output_buffer_size calls in flight
     learner --> updates([(keys, |TD errors|), ...]): new priorities, a few batches' at once,
                 fire and forget

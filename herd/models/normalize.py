@@ -8,7 +8,7 @@ Where the statistics live and who updates them, so that every process agrees:
     model state_dict saves them as plain tensors (weights_only loading), so `herd resume`
     and `herd test` normalise exactly as training did.
   - Only the learner updates them, from the raw observations of every fresh rollout it
-    ingests (herd/train.py wires that), never from replayed data (already counted) and
+    ingests (herd/training.py wires that), never from replayed data (already counted) and
     never in the actors (each would drift its own way). Trajectories store raw
     observations; the learner normalises them with its current statistics, and V-trace's
     importance ratio corrects for the actor's older ones like for any older weights.

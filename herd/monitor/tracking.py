@@ -61,7 +61,7 @@ class TrackedMetrics:
 
     @property
     def writer(self):
-        """The TensorBoard writer, shared with the hardware monitor (herd/train.py)."""
+        """The TensorBoard writer, shared with the hardware monitor (herd/training.py)."""
         return self.metrics.writer
 
     def episode(self, env_step: int, **values) -> None:

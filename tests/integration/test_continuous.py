@@ -96,7 +96,7 @@ import torch
 from pathlib import Path
 from herd.envs.render_gl import choose_mujoco_gl
 print(choose_mujoco_gl(False))
-from herd.evaluate import render_episodes
+from herd.evaluation import render_episodes
 from herd.models import build_model
 torch.manual_seed(0)
 model = build_model("auto", (17,), "float32", 6, 64, action_distribution="gaussian", normalize_observations=True)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from herd_testing import ANGLE_ONLY, BALANCER, ROOT, fixed_action, fixed_policy_run, no_display_env, only_run, run_cli
-from herd.evaluate import MAX_TEST_ENVS, VIDEO_EPISODES, split_episodes
+from herd.evaluation import MAX_TEST_ENVS, VIDEO_EPISODES, split_episodes
 
 SOLVED = 475
 QUEUE_ONLY = '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 1}]'
