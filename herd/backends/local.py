@@ -65,8 +65,9 @@ class ActorHandle:
     process: object
     free: object            # queue of slot indices this actor may fill
     receiver: object        # read end of its rollout pipe
-    last_seen: float        # when it last delivered a rollout (or started)
+    last_seen: float        # when it last delivered a rollout, started, or got a slot back while it had none
     delivered: bool = False  # any rollout yet: until then START_GRACE applies
+    held: int = 0           # its slots delivered and not yet released: all held, it waits on us, not hung
 
 
 class ActorPool:
@@ -122,14 +123,20 @@ class ActorPool:
             try:
                 while receiver.poll():
                     rollouts.append(receiver.recv())
-                    self.actors[actor_id].last_seen = time.monotonic()
-                    self.actors[actor_id].delivered = True
+                    actor = self.actors[actor_id]
+                    actor.last_seen, actor.delivered, actor.held = time.monotonic(), True, actor.held + 1
             except (EOFError, OSError):
                 pass  # the actor died; check_health restarts it
         return rollouts
 
     def release(self, actor_id: int, slot: int) -> None:
-        self.actors[actor_id].free.put(slot)
+        actor = self.actors[actor_id]
+        if actor.held == self.slots_per_actor:
+            # It had no slot to fill: its hang clock starts now, not at its last delivery
+            # (a slow learner holding every slot is back-pressure, not a hung actor).
+            actor.last_seen = time.monotonic()
+        actor.held -= 1
+        actor.free.put(slot)
 
     def check_health(self) -> None:
         """Restarts dead or hung actors with fresh environments and their slots refilled.
@@ -138,7 +145,8 @@ class ActorPool:
         for actor_id, actor in enumerate(self.actors):
             alive = actor.process.is_alive()
             limit = self.timeout if actor.delivered else max(self.timeout, START_GRACE)
-            hung = alive and now - actor.last_seen > limit
+            waiting_on_us = actor.held >= self.slots_per_actor
+            hung = alive and not waiting_on_us and now - actor.last_seen > limit
             if alive and not hung:
                 continue
             if hung:
