@@ -13,6 +13,7 @@ from typing import Any
 
 from herd.algos import Algorithm, get_algorithm, trajectory_layout
 from herd.backends.ray_cluster import check_ray_address
+from herd.backends.start import check_fork_server_python
 from herd.checkpoint import check_compatible, check_parts, load_checkpoint
 from herd.config import Config, ConfigError, machine_picks, resolve
 from herd.inputs import excerpt
@@ -182,6 +183,8 @@ def prepare_checked(options: dict[str, Any], overrides: dict[str, Any] | None) -
                                read=algorithm.read_fields(tuple(r.type for r in cfg.replays), distribution))
     if mode != "test":
         check_memory(cfg, layout)
+        if cfg.parallel.multiprocessing_backend == "python_native":
+            check_fork_server_python()      # its actors start from the fork server
         if cfg.parallel.multiprocessing_backend == "ray":
             check_ray_address(cfg.parallel.ray_address)     # unreachable: one line within seconds, not a hang
     check_results_dir(cfg.general.results_dir)
