@@ -1,7 +1,10 @@
 """The hostile-input campaign of benchmarks/reliability.py (issue 28): what a careless user
 or an attacker hands herd. Crafted checkpoints (a redirected config, dtype and shape bombs,
 version claims, reference bombs), oversized and deeply nested options, YAML alias bombs,
-unwritable and odd result paths.
+unwritable and odd result paths, and placement asked for by a file or a neighbour
+(experiments files naming where runs connect, write or report, a planted Ray cluster
+file, two learners with the LAN in their environment: their listening sockets watched
+with `ss`).
 
 Each case runs the real CLI in a process of its own under a 6 GB address-space cap
 (RLIMIT_AS) and must end within BUDGET_S seconds of CPU time (its own and its children's:
@@ -14,17 +17,21 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import resource
+import shutil
 import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import psutil
 import torch
 
 from common import ROOT, herd_command
@@ -44,6 +51,10 @@ class Hostile:
     words: str = ""                           # in the one error line (a refusal)
     harmless: Callable[[], str | None] | None = None   # an exit-0 case: its check, None when harmless
     cwd: Path | None = None
+    env: dict = field(default_factory=dict)   # added to the environment herd runs in
+    after: Callable[[], str | None] | None = None      # any case: a further check, None when it held
+    watch_listeners: bool = False             # record every TCP address herd's processes listen on (ss)
+    budget_s: float | None = None             # CPU seconds allowed, when not BUDGET_S (a real run)
 
 
 @dataclass
@@ -64,13 +75,22 @@ def capped() -> None:
 def run(case: Hostile, results: Path) -> Result:
     args = [*case.args] if case.cwd is not None else [*case.args, f"--results_dir={results}"]
     started, before = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    # WANDB_MODE=offline: a run that took a W&B project from a file keeps its uploads in RUN/wandb.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", **case.env}
+    listeners: set[str] = set()
+    process = subprocess.Popen(herd_command(args), cwd=case.cwd or ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, preexec_fn=capped, env=env)
+    watcher = threading.Thread(target=watch_listeners, args=(process, listeners), daemon=True)
+    if case.watch_listeners:
+        watcher.start()
     try:
-        done = subprocess.run(herd_command(args), cwd=case.cwd or ROOT, capture_output=True, text=True,
-                              timeout=HARD_TIMEOUT_S, preexec_fn=capped,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
-        code, err = done.returncode, done.stderr
-    except subprocess.TimeoutExpired as timeout:
-        code, err = None, str(timeout.stderr or "")
+        err = process.communicate(timeout=HARD_TIMEOUT_S)[1]
+        code = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        code, err = None, process.communicate()[1]
+    if case.watch_listeners:
+        watcher.join()
     seconds = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -85,9 +105,31 @@ def run(case: Hostile, results: Path) -> Result:
         problem = case.harmless() if code == 0 else f"exit {code}: {err[-300:]!r}"
         if problem:
             problems.append(problem)
-    if cpu > BUDGET_S or code is None:
-        problems.append(f"took {cpu:.1f} s of CPU, {seconds:.1f} s of wall clock (budget {BUDGET_S:g} s)")
+    if case.after is not None and (problem := case.after()):
+        problems.append(problem)
+    if case.watch_listeners and not listeners:
+        problems.append("no listening socket was seen: the check of their addresses checked nothing")
+    if listeners - {"127.0.0.1", "::1"}:
+        problems.append(f"listened beyond loopback: {sorted(listeners)}")
+    budget = case.budget_s or BUDGET_S
+    if cpu > budget or code is None:
+        problems.append(f"took {cpu:.1f} s of CPU, {seconds:.1f} s of wall clock (budget {budget:g} s)")
     return Result(case.name, not problems, round(seconds, 1), round(cpu, 1), code, problems)
+
+
+def watch_listeners(process: subprocess.Popen, addresses: set[str]) -> None:
+    """Until `process` ends: the local addresses of the TCP sockets it and its descendants
+    listen on, read with `ss -ltnp` every 0.2 s."""
+    while process.poll() is None:
+        try:
+            pids = {process.pid, *(child.pid for child in psutil.Process(process.pid).children(recursive=True))}
+        except psutil.NoSuchProcess:
+            return
+        table = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+        for line in table.splitlines():
+            if {int(pid) for pid in re.findall(r"pid=(\d+)", line)} & pids:
+                addresses.add(line.split()[3].rsplit(":", 1)[0].strip("[]"))
+        time.sleep(0.2)
 
 
 # -- crafting --------------------------------------------------------------------------
@@ -138,14 +180,15 @@ def checkpoint_cases(source: Path, work: Path, head: socket.socket) -> list[Host
     address = "127.0.0.1:%d" % head.getsockname()[1]
 
     def redirect(s: dict) -> None:
-        s["config"].update(results_dir=str(elsewhere), multiprocessing_backend="ray", ray_address=address)
+        s["config"].update(results_dir=str(elsewhere), multiprocessing_backend="ray", ray_address=address,
+                           wandb_project="someone-elses-project")
 
     def nothing_redirected() -> str | None:
-        try:
-            head.accept()[0].close()
+        if connected(head):
             return f"connected to {address}, which the checkpoint named"
-        except BlockingIOError:
-            pass
+        if any((run / "wandb").exists() or json.loads((run / "config.json").read_text()).get("wandb_project")
+               for run in (work / "results").glob("*") if (run / "config.json").exists()):
+            return "reported to the W&B project the checkpoint named"
         return f"wrote into {elsewhere}, which the checkpoint named" if elsewhere.exists() else None
 
     c = work / "checkpoints"
@@ -186,6 +229,70 @@ def checkpoint_cases(source: Path, work: Path, head: socket.socket) -> list[Host
               Hostile("checkpoint: redirected config (resume)", ["resume", str(redirected), "--worker_count=1",
                                                                   f"--environment_max_steps={steps}"],
                       harmless=nothing_redirected, cwd=work)]
+    return cases
+
+
+def connected(head: socket.socket) -> bool:
+    """Whether anything connected to the listening socket `head` since the last look."""
+    try:
+        head.accept()[0].close()
+        return True
+    except BlockingIOError:
+        return False
+
+
+def outside_interface() -> str | None:
+    """An interface beside loopback with an IPv4 address, or None."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and not a.address.startswith("127.") for a in addresses):
+            return name
+    return None
+
+
+def placement_cases(work: Path, head: socket.socket) -> list[Hostile]:
+    """Where a run connects, writes or reports, asked for by a file or a neighbour."""
+    files, elsewhere = work / "placement", work / "placement-elsewhere"
+    files.mkdir()
+    address = "127.0.0.1:%d" % head.getsockname()[1]
+
+    def experiments(name: str, options: dict) -> str:
+        path = files / f"{name}.json"
+        path.write_text(json.dumps([{"env": "CartPole-v1", **options}]))
+        return str(path)
+
+    def no_connection() -> str | None:
+        return f"connected to {address}, which a file named" if connected(head) else None
+
+    rule = "only from the command line"
+    cases = [
+        Hostile("experiments file: Ray backend and a Ray head", ["multi", experiments("ray", dict(
+            multiprocessing_backend="ray", ray_address=address))], rule, after=no_connection),
+        Hostile("experiments file: results_dir elsewhere", ["multi", experiments("results", dict(
+            results_dir=str(elsewhere)))], rule, after=lambda: f"wrote {elsewhere}" if elsewhere.exists() else None),
+        Hostile("experiments file: wandb_project", ["multi", experiments("wandb", dict(
+            wandb_project="someone-elses-project"))], rule),
+    ]
+    planted = files / "raytmp" / "ray" / "ray_current_cluster"     # what another local user leaves in /tmp/ray
+    planted.parent.mkdir(parents=True)
+    planted.parent.chmod(0o777)
+    planted.write_text(address)
+    if os.geteuid() == 0:
+        os.chown(planted, 65534, 65534)       # nobody's
+        how = "owned by another user"
+    else:
+        planted.chmod(0o666)
+        how = "writable by every user"
+    cases.append(Hostile(f"--ray_address=auto, cluster file {how}", [
+        "train", "--env=CartPole-v1", "--multiprocessing_backend=ray", "--ray_address=auto"],
+        "someone else's Ray cluster", env={"RAY_TMPDIR": str(planted.parent.parent), "RAY_ADDRESS": ""},
+        after=no_connection))
+    outside = outside_interface()
+    if outside is not None and shutil.which("ss"):
+        # The user's environment names the LAN for torchrun; a group on one machine stays on loopback.
+        cases.append(Hostile(f"two learners, GLOO/NCCL_SOCKET_IFNAME={outside} in the environment", [
+            "train", "--env=CartPole-v1", "--learner_count=2", "--worker_count=2", "--environment_max_steps=4000",
+            "--tensorboard=False", "--seed=1"], harmless=lambda: None, watch_listeners=True, budget_s=120.0,
+            env={"GLOO_SOCKET_IFNAME": outside, "NCCL_SOCKET_IFNAME": outside}))
     return cases
 
 
@@ -233,8 +340,9 @@ def file_cases(work: Path) -> list[Hostile]:
         Hostile("yaml: alias bomb (9**9 leaves)", ["multi", str(alias)], "--lr must be a single value"),
         Hostile("yaml: nested 50,000 deep", ["multi", str(deep_yaml)], "too deep"),
         Hostile("json: nested 500,000 deep", ["multi", str(deep_json)], "deep"),
-        Hostile("json: 3.6 MB experiments file", ["multi", str(big)], "bytes, more than"),
-        Hostile("results_dir with a NUL byte", ["multi", str(nul)], "NUL byte", cwd=files),
+        Hostile("json: 3.6 MB experiments file", ["multi", str(big)], "bytes an experiments file may be"),
+        Hostile("experiments file: results_dir with a NUL byte", ["multi", str(nul)], "only from the command line",
+                cwd=files),
     ]
 
 
@@ -284,7 +392,7 @@ def campaign(work: Path, repeats: int = 1, report=print) -> list[Result]:
     head.setblocking(False)
     try:
         cases = [*checkpoint_cases(small_run(work), work, head), *option_cases(work), *file_cases(work),
-                 *path_cases(work)]
+                 *path_cases(work), *placement_cases(work, head)]
         results = []
         for repeat in range(repeats):
             for index, case in enumerate(cases):

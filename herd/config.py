@@ -27,6 +27,7 @@ from herd.learner.distributed import torchrun_world_size
 from herd.errors import ConfigError
 from herd.inputs import FromFile, check_option_value, excerpt
 from herd.models import NETWORKS
+from herd.placement import refuse_placement, split_placement
 from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, FALLBACKS, MACHINE_PROFILES, PROFILES,
                            inference_servers_for, machine_profile, slots_for_bounded_lag)
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters, passes_per_batch
@@ -463,12 +464,18 @@ def resolve(command_line: dict[str, Any], overrides: dict[str, Any] | None = Non
             saved: dict[str, Any] | None = None, env_kind=None) -> Config:
     """Builds the run's config. Precedence, highest first: the command line, overrides
     from multi_train.py or an experiments file (herd.inputs.FromFile), the config saved in
-    the checkpoint being resumed, the environment kind's profile, the defaults. An env id
-    that imports a module may come from the command line only (check_env_source).
+    the checkpoint being resumed, the environment kind's profile, the defaults. Two rules
+    for what files hand in: an env id that imports a module may come from the command line
+    only (check_env_source), and so may where the run connects, writes or reports
+    (herd.placement: a checkpoint's placement values are not applied, an experiments file
+    naming one is refused).
     `env_kind(env_id) -> "atari" | "minatar" | "vector" | "continuous"`
     (herd.envs.registry.profile_kind)."""
-    layers = [("the checkpoint's saved config", saved or {}),
-              ("the experiments file" if isinstance(overrides, FromFile) else None, overrides or {}),
+    from_file = isinstance(overrides, FromFile)
+    if from_file:
+        refuse_placement(overrides, "the experiments file")
+    layers = [("the checkpoint's saved config", split_placement(saved or {})[0]),
+              ("the experiments file" if from_file else None, overrides or {}),
               (None, command_line)]
     merged: dict[str, Any] = {}
     env_from = None                       # the file the env id came from; None: this invocation's own

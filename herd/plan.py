@@ -13,6 +13,7 @@ from typing import Any
 
 from herd.algos import Algorithm, get_algorithm, trajectory_layout
 from herd.backends.ray_cluster import check_ray_address
+from herd.backends.start import check_fork_server_python
 from herd.checkpoint import check_compatible, check_parts, load_checkpoint
 from herd.config import Config, ConfigError, machine_picks, resolve
 from herd.inputs import excerpt
@@ -22,6 +23,7 @@ from herd.envs.registry import profile_kind
 from herd.envs.actor_envs import resolve_env_backend
 from herd.models import build_model, model_signature, recurrent_core
 from herd.monitor.tracking import check_wandb
+from herd.placement import PLACEMENT_OPTIONS, split_placement  # noqa: F401 (PLACEMENT_OPTIONS: herd.plan's name for it)
 from herd.trajectory import TrajectoryLayout
 
 
@@ -44,26 +46,12 @@ class Plan:
     provenance: dict[str, Any] = field(default_factory=dict)
 
 
-# Where a run connects, computes and writes. A checkpoint's saved config never sets these
-# (design.md, rule 13): a shared checkpoint with a valid checksum could otherwise make
-# `herd resume` join a Ray head of its choosing as a driver (and unpickle what that sends)
-# or make `herd test` write wherever it says. They come from the command line,
-# multi_train.py's overrides, or the defaults; every other saved option keeps its place
-# in the precedence (command line > multi_train > checkpoint > defaults).
-PLACEMENT_OPTIONS = ("results_dir", "multiprocessing_backend", "ray_address", "replay_server", "replay_server_node",
-                     "device", "learner_count")
-
-
 def split_saved_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A checkpoint's saved config -> (the options a resume or test takes from it, the
-    placement options it does not). The saved run's own mode and source never leak either."""
-    kept, placement = {}, {}
-    for name, value in config.items():
-        if name in PLACEMENT_OPTIONS:
-            placement[name] = value
-        elif name not in ("op_mode", "load_model_url"):
-            kept[name] = value
-    return kept, placement
+    placement options it does not: herd.placement, applied again where the config is
+    resolved). The saved run's own mode and source never leak either."""
+    kept, placement = split_placement(config)
+    return {name: value for name, value in kept.items() if name not in ("op_mode", "load_model_url")}, placement
 
 
 def describe_ignored(ignored: dict[str, Any]) -> str:
@@ -195,6 +183,8 @@ def prepare_checked(options: dict[str, Any], overrides: dict[str, Any] | None) -
                                read=algorithm.read_fields(tuple(r.type for r in cfg.replays), distribution))
     if mode != "test":
         check_memory(cfg, layout)
+        if cfg.parallel.multiprocessing_backend == "python_native":
+            check_fork_server_python()      # its actors start from the fork server
         if cfg.parallel.multiprocessing_backend == "ray":
             check_ray_address(cfg.parallel.ray_address)     # unreachable: one line within seconds, not a hang
     check_results_dir(cfg.general.results_dir)

@@ -32,6 +32,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 
+from herd.backends.ray_auto import resolve_auto_address
 from herd.errors import ConfigError
 
 log = logging.getLogger("herd")
@@ -46,15 +47,21 @@ LOOPBACK_MODE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"    # "0": Ray's node address
 
 def check_ray_address(address: str) -> None:
     """One line (ConfigError) unless a Ray head answers at host:port within PROBE_TIMEOUT s.
-    `local` starts its own cluster and `auto` is resolved by Ray when connecting.
+    `local` starts its own cluster; `auto` is the address of this user's own cluster file
+    (herd/backends/ray_auto.py), refused before any probe when someone else could have
+    written it.
 
     The probe asks the head's GCS for its cluster id over gRPC (what Ray's own connect does
     first, but once, with a deadline): ray.init instead retries for about 20 s, printing a
     line a second, and a port that accepts TCP but is no Ray head (a proxy, another
     service) would pass a bare TCP check. A head with token auth answers UNAUTHENTICATED
     to a probe without a token: it is there, and ray.init brings the token."""
-    if address in ("local", "auto"):
+    if address == "local":
         return
+    shown = address
+    if address == "auto":
+        address = resolve_auto_address()
+        shown = f"auto ({address})"
     import grpc   # Ray's own dependency (grpcio): the extra is installed when this runs
     host, _, port = address.rpartition(":")
     channel = grpc.insecure_channel(f"{host}:{port}")
@@ -66,7 +73,7 @@ def check_ray_address(address: str) -> None:
                       grpc.StatusCode.UNAVAILABLE: "nothing listens there",
                       grpc.StatusCode.UNIMPLEMENTED: "something other than a Ray head listens there"
                       }.get(err.code(), err.code().name.lower())
-            raise ConfigError(f"--ray_address={address}: cannot reach a Ray head there ({reason}); start one with "
+            raise ConfigError(f"--ray_address={shown}: cannot reach a Ray head there ({reason}); start one with "
                               f"`ray start --head --port={port}` or fix the address") from None
     finally:
         channel.close()
@@ -130,7 +137,9 @@ def connect(address: str, actors: int, actor_cpus: float) -> RayCluster:
     CPUs are a scheduling quantity: more actors than cores time-share them, as local
     processes do) and none for the learner, which is this process (the driver)."""
     saved = {name: os.environ.get(name) for name in (*AUTH_VARIABLES, LOOPBACK_MODE)}
-    if is_loopback(address):
+    # `auto` resolved by herd (its owner checked), never by Ray's own lookup.
+    target = resolve_auto_address() if address == "auto" else address
+    if is_loopback(target):
         os.environ[LOOPBACK_MODE] = "0"      # before Ray is imported (see the module's docstring)
     import ray
     if ray.is_initialized():           # an in-process caller's earlier run: never share its state
@@ -151,7 +160,7 @@ def connect(address: str, actors: int, actor_cpus: float) -> RayCluster:
                      _temp_dir=os.path.join(cluster.folder, "ray"), **common)
         else:
             try:
-                ray.init(address=address, **common)
+                ray.init(address=target, **common)
             except (ConnectionError, RuntimeError, ValueError) as err:
                 reason = " ".join(str(err).split())[:300]
                 raise ConfigError(f"--ray_address={address}: cannot join the Ray cluster ({reason})") from None
@@ -160,7 +169,7 @@ def connect(address: str, actors: int, actor_cpus: float) -> RayCluster:
         raise
     cluster.driver_node = ray.get_runtime_context().get_node_id()
     where = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}.get(cluster.driver_node)
-    if is_loopback(address) and where != LOOPBACK:
+    if is_loopback(target) and where != LOOPBACK:
         # Ray was imported before connect() (an in-process caller): its address mode was fixed then.
         log.warning("Ray's node listens on %s, not only on %s: Ray was imported before the run", where, LOOPBACK)
     return cluster

@@ -15,12 +15,34 @@ A child's multiprocessing.parent_process() is the learner, not the server."""
 from __future__ import annotations
 
 import multiprocessing
+import sys
 
 import torch.multiprocessing as mp
 
+from herd.errors import ConfigError
 from herd.stopping import sigint_blocked
 
 PRELOAD = ["torch", "numpy", "gymnasium"]
+
+
+def fork_server_is_private(version: tuple = tuple(sys.version_info[:3])) -> bool:
+    """Whether this Python's fork server listens where only this user can reach it. Before
+    3.10.9 and in 3.11.0 (CVE-2022-42919) it listened on a Linux abstract socket that any
+    local user could connect to and have it run code as this user; pyproject.toml's
+    requires-python keeps pip from installing herd there, and this catches a checkout run
+    from its folder by such a Python."""
+    if not sys.platform.startswith("linux"):        # abstract sockets are Linux's
+        return True
+    fixed_in = {(3, 10): (3, 10, 9), (3, 11): (3, 11, 1)}.get(tuple(version[:2]), (3, 12))
+    return tuple(version) >= fixed_in
+
+
+def check_fork_server_python(version: tuple = tuple(sys.version_info[:3])) -> None:
+    """One line (ConfigError) where the actors' fork server would be open to other users."""
+    if not fork_server_is_private(version):
+        shown = ".".join(map(str, version))
+        raise ConfigError(f"Python {shown}'s fork server, which starts the actors, can be reached by any local "
+                          "user (CVE-2022-42919): use Python 3.10.9 or later, or 3.11.1 or later")
 
 
 def actor_context():

@@ -21,7 +21,7 @@ A learner that dies breaks the round for the others: gloo notices the closed con
 at once, a hung learner after --learner_timeout; the survivors raise LearnerFailure.
 
 The learners of one machine meet through a file in a private folder and talk over the
-loopback interface; what they hand each other besides tensors of numbers (host, pid, the
+loopback interface, gloo and NCCL both (loopback_environment); what they hand each other besides tensors of numbers (host, pid, the
 run folder) is JSON in a tensor, never a pickle (docs/security-clusters.md)."""
 from __future__ import annotations
 
@@ -78,21 +78,41 @@ def loopback_interface() -> str:
     raise LearnerFailure("no network interface holds 127.0.0.1: the learners of this machine cannot meet")
 
 
-@contextmanager
-def gloo_on_loopback():
-    """Gloo binds its sockets to the interface GLOO_SOCKET_IFNAME names, else to the address
-    the host name resolves to (often the machine's outside address): learners that all run
-    here then listen on the network for nothing. Gloo reads the variable when the group is
-    made, so it is set around that alone and put back after."""
-    saved = os.environ.get("GLOO_SOCKET_IFNAME")
-    os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+def loopback_environment() -> dict[str, str]:
+    """The variables that keep a group of this machine's learners on the loopback interface.
+    Gloo binds to the interface GLOO_SOCKET_IFNAME names, else to the address the host name
+    resolves to (often the machine's outside address); NCCL picks an interface of its own
+    (the first that is up, loopback last) for its bootstrap sockets and its socket
+    transport unless NCCL_SOCKET_IFNAME names one ("=lo": that interface exactly, not a
+    prefix), and may use InfiniBand or a network plugin instead of sockets: IB off and its
+    own socket network keep it on the named interface. Learners that all run here would
+    otherwise listen on the network for nothing."""
+    interface = loopback_interface()
+    return {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": f"={interface}", "NCCL_IB_DISABLE": "1",
+            "NCCL_NET": "Socket"}
+
+
+# The variables use_loopback replaced, as they were (None: unset), for leave_group.
+_replaced: dict[str, str | None] = {}
+
+
+def use_loopback() -> None:
+    """Sets loopback_environment() for as long as this process is in a local group, over
+    whatever the user's environment says (a torchrun setting has no place here). Not only
+    while the group is made: NCCL reads its variables when it makes its first communicator,
+    at the group's first CUDA collective. leave_group() puts back what was there."""
+    for name, value in loopback_environment().items():
+        _replaced.setdefault(name, os.environ.get(name))
+        os.environ[name] = value
+
+
+def restore_environment() -> None:
+    for name, value in _replaced.items():
+        if value is None:
+            os.environ.pop(name, None)
         else:
-            os.environ["GLOO_SOCKET_IFNAME"] = saved
+            os.environ[name] = value
+    _replaced.clear()
 
 
 def share_of(total: int, count: int, rank: int) -> tuple[int, int]:
@@ -149,9 +169,9 @@ def join_group(rank: int, size: int, device_type: str, timeout_s: float, rendezv
     if rendezvous is None:
         dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size, timeout=timeout)
     else:
-        with gloo_on_loopback():
-            dist.init_process_group(backend, store=dist.FileStore(rendezvous, size), rank=rank, world_size=size,
-                                    timeout=timeout)
+        use_loopback()                  # until leave_group
+        dist.init_process_group(backend, store=dist.FileStore(rendezvous, size), rank=rank, world_size=size,
+                                timeout=timeout)
     # Tensors of JSON bytes, never pickles: what a peer sends is read as data, not run as code.
     mine = encode_record([socket.gethostname(), os.getpid()], MEMBER_BYTES)
     records = [torch.empty_like(mine) for _ in range(size)]
@@ -222,8 +242,10 @@ def short_reason(err: Exception) -> str:
 
 
 def leave_group() -> None:
+    """Leaves the group, if any, and puts back the variables a local group set."""
     if dist.is_initialized():
         dist.destroy_process_group()
+    restore_environment()
 
 
 def broadcast_state(module: torch.nn.Module) -> None:

@@ -39,18 +39,21 @@ def connections(server) -> int:
 def herd_in(folder, args):
     """herd with no --results_dir, started in `folder`: the default results folder is then
     folder/results, unless something else decides it."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "WANDB_MODE": "disabled"}          # were the saved project applied, nothing leaves this machine
     return subprocess.run([sys.executable, "-m", "herd.cli", *args], cwd=folder, env=env, capture_output=True,
                           text=True, timeout=240)
 
 
 def redirected_run(small_cartpole_run, folder, head, elsewhere):
     """A copy of a real run whose checkpoint (re-saved, so its checksum is valid) says:
-    write into `elsewhere`, run on Ray, join the head at `head`; and a saved gamma of 0.5."""
+    write into `elsewhere`, run on Ray, join the head at `head`, report to someone's W&B
+    project; and a saved gamma of 0.5."""
     run = copy_of_run(small_cartpole_run, folder)
     state, _ = load_checkpoint(run)
     state["config"].update(results_dir=str(elsewhere), multiprocessing_backend="ray",
-                           ray_address="127.0.0.1:%d" % head.getsockname()[1], gamma=0.5)
+                           ray_address="127.0.0.1:%d" % head.getsockname()[1], gamma=0.5,
+                           wandb_project="someone-elses-project")
     save_checkpoint({k: v for k, v in state.items() if k not in ("format_version", "checksum")}, run,
                     state["counters"]["updates"] + 1)
     return run, state["counters"]["env_steps"]
@@ -71,11 +74,12 @@ def test_resume_takes_neither_backend_nor_address_nor_results_folder_from_the_ch
     resumed = only_run(results)
     config = json.loads((resumed / "config.json").read_text())
     assert config["multiprocessing_backend"] == "python_native" and config["ray_address"] == "local"
-    assert config["results_dir"] == "results"
+    assert config["results_dir"] == "results" and config["wandb_project"] is None
     assert config["gamma"] == 0.5                 # not a placement option: the saved value still applies
     log = (resumed / "log.txt").read_text()
     assert "not taken from the checkpoint's saved config" in log
     assert f"results_dir='{elsewhere}'" in log and "multiprocessing_backend='ray'" in log
+    assert "wandb_project='someone-elses-project'" in log
 
 
 def test_test_mode_writes_where_the_command_line_says(small_cartpole_run, tmp_path, head):
