@@ -305,7 +305,7 @@ def check_version(state: Any, path: Path) -> None:
 
 
 # The parts a run reads first (prepare(), test mode), and their types; the session's parts
-# are herd.checkpoint_state's to check, in the same call, before any run folder is made.
+# are herd.checkpoint_state's to check (check_session_parts), also before any run folder.
 PARTS = {"config": dict, "env_spec": dict, "model_signature": dict, "model": dict}
 
 
@@ -326,8 +326,12 @@ def check_parts(state: dict, path: Path) -> None:
             problem = "holds a config option whose name is not text"
     if problem:
         raise CheckpointError(f"checkpoint '{path}' {problem}: not a checkpoint herd wrote")
+
+
+def check_session_parts(state: dict, path: Path, resuming: bool) -> None:
+    """herd.checkpoint_state.check_session_state, its one line naming the checkpoint."""
     try:
-        check_session_state(state)
+        check_session_state(state, resuming)
     except CheckpointError as err:
         raise CheckpointError(f"checkpoint '{path}' {err}") from None
 

@@ -35,19 +35,21 @@ def is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def check_session_state(state: dict) -> None:
+def check_session_state(state: dict, resuming: bool = True) -> None:
     """Raises CheckpointError (a message without the path, one line) unless every session part
-    is the shape herd writes."""
-    for key in REQUIRED:
-        if key not in state:
-            raise CheckpointError(f"has no {key}: not a checkpoint herd wrote")
-    check_counters(state["counters"])
-    check_stats("stats", state["stats"])
-    if "least_exploring_stats" in state:
-        check_stats("least_exploring_stats", state["least_exploring_stats"])
-    check_rng(state["rng"])
-    check_optimizer(state["optimizer"])
-    check_plain_dict("scheduler", state["scheduler"])
+    is the shape herd writes. resuming: every part must be there (a resume reads them all);
+    otherwise (test mode reads the model alone) those present are checked all the same."""
+    if resuming:
+        for key in REQUIRED:
+            if key not in state:
+                raise CheckpointError(f"has no {key}: not a checkpoint herd wrote")
+    checks = {"counters": check_counters, "stats": lambda value: check_stats("stats", value),
+              "least_exploring_stats": lambda value: check_stats("least_exploring_stats", value),
+              "rng": check_rng, "optimizer": check_optimizer,
+              "scheduler": lambda value: check_plain_dict("scheduler", value)}
+    for key, check in checks.items():
+        if key in state:
+            check(state[key])
     if "loss_state" in state:
         check_plain_dict("loss_state", state["loss_state"])
     if "replay" in state:

@@ -95,12 +95,18 @@ CASES = {
     "counters holding __dict__": (lambda s: s["counters_dict"], [], "counter named __dict__"),
     "a counter herd does not write": (lambda s: s["counters_unknown"], [], "counter named bonus"),
     "a negative counter": (lambda s: s["counters_negative"], [], "counter updates = -5"),
-    "no rng": (lambda s: s["no_rng"], [], "has no rng"),
     "an rng of 8 bytes": (lambda s: s["rng_short"], [], "rng whose torch state"),
     "an optimizer that is a list": (lambda s: s["optimizer_list"], [], "optimizer state"),
     "scores that are text": (lambda s: s["stats_text"], [], "scores are not a list"),
     "a replay that is a list": (lambda s: s["replay_list"], [], "replay that is not a dict"),
 }
+
+
+# What only a resume reads (test mode reads the model alone): refused when resuming.
+RESUME_CASES = {
+    "no rng": (lambda s: s["no_rng"], [], "has no rng"),
+}
+CASES_ALL = {**CASES, **RESUME_CASES}
 
 
 def tree_hashes(folder):
@@ -110,7 +116,7 @@ def tree_hashes(folder):
 
 def refuse(run, sources, case, command, results):
     """`run` is run_cli or the `cli` fixture: both take (args, results, entry=...)."""
-    url_of, extra, words = CASES[case]
+    url_of, extra, words = CASES_ALL[case]
     url = url_of(sources)
     before = tree_hashes(sources["base"])
     if command == "herd test":
@@ -127,6 +133,11 @@ COMMANDS = ["main.py --op_mode=train_w_load", "herd test"]
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_checkpoint_is_refused_and_changes_nothing(cli, sources, tmp_path, case, command):
     refuse(cli, sources, case, command, tmp_path / "results")
+
+
+@pytest.mark.parametrize("case", list(RESUME_CASES))
+def test_a_checkpoint_missing_what_a_resume_reads_is_refused(cli, sources, tmp_path, case):
+    refuse(cli, sources, case, "main.py --op_mode=train_w_load", tmp_path / "results")
 
 
 @pytest.mark.parametrize("command", COMMANDS)
