@@ -213,6 +213,9 @@ def checkpoint_cases(source: Path, work: Path, head: socket.socket) -> list[Host
         "config: option as a nested list": variant(source, c / "n.pt", lambda s: s["config"].update(lr=[[0.1]])),
         "2**60 shared references": variant(source, c / "s.pt", shared_bomb, digest="0" * 64),
         "nesting 100,000 deep": deep_pickle_checkpoint(c / "d.pt", 100_000),
+        "counters holding __dict__": variant(source, c / "cd.pt", lambda s: s["counters"].update(
+            __dict__={"env_steps": 0})),
+        "optimizer as a list": variant(source, c / "ol.pt", lambda s: s.update(optimizer=[1, 2])),
     }
     words = {"dtype tag U100000000": "'U100000000'", "dtype tag of another item size": "whose stored data is",
              "tagged view of a larger buffer": "herd does not write that", "obs_shape 2**40 in env_spec": "made for",
@@ -220,12 +223,15 @@ def checkpoint_cases(source: Path, work: Path, head: socket.socket) -> list[Host
              "format version tensor(2)": "format version", "format version True": "format version",
              "config: network of 40 GB": "GiB of parameters", "config: replay_parameters 10,000 deep": "deep",
              "config: option as a nested list": "--lr must be", "2**60 shared references": "the same container twice",
-             "nesting 100,000 deep": "more than 64 deep"}
+             "nesting 100,000 deep": "more than 64 deep", "counters holding __dict__": "counter named __dict__",
+             "optimizer as a list": "optimizer state"}
     cases = [Hostile(f"checkpoint: {name}", ["test", str(path), "--render=False", "--test_episode_count=1"],
                      words[name]) for name, path in made.items()]
     cases += [Hostile("checkpoint: redirected config (test)", ["test", str(redirected), "--render=False",
                                                                 "--test_episode_count=1"],
                       harmless=nothing_redirected, cwd=work),
+              Hostile("checkpoint: no rng (resume)", ["resume", str(variant(source, c / "nr.pt", lambda s: s.pop(
+                  "rng"))), "--worker_count=1"], "has no rng"),
               Hostile("checkpoint: redirected config (resume)", ["resume", str(redirected), "--worker_count=1",
                                                                   f"--environment_max_steps={steps}"],
                       harmless=nothing_redirected, cwd=work)]
@@ -346,6 +352,37 @@ def file_cases(work: Path) -> list[Hostile]:
     ]
 
 
+def run_folder_cases(work: Path) -> list[Hostile]:
+    """Run folders someone else wrote, for herd watch and herd plot (no --results_dir: cwd)."""
+    folders = work / "run_folders"
+    episodes = "episode,score,length,env_step,update,wall_time,unix_time\n"
+    made = {"invalid JSON": ('{"env": ', episodes + "1,1,10,10,0,1,0\n", "cannot read"),
+            "a list for config.json": ("[1, 2]", episodes, "holds a JSON list"),
+            "a NUL byte in episodes.csv": ('{"env": "CartPole-v1"}', episodes + "1,1\0,10,10,0,1,0\n", "NUL byte"),
+            "a 200 KB field": ('{"env": "CartPole-v1"}', episodes + "1," + "9" * 200_000 + ",10,10,0,1,0\n",
+                               "field")}
+    cases = []
+    for index, (name, (config, table, words)) in enumerate(made.items()):
+        run = folders / f"run{index}"
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(config)
+        (run / "episodes.csv").write_text(table)
+        cases += [Hostile(f"run folder: {name} (watch)", ["watch", str(run), "--once"], words, cwd=work),
+                  Hostile(f"run folder: {name} (plot)", ["plot", str(run)], words, cwd=work)]
+    for index, env in enumerate(["[bold]x[/] [/]", "\x1b]0;title\x07", "$\\x$"]):
+        run = folders / f"named{index}"
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"env": env}))
+        (run / "episodes.csv").write_text(episodes + "1,1,10,10,0,1,0\n2,2,10,20,1,2,0\n")
+        plots = run / "plots"
+        cases += [Hostile(f"run folder: env {env!r} (watch)", ["watch", str(run), "--once"], cwd=work,
+                          harmless=lambda: None),
+                  Hostile(f"run folder: env {env!r} (plot)", ["plot", str(run)], cwd=work,
+                          harmless=lambda plots=plots: None if (plots / "score_vs_steps.png").is_file()
+                          else "no figure")]
+    return cases
+
+
 def path_cases(work: Path) -> list[Hostile]:
     cartpole = "--env=CartPole-v1"
     a_file = work / "a_file"
@@ -392,7 +429,7 @@ def campaign(work: Path, repeats: int = 1, report=print) -> list[Result]:
     head.setblocking(False)
     try:
         cases = [*checkpoint_cases(small_run(work), work, head), *option_cases(work), *file_cases(work),
-                 *path_cases(work), *placement_cases(work, head)]
+                 *run_folder_cases(work), *path_cases(work), *placement_cases(work, head)]
         results = []
         for repeat in range(repeats):
             for index, case in enumerate(cases):

@@ -22,6 +22,7 @@ import numpy as np
 import psutil
 import torch
 
+from herd.checkpoint_state import check_session_state
 from herd.errors import CheckpointError
 from herd.files import fsync_dir
 from herd.inputs import excerpt
@@ -303,7 +304,8 @@ def check_version(state: Any, path: Path) -> None:
             raise CheckpointError(f"checkpoint '{path}' is corrupt: its contents do not match their checksum")
 
 
-# The parts a run reads before its session checks the rest (prepare(), test mode), and their types.
+# The parts a run reads first (prepare(), test mode), and their types; the session's parts
+# are herd.checkpoint_state's to check (check_session_parts), also before any run folder.
 PARTS = {"config": dict, "env_spec": dict, "model_signature": dict, "model": dict}
 
 
@@ -324,6 +326,14 @@ def check_parts(state: dict, path: Path) -> None:
             problem = "holds a config option whose name is not text"
     if problem:
         raise CheckpointError(f"checkpoint '{path}' {problem}: not a checkpoint herd wrote")
+
+
+def check_session_parts(state: dict, path: Path, resuming: bool) -> None:
+    """herd.checkpoint_state.check_session_state, its one line naming the checkpoint."""
+    try:
+        check_session_state(state, resuming)
+    except CheckpointError as err:
+        raise CheckpointError(f"checkpoint '{path}' {err}") from None
 
 
 def check_compatible(state: dict, env_spec: dict, model_signature: dict, path: Path) -> None:

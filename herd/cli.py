@@ -58,11 +58,14 @@ class Command:
     """A subcommand: its one-line help, what adds its own arguments to its parser, and
     what runs it: run(namespace, options) -> exit code, where options are the config
     options typed on the command line. `config` names the set of config options it takes
-    (herd.cli_options.command_options), None for none."""
+    (herd.cli_options.command_options), None for none. `reads_stop`: its loops read
+    herd.stopping.STOP and stop cleanly (a run saves its checkpoint); a command that does
+    not is interrupted where it is by SIGINT and SIGTERM (herd.stopping.interrupt)."""
     help: str
     arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace, dict], int]
     config: str | None = None
+    reads_stop: bool = False
 
 
 def run_folder_argument(parser: argparse.ArgumentParser) -> None:
@@ -133,16 +136,17 @@ def run_multi_command(namespace: argparse.Namespace, options: dict) -> int:
 
 # herd's subcommands, in the order `herd` lists them. A new one is one line here.
 COMMANDS: dict[str, Command] = {
-    "train": Command("start a new training run (needs --env)", no_arguments, run_config_command, "train"),
+    "train": Command("start a new training run (needs --env)", no_arguments, run_config_command, "train",
+                     reads_stop=True),
     "resume": Command("continue a run from its checkpoint (op_mode=train_w_load)", run_folder_argument,
-                      run_config_command, "resume"),
+                      run_config_command, "resume", reads_stop=True),
     "test": Command("play episodes with a saved policy; results go inside the run tested", run_folder_argument,
-                    run_config_command, "test"),
+                    run_config_command, "test", reads_stop=True),
     "plot": Command("figures of runs: score (mean and band), losses, policy lag, frames/s", plot_arguments, run_plot),
     "watch": Command("a live terminal view of a run: score, fps, ETA, hardware", watch_arguments, run_watch),
     "export": Command("the policy as TorchScript + safetensors + its preprocessing", export_arguments, run_export),
     "multi": Command("run experiments from a JSON or YAML file in sequence", multi_arguments, run_multi_command,
-                     "multi"),
+                     "multi", reads_stop=True),
 }
 COMMAND_MODES = {"train": "train", "resume": "train_w_load", "test": "test"}
 # `herd test` plays a few games without a video unless asked (main.py keeps the seed's 1000 with one).
@@ -216,13 +220,10 @@ def parse_seed_args(argv: Sequence[str]) -> dict[str, Any]:
 def parse_herd_args(argv: Sequence[str]) -> tuple[str, dict[str, Any], argparse.Namespace]:
     import difflib
 
-    from herd.cli_options import normalize_argv
-    from herd.config import FIELD_INFO
     argv = list(argv)
-    parser = build_parser()
     name = argv[0] if argv else ""
     if name in ("-h", "--help", "--version"):
-        parser.parse_args(argv)            # prints, then exits 0
+        build_parser().parse_args(argv)            # prints, then exits 0
     if name.startswith("-"):
         raise ConfigError(f"unknown option {name}: herd takes --help and --version; other options follow a "
                           f"command (herd COMMAND --help; the commands: {', '.join(COMMANDS)})")
@@ -231,7 +232,18 @@ def parse_herd_args(argv: Sequence[str]) -> tuple[str, dict[str, Any], argparse.
         raise ConfigError(f"unknown command '{name}'" + (f" (did you mean {close[0]}?)" if close else "")
                           + f"; the commands: {', '.join(COMMANDS)}")
     command = COMMANDS[name]
-    rest = normalize_argv(argv[1:], command.config, FIELD_INFO) if command.config else argv[1:]
+    if command.config is None:
+        # No config options: herd.config (and with it torch, whose exit alone takes half a
+        # second on a busy machine) is never imported, so watch and plot end promptly.
+        parser = OneLineParser(prog=f"herd {name}", description=command.help, allow_abbrev=False)
+        command.arguments(parser)
+        namespace = parse_known(parser, argv[1:], name, parser)
+        namespace.argv = ["herd", *argv]
+        return name, {}, namespace
+    from herd.cli_options import normalize_argv
+    from herd.config import FIELD_INFO
+    parser = build_parser()
+    rest = normalize_argv(argv[1:], command.config, FIELD_INFO)
     namespace = parse_known(parser, [name, *rest], name, parser.commands[name])
     namespace.argv = ["herd", *argv]
     options = explicit_options(namespace)
@@ -257,12 +269,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv:
         print(command_list())
         return 0
-    with stop_handling():
+    # Decided from the command's name alone, before any slow import: a stop while torch loads
+    # must already be handled the command's way.
+    reads_stop = argv[0] not in COMMANDS or COMMANDS[argv[0]].reads_stop
+    with stop_handling(stopping.request_stop if reads_stop else stopping.interrupt):
         try:
             command, options, namespace = parse_herd_args(argv)
             return COMMANDS[command].run(namespace, options)
         except UserError as err:
             return report_error(err)
+        except stopping.Stopped as stop:
+            print(f"herd: stopped ({stop})", file=sys.stderr)
+            return 128 + stop.signum
 
 
 def seed_main(argv: Sequence[str] | None = None) -> int:
@@ -279,12 +297,16 @@ def seed_main(argv: Sequence[str] | None = None) -> int:
 
 
 class stop_handling:  # noqa: N801 (used as a statement: `with stop_handling():`)
-    """SIGINT/SIGTERM only request a stop (herd.stopping) from here until the command
-    returns; the previous handlers come back after, for in-process callers."""
+    """SIGINT/SIGTERM call `handler` (herd.stopping: request_stop sets STOP, interrupt raises
+    Stopped) from here until the command returns; the previous handlers come back after,
+    for in-process callers."""
+
+    def __init__(self, handler=stopping.request_stop):
+        self.handler = handler
 
     def __enter__(self):
         stopping.STOP.clear()          # a new command: an earlier in-process stop is not ours
-        self.restore = stopping.install()
+        self.restore = stopping.install(self.handler)
 
     def __exit__(self, *exc) -> None:
         self.restore()

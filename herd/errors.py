@@ -30,6 +30,11 @@ class TrainingDiverged(RuntimeError):
     """Too many non-finite losses in a row."""
 
 
+class PublishFailed(RuntimeError):
+    """The learner's weights could not be handed to the actors (the publisher thread or the
+    store it writes raised): going on would leave the actors acting on frozen weights."""
+
+
 class SaveFailed(RuntimeError):
     """A checkpoint could not be written (a full disk, a vanished folder); the previous one is kept."""
 

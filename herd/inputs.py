@@ -48,6 +48,17 @@ def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+# How much of a file-provided name (an environment id, a module) an error line quotes.
+QUOTE_CHARS = 100
+
+
+def quoted(text: Any) -> str:
+    """A name that came from a file or a user, as an error line quotes it: in quotes, at most
+    QUOTE_CHARS characters, newlines, escape sequences and other control characters shown
+    escaped (excerpt), so a crafted id can neither forge lines nor drive the terminal."""
+    return f"'{excerpt(str(text), QUOTE_CHARS)}'"
+
+
 # A double-quoted string with its escapes, a bracket, or (last) a quote that opens no
 # string: one never closed. The possessive quantifiers never backtrack, and DOTALL lets an
 # escape take a newline (YAML's line continuation).

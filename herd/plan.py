@@ -14,7 +14,7 @@ from typing import Any
 from herd.algos import Algorithm, get_algorithm, trajectory_layout
 from herd.backends.ray_cluster import check_ray_address
 from herd.backends.start import check_fork_server_python
-from herd.checkpoint import check_compatible, check_parts, load_checkpoint
+from herd.checkpoint import check_compatible, check_parts, check_session_parts, load_checkpoint
 from herd.config import Config, ConfigError, machine_picks, resolve
 from herd.inputs import excerpt
 from herd.sizes import check_memory, check_model_size, check_observation_size, check_thread_options
@@ -175,6 +175,7 @@ def prepare_checked(options: dict[str, Any], overrides: dict[str, Any] | None) -
         raise ConfigError(str(err)) from None
     if checkpoint is not None:
         check_compatible(checkpoint, env_spec_dict(cfg, spec), model_signature(model), path)
+        check_session_parts(checkpoint, path, resuming=mode == "train_w_load")
     core = recurrent_core(model)
     distribution = model_kwargs.get("action_distribution", "categorical")
     layout = trajectory_layout(algorithm, cfg.train.r_f_steps, spec.obs_shape, spec.obs_dtype, spec.num_actions,

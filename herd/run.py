@@ -19,7 +19,7 @@ import torch
 from herd import stopping
 from herd.backends.start import start_fork_server
 from herd.checkpoint import CHECKPOINT_DIR
-from herd.config import Config, ConfigError, check_option, resolve
+from herd.config import Config, ConfigError, check_option
 from herd.errors import UserError
 from herd.evaluation import test_policy
 from herd.files import LinkedPathError, run_subfolder, write_json
@@ -127,12 +127,18 @@ def prepare_run(options: dict, overrides: dict | None = None):
 def run_experiment(options: dict, overrides: dict | None = None, argv: list[str] | None = None) -> int:
     """Runs one experiment; returns the process exit code (2 for bad input). argv: the
     command line that asked for it, as recorded in the run (default: sys.argv)."""
+    return run_experiment_folder(options, overrides, argv)[0]
+
+
+def run_experiment_folder(options: dict, overrides: dict | None = None,
+                          argv: list[str] | None = None) -> tuple[int, Path | None]:
+    """run_experiment, and the run folder it made (None when it made none)."""
     try:
         plan = prepare_run(options, overrides)
     except USER_ERRORS as err:
         print(f"herd: error: {err}", file=sys.stderr)
-        return 2
-    return run_plan(plan, options, argv)[0]
+        return 2, None
+    return run_plan(plan, options, argv)
 
 
 def run_plan(plan, options: dict | None = None, argv: list[str] | None = None) -> tuple[int, Path | None]:
@@ -241,26 +247,19 @@ def load_experiments(path: str) -> list[dict]:
     return experiments
 
 
-def summaries(command_line: dict, overrides: dict) -> set[Path]:
-    """The summary.json files now in the experiment's results folder."""
-    try:
-        results = Path(resolve(command_line, overrides).general.results_dir)
-    except ConfigError:
-        return set()
-    return set(results.glob("*/summary.json"))
-
-
-def stopped_by_signal(code: int, before: set[Path], after: set[Path]) -> bool:
-    """Ctrl+C or SIGTERM: a training run stops cleanly and exits 0, but says so in its summary."""
-    if code == 130:
+def stopped_by_signal(code: int, run_dir: Path | None) -> bool:
+    """Ctrl+C or SIGTERM: a training run stops cleanly and exits 0, but says so in its own
+    summary (its own folder's only: the results folder is shared with other runs, whose
+    stops are not this sequence's), and this process's stop flag is set."""
+    if code == 130 or stopping.requested():
         return True
-    for path in after - before:
-        try:
-            if json.loads(path.read_text()).get("ended") == "stopped":
-                return True
-        except (OSError, ValueError):  # another process's half-visible file: not ours to judge
-            continue
-    return False
+    if run_dir is None:
+        return False
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):            # no summary (the run failed before it): no stop said
+        return False
+    return isinstance(summary, dict) and summary.get("ended") == "stopped"
 
 
 def run_multi(experiments: list[dict], command_line: dict, argv: list[str] | None = None) -> int:
@@ -281,13 +280,13 @@ def run_multi(experiments: list[dict], command_line: dict, argv: list[str] | Non
         if stopping.requested():   # a stop between two experiments ends the sequence too
             return 130
         print(f"[herd] experiment {index}/{len(experiments)}: {describe(overrides)}", file=sys.stderr)
-        before = summaries(command_line, overrides)
+        run_dir = None
         try:
-            code = run_experiment(command_line, overrides, argv)
+            code, run_dir = run_experiment_folder(command_line, overrides, argv)
         except Exception as err:  # one broken experiment must not stop the others
             print(f"[herd] experiment {index} raised {type(err).__name__}: {err}", file=sys.stderr)
             code = 1
-        if stopped_by_signal(code, before, summaries(command_line, overrides)):
+        if stopped_by_signal(code, run_dir):
             print(f"[herd] stopped during experiment {index}; experiments {index + 1}..{len(experiments)} "
                   "were not run", file=sys.stderr)
             return 130

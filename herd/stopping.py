@@ -34,12 +34,28 @@ def request_stop(signum, frame) -> None:
     STOP.set()
 
 
-def install():
-    """SIGINT/SIGTERM set STOP from now on; returns a function that restores the previous
-    handlers (so an in-process caller, e.g. a test, gets its own Ctrl+C back)."""
+class Stopped(KeyboardInterrupt):
+    """Raised by `interrupt` in the main thread: the command stops where it is."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def interrupt(signum, frame) -> None:
+    """The handler of commands that never read STOP (watch, plot, export): they hold nothing
+    a stop must save, so the signal ends them at once, wherever they wait (a sleep, a read)."""
+    STOP.set()
+    raise Stopped(signum)
+
+
+def install(handler=request_stop):
+    """SIGINT/SIGTERM call `handler` from now on (request_stop: they set STOP, for commands
+    whose loops read it; interrupt: they raise Stopped); returns a function that restores
+    the previous handlers (so an in-process caller, e.g. a test, gets its own Ctrl+C back)."""
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     for sig in STOP_SIGNALS:
-        signal.signal(sig, request_stop)
+        signal.signal(sig, handler)
 
     def restore() -> None:
         for sig, handler in previous.items():

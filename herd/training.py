@@ -26,7 +26,7 @@ from herd.backends.local import InferenceSetup
 from herd.backends.signals import install_stop_signals
 from herd.config import parse_eval_interval
 from herd.devices import fast_bf16, learner_device, use_deterministic_algorithms
-from herd.errors import ActorFailure, LearnerFailure, ReplayLost, SaveFailed, TrainingDiverged
+from herd.errors import ActorFailure, LearnerFailure, PublishFailed, ReplayLost, SaveFailed, TrainingDiverged
 from herd.eval_worker import EvalSpec, Evaluator
 from herd.inference import ServerOptions
 from herd.learner.batches import DirectBatches, PrefetchedBatches, ReplayElsewhere
@@ -273,9 +273,9 @@ def train_learner(plan: Plan, run_dir: Path, group: LearnerGroup | None) -> int:
                              inference_device=serve_on, **servers,
                              **backend_options(cfg.parallel.multiprocessing_backend, cfg.parallel))
             code = 0
-    except (TrainingDiverged, ActorFailure, SaveFailed, ReplayLost) as err:
-        reason = {TrainingDiverged: "diverged", ActorFailure: "actors failed",
-                  ReplayLost: "replay server died"}.get(type(err), "save failed")
+    except (TrainingDiverged, ActorFailure, SaveFailed, ReplayLost, PublishFailed) as err:
+        reason = {TrainingDiverged: "diverged", ActorFailure: "actors failed", ReplayLost: "replay server died",
+                  PublishFailed: "publisher failed"}.get(type(err), "save failed")
         # No final checkpoint after a failed save, nor without the replay: the last one is kept.
         failed_save = err if isinstance(err, (SaveFailed, ReplayLost)) else None
         log.error("%s", err)

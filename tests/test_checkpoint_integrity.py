@@ -153,3 +153,18 @@ def test_another_network_is_refused_naming_the_first_tensor_that_differs():
         check_compatible(saved, env, here, Path("old.pt"))
     assert str(caught.value).endswith("core.weight is [8, 8] there, absent here"), caught.value
     check_compatible({**saved, "model_signature": here}, env, here, Path("old.pt"))     # the same network loads
+
+
+def test_the_counter_names_checked_are_the_sessions_counters():
+    import dataclasses
+
+    from herd.checkpoint_state import COUNTER_KEYS
+    from herd.learner.session import Counters
+    assert tuple(f.name for f in dataclasses.fields(Counters)) == COUNTER_KEYS
+
+
+def test_counters_never_set_a_name_that_is_not_a_counter():
+    from herd.learner.session import Counters
+    counters = Counters(env_steps=5)
+    counters.load_state_dict({"updates": 3, "__dict__": {"env_steps": 0}})
+    assert (counters.env_steps, counters.updates) == (5, 3)

@@ -29,11 +29,11 @@ import math
 import os
 import secrets
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 
 from herd.backends.ray_auto import resolve_auto_address
 from herd.errors import ConfigError
+from herd.leftovers import make_private_folder
 
 log = logging.getLogger("herd")
 
@@ -154,7 +154,7 @@ def connect(address: str, actors: int, actor_cpus: float) -> RayCluster:
                 log.warning("RAY_AUTH_MODE=%s turns token authentication off: any local user can run code as you "
                             "on the private Ray cluster (unset it to get a fresh token per run)",
                             os.environ["RAY_AUTH_MODE"])
-            cluster.folder = tempfile.mkdtemp(prefix="herd-ray-")
+            cluster.folder = make_private_folder("herd-ray-")   # and a killed run's left behind is swept
             cpus = max(os.cpu_count() or 1, math.ceil(actors * actor_cpus))
             ray.init(address="local", _node_ip_address=LOOPBACK, num_cpus=cpus, num_gpus=0,
                      _temp_dir=os.path.join(cluster.folder, "ray"), **common)

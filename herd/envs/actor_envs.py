@@ -3,6 +3,7 @@ an `ActorEnvs` implementation (herd/actors/interfaces.py)."""
 from __future__ import annotations
 
 from herd.envs.registry import EnvError, env_kind
+from herd.inputs import quoted
 
 # gymnasium:  E envs built by make_env, stepped one by one in the actor's process (any env).
 # ale_vector: ale-py's C++ AtariVectorEnv, E envs stepped by `threads` threads, optionally
@@ -17,7 +18,7 @@ def resolve_env_backend(requested: str, env_id: str) -> str:
     if requested == "auto":
         return "ale_vector" if kind == "atari" else "gymnasium"
     if requested == "ale_vector" and kind != "atari":
-        raise EnvError(f"--env_backend=ale_vector runs Atari games only, not '{env_id}': use gymnasium or auto")
+        raise EnvError(f"--env_backend=ale_vector runs Atari games only, not {quoted(env_id)}: use gymnasium or auto")
     if requested not in ENV_BACKENDS:
         raise EnvError(f"unknown --env_backend '{requested}' (use auto, {', '.join(ENV_BACKENDS)})")
     return requested

@@ -61,6 +61,7 @@ from herd.interfaces import EnvBatch
 from herd.envs.registry import (EnvError, EnvSpec, check_atari_id, check_preprocessing, is_ale,
                                 registered_spec)
 from herd.envs.wrappers import REWARD_CLIPPING_METHODS
+from herd.inputs import quoted
 
 NO_FRAME_CAP = 2**30        # ALE needs some cap; an id without one gets this (about 8 years of play)
 
@@ -84,7 +85,7 @@ def ale_game(env_id: str):
     """(ROM name, gymnasium spec) of an Atari id herd accepts; EnvError (one line) otherwise."""
     spec = registered_spec(env_id)
     if not is_ale(spec):
-        raise EnvError(f"environment '{env_id}' is not an Atari game: the ALE vector backend runs "
+        raise EnvError(f"environment {quoted(env_id)} is not an Atari game: the ALE vector backend runs "
                        f"<Game>NoFrameskip-v4 or ALE/<Game>-v5 ids only (use make_env for other ids)")
     check_atari_id(env_id, spec)
     return spec.kwargs["game"], spec

@@ -7,6 +7,7 @@ import importlib.util
 import sys
 
 from herd.errors import EnvError
+from herd.inputs import quoted
 
 # gymnasium entry-point package -> (herd extra, the Python module it provides, what it is)
 EXTRAS = {
@@ -32,8 +33,8 @@ def check_extra(env_id: str, entry_point: str) -> None:
             continue
         name, _, version = env_id.rpartition("-v")
         if extra == "mujoco" and version != "5":
-            raise EnvError(f"environment '{env_id}' is out of date: herd runs gymnasium's MuJoCo v5 tasks "
+            raise EnvError(f"environment {quoted(env_id)} is out of date: herd runs gymnasium's MuJoCo v5 tasks "
                            f"(use {name}-v5)")
         if not installed(module):
-            raise EnvError(f"environment '{env_id}' needs {family}, which is not installed: "
+            raise EnvError(f"environment {quoted(env_id)} needs {family}, which is not installed: "
                            f"pip install -e '.[{extra}]'")

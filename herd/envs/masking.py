@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 
 from herd.errors import EnvError
+from herd.inputs import quoted
 
 # env id -> indices of the velocity entries in its observation vector (gymnasium's docs).
 VELOCITY_INDICES: dict[str, tuple[int, ...]] = {
@@ -27,7 +28,7 @@ VELOCITY_INDICES: dict[str, tuple[int, ...]] = {
 
 def velocity_indices(env_id: str) -> tuple[int, ...]:
     if env_id not in VELOCITY_INDICES:
-        raise EnvError(f"--hide_velocity: herd does not know which observation entries of '{env_id}' are "
+        raise EnvError(f"--hide_velocity: herd does not know which observation entries of {quoted(env_id)} are "
                        f"velocities (it knows {', '.join(VELOCITY_INDICES)})")
     return VELOCITY_INDICES[env_id]
 

@@ -31,6 +31,7 @@ import gymnasium as gym
 import numpy as np
 
 from herd.errors import EnvError
+from herd.inputs import quoted
 
 PREFIX = "MinAtar/"
 GAMES = {"Asterix": "asterix", "Breakout": "breakout", "Freeway": "freeway", "Seaquest": "seaquest",
@@ -56,10 +57,10 @@ def check_minatar_id(env_id: str) -> tuple[str, bool]:
     if match is None or match.group(1) not in GAMES:
         close = difflib.get_close_matches(env_id, IDS, n=1, cutoff=0.5)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
-        raise EnvError(f"unknown MinAtar environment '{env_id}': {hint}the games are "
+        raise EnvError(f"unknown MinAtar environment {quoted(env_id)}: {hint}the games are "
                        f"{', '.join(GAMES)}, as {PREFIX}<Game>-v1 (minimal action set) or -v0 (all six actions)")
     if importlib.util.find_spec("minatar") is None:
-        raise EnvError(f"environment '{env_id}' needs the minatar package: {INSTALL_HINT}")
+        raise EnvError(f"environment {quoted(env_id)} needs the minatar package: {INSTALL_HINT}")
     return GAMES[match.group(1)], match.group(2) == "1"
 
 

@@ -40,6 +40,7 @@ from herd.errors import EnvError
 from herd.envs.score import GameScore
 from herd.envs.wrappers import (REWARD_CLIPPING_METHODS, ClipReward, Float32Observation, RescaleClipAction,
                                 ScaleReward, SeedFirstReset)
+from herd.inputs import quoted
 
 gym.register_envs(ale_py)
 # ALE prints a banner when an emulator starts; herd's error output must stay one line.
@@ -77,14 +78,14 @@ def import_env_module(env_id: str) -> str:
         return env_id
     module, _, bare_id = env_id.partition(":")
     if not module or not bare_id:
-        raise EnvError(f"environment '{env_id}': write a custom environment as pkg.module:EnvId-v0")
+        raise EnvError(f"environment {quoted(env_id)}: write a custom environment as pkg.module:EnvId-v0")
     try:
         importlib.import_module(module)
     except KeyboardInterrupt:
         raise                                  # a stop request, not the module's fault
     except BaseException as err:  # ImportError, or whatever its code raises, SystemExit too (sys.exit() at import)
         first_line = (str(err).strip().splitlines() or [""])[0]
-        raise EnvError(f"environment '{env_id}': cannot import module '{module}' ({type(err).__name__}: "
+        raise EnvError(f"environment {quoted(env_id)}: cannot import module {quoted(module)} ({type(err).__name__}: "
                        f"{first_line}); install its package or put it on PYTHONPATH") from None
     return bare_id
 
@@ -98,7 +99,7 @@ def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     except Exception:  # gymnasium raises several error types for bad ids
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
-        raise EnvError(f"unknown environment '{env_id}': not a registered gymnasium id "
+        raise EnvError(f"unknown environment {quoted(env_id)}: not a registered gymnasium id "
                        f"({hint}for Atari use e.g. {ATARI_EXAMPLE})") from None
     check_extra(env_id, spec.entry_point)       # MuJoCo, Box2D: a missing extra is one line
     return spec
@@ -112,11 +113,11 @@ def check_atari_id(env_id: str, spec) -> None:
     """Only the ids whose raw env our preprocessing expects (1 frame per step, no sticky
     actions after our overrides), with pixel observations."""
     if spec.kwargs.get("obs_type") == "ram":
-        raise EnvError(f"environment '{env_id}' has RAM observations: herd runs Atari from pixels "
+        raise EnvError(f"environment {quoted(env_id)} has RAM observations: herd runs Atari from pixels "
                        f"(use e.g. {ATARI_EXAMPLE})")
     if not (env_id.endswith("NoFrameskip-v4") or env_id.startswith("ALE/")):
         game = spec.kwargs.get("game", "pong").title().replace("_", "")
-        raise EnvError(f"environment '{env_id}' is not supported: herd does its own frame skip without "
+        raise EnvError(f"environment {quoted(env_id)} is not supported: herd does its own frame skip without "
                        f"sticky actions, use {game}NoFrameskip-v4 or ALE/{game}-v5")
 
 
@@ -134,7 +135,7 @@ def vector_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
             env = gym.make(env_id)
         except Exception as err:  # missing optional dependencies (box2d, mujoco...) and the like
             first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise EnvError(f"environment '{env_id}' could not be created: {first_line}"
+            raise EnvError(f"environment {quoted(env_id)} could not be created: {first_line}"
                            f"{deprecation_note(caught)}") from None
         try:
             return env.observation_space, env.action_space
@@ -154,7 +155,7 @@ def env_kind(env_id: str) -> str:
         return "atari"
     obs_space, _ = vector_spaces(env_id)
     if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
-        raise EnvError(f"environment '{env_id}' has {obs_space} observations: herd runs 1-D Box (vector) "
+        raise EnvError(f"environment {quoted(env_id)} has {obs_space} observations: herd runs 1-D Box (vector) "
                        f"observations or Atari frames (e.g. {ATARI_EXAMPLE})")
     return "vector"
 
@@ -182,7 +183,7 @@ def check_preprocessing(skipped_frames, frames_stacked, noop_threshold, frame_sc
 def check_discrete(env_id: str, env: gym.Env) -> None:
     if not isinstance(env.action_space, gym.spaces.Discrete):
         env.close()
-        raise EnvError(f"environment '{env_id}' has a {type(env.action_space).__name__} action space: "
+        raise EnvError(f"environment {quoted(env_id)} has a {type(env.action_space).__name__} action space: "
                        "herd runs Atari with discrete actions only")
 
 
@@ -199,7 +200,7 @@ def check_action_space(env_id: str, env: gym.Env) -> None:
             and np.all(np.isfinite(space.high)):
         return
     env.close()
-    raise EnvError(f"environment '{env_id}' has a {space} action space: herd runs Discrete actions or a 1-D Box "
+    raise EnvError(f"environment {quoted(env_id)} has a {space} action space: herd runs Discrete actions or a 1-D Box "
                    "with finite bounds")
 
 
@@ -262,7 +263,7 @@ def make_env(env_id: str, *, seed: int | None = None, skipped_frames: int = 4, f
     env_id = import_env_module(env_id)
     kind = env_kind(env_id)
     if hide_velocity and kind != "vector":
-        raise EnvError(f"--hide_velocity removes velocity entries from vector observations; '{env_id}' gives "
+        raise EnvError(f"--hide_velocity removes velocity entries from vector observations; {quoted(env_id)} gives "
                        f"{'Atari' if kind == 'atari' else 'MinAtar'} frames")
     if kind == "minatar":
         env = make_minatar(env_id, max_episode_steps, clip_rewards, reward_clipping_method, render_mode)

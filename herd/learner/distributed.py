@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -42,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from herd.errors import LearnerFailure
+from herd.leftovers import make_private_folder
 
 log = logging.getLogger("herd")
 
@@ -63,7 +63,7 @@ def private_rendezvous():
     A TCP store on a port picked beforehand could be taken by someone else between the pick
     and the bind, and any local user could connect to it; a file in a private folder can be
     neither."""
-    folder = tempfile.mkdtemp(prefix="herd-learners-")
+    folder = make_private_folder("herd-learners-")      # and a killed run's left behind is swept
     try:
         yield os.path.join(folder, "rendezvous")
     finally:

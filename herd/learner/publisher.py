@@ -22,6 +22,66 @@ from typing import Callable
 import torch
 
 from herd.device_weights import DeviceWeightBoard
+from herd.errors import PublishFailed
+
+
+def failure_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())[:200]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+class OneInFlight:
+    """A thread that runs one handed job at a time: `offer(job)` hands it over unless one is
+    still running (then False: the caller skips it). A job that raises ends the thread and
+    is kept: the next offer (or `check`) raises PublishFailed in the caller's thread, so a
+    dead thread is never mistaken for a busy one (every later offer skipped, for ever)."""
+
+    def __init__(self, name: str):
+        self.wake = threading.Condition()
+        self.job: Callable[[], object] | None = None
+        self.stopping = False
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self.run, name=name, daemon=True)
+        self.thread.start()
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise PublishFailed(f"the weight publisher failed ({failure_line(self.failure)}): the actors would "
+                                "act on frozen weights, so the run stops")
+
+    def offer(self, job: Callable[[], object]) -> bool:
+        with self.wake:
+            self.check()
+            if self.job is not None:
+                return False
+            self.job = job
+            self.wake.notify()
+            return True
+
+    def run(self) -> None:
+        while True:
+            with self.wake:
+                while self.job is None and not self.stopping:
+                    self.wake.wait()
+                if self.job is None:
+                    return
+                job = self.job
+            try:
+                job()
+            except BaseException as err:      # anything: the caller must hear of it, not a silent thread
+                with self.wake:
+                    self.failure = err
+                return
+            with self.wake:
+                self.job = None
+
+    def close(self) -> None:
+        """Waits for the job in flight, then stops the thread. Raises nothing: it runs while a
+        run ends (a finally), where the failure of a last publish no longer matters."""
+        with self.wake:
+            self.stopping = True
+            self.wake.notify()
+        self.thread.join()
 
 
 class WeightPublisher:
@@ -38,55 +98,42 @@ class WeightPublisher:
             numel = sum(p.numel() for p in self.params)
             self.host = torch.empty(numel, dtype=torch.float32, pin_memory=True)
             self.stream = torch.cuda.Stream(self.device)
-            self.pending: tuple | None = None    # (event, version) for the thread
-            self.wake = threading.Condition()
-            self.stopping = False
-            self.thread = threading.Thread(target=self.run, name="herd-publisher", daemon=True)
-            self.thread.start()
+            self.courier = OneInFlight("herd-publisher")
 
     def __call__(self, version: int) -> None:
         if self.device.type != "cuda":
-            with torch.no_grad():
-                flat = torch.cat([p.detach().reshape(-1).float() for p in self.params])   # [P]
-            self.write(flat, version)
-            if self.board is not None:
-                self.board.publish_vector(flat, version)
+            try:
+                with torch.no_grad():
+                    flat = torch.cat([p.detach().reshape(-1).float() for p in self.params])   # [P]
+                self.write(flat, version)
+                if self.board is not None:
+                    self.board.publish_vector(flat, version)
+            except Exception as err:
+                raise PublishFailed(f"the weights could not be published ({failure_line(err)}): the actors "
+                                    "would act on frozen weights, so the run stops") from err
             return
-        with self.wake:
-            if self.pending is not None:
-                self.skipped += 1
-                return
-            self.stream.wait_stream(torch.cuda.current_stream())      # after the update that made them
-            with torch.cuda.stream(self.stream), torch.no_grad():
-                flat = torch.cat([p.detach().reshape(-1).float() for p in self.params])   # [P] on the device
-                self.host.copy_(flat, non_blocking=True)
-                # Device to device into the board's free slot; readers keep off it until finish.
-                slot = self.board.begin(flat) if self.board is not None else None
-                copied = torch.cuda.Event(blocking=True)
-                copied.record(self.stream)
-            self.pending = (copied, version, slot)
-            self.wake.notify()
+        self.courier.check()
+        if self.courier.job is not None:         # a copy in flight: the next publish carries newer weights
+            self.skipped += 1
+            return
+        self.stream.wait_stream(torch.cuda.current_stream())      # after the update that made them
+        with torch.cuda.stream(self.stream), torch.no_grad():
+            flat = torch.cat([p.detach().reshape(-1).float() for p in self.params])   # [P] on the device
+            self.host.copy_(flat, non_blocking=True)
+            # Device to device into the board's free slot; readers keep off it until finish.
+            slot = self.board.begin(flat) if self.board is not None else None
+            copied = torch.cuda.Event(blocking=True)
+            copied.record(self.stream)
+        self.courier.offer(lambda: self.deliver(copied, version, slot))
 
-    def run(self) -> None:
-        while True:
-            with self.wake:
-                while self.pending is None and not self.stopping:
-                    self.wake.wait()
-                if self.pending is None:
-                    return
-                copied, version, slot = self.pending
-            copied.synchronize()                 # a blocking event: the thread sleeps, no core spins
-            if slot is not None:
-                self.board.finish(slot, version)
-            self.write(self.host, version)
-            with self.wake:
-                self.pending = None
+    def deliver(self, copied, version: int, slot) -> None:
+        """In the publisher thread: once the copies are done, the board's slot, then the host copy."""
+        copied.synchronize()                     # a blocking event: the thread sleeps, no core spins
+        if slot is not None:
+            self.board.finish(slot, version)
+        self.write(self.host, version)
 
     def close(self) -> None:
         """Waits for the copy in flight (its weights are published), then stops the thread."""
-        if self.device.type != "cuda":
-            return
-        with self.wake:
-            self.stopping = True
-            self.wake.notify()
-        self.thread.join()
+        if self.device.type == "cuda":
+            self.courier.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +42,11 @@ class Counters:
         return dict(self.__dict__)
 
     def load_state_dict(self, state: dict) -> None:
-        for key, value in state.items():
-            setattr(self, key, type(getattr(self, key))(value))
+        """Only the fields: herd.checkpoint_state checked the names, and a name such as
+        `__dict__` must never become an attribute set here."""
+        for item in fields(self):
+            if item.name in state:
+                setattr(self, item.name, type(getattr(self, item.name))(state[item.name]))
 
 
 @dataclass

@@ -20,8 +20,8 @@ import numpy as np
 
 from herd.errors import UserError
 from herd.files import run_subfolder, write_bytes
-from herd.monitor.runfiles import (check_run_dir, configuration_key, join_resumed, moving_average, read_config,
-                                   read_joined)
+from herd.monitor.runfiles import (check_run_dir, config_number, config_text, configuration_key, join_resumed,
+                                   moving_average, read_config, read_joined)
 
 TRAIN_PANELS = (("loss", "loss"), ("pg_loss", "policy-gradient loss"), ("value_loss", "value loss"),
                 ("entropy", "entropy"), ("policy_lag", "policy lag (updates)"), ("fps", "frames per second"))
@@ -43,6 +43,13 @@ def group_runs(runs: list[Path]) -> list[list[Chain]]:
     return list(groups.values())
 
 
+def literal(text: str) -> str:
+    """Text from a run's files as matplotlib draws it: one bounded line (config_text's rule)
+    with every $ escaped, so "$\\x$" is drawn as typed, never parsed as mathtext (a parse
+    error once ended herd plot in a traceback)."""
+    return config_text({"text": text}, "text", "").replace("$", r"\$")
+
+
 def shown(value: str, common_start: str) -> str:
     return "..." + value[len(common_start):] if len(common_start) > 20 else value
 
@@ -61,7 +68,7 @@ def group_labels(groups: list[list[Chain]]) -> list[str]:
     for value, group, config in zip(values, groups, configs):
         text = ", ".join(describe_option(k, value[k], common[k]) for k in differing) or json.loads(
             config.get("env", '"run"'))
-        labels.append(f"{text[:80]} ({len(group)} run{'s' if len(group) > 1 else ''})")
+        labels.append(literal(f"{str(text)[:80]} ({len(group)} run{'s' if len(group) > 1 else ''})"))
     if len(set(labels)) < len(labels):
         labels = [f"{label} #{index}" for index, label in enumerate(labels, start=1)]
     return labels
@@ -98,7 +105,9 @@ def score_curves(chains: list[Chain], x_column: str, smooth: int = 1) -> tuple[n
         episodes = read_joined(chain, "episodes.csv")
         if not episodes:
             continue
-        window = int(read_config(chain[0]).get("avg_buff_size", 100))
+        window = int(config_number(read_config(chain[0]), "avg_buff_size", 100))
+        if "score" not in episodes or x_column not in episodes:
+            continue
         series.append((episodes[x_column], moving_average(episodes["score"], window)))
     if not series:
         return None
@@ -132,9 +141,9 @@ def readable(value: float, _position=None) -> str:
 
 def title_of(groups: list[list[Chain]]) -> str:
     configs = [read_config(group[0][0]) for group in groups]
-    envs = sorted({str(c.get("env", "?")) for c in configs})
-    algorithms = sorted({str(c.get("algorithm", "impala")) for c in configs})
-    return f"{', '.join(envs)} ({', '.join(algorithms)})"
+    envs = sorted({config_text(c, "env", "?") for c in configs})
+    algorithms = sorted({config_text(c, "algorithm", "impala") for c in configs})
+    return literal(f"{', '.join(envs)} ({', '.join(algorithms)})")
 
 
 def style(ax, x_label: str, y_label: str, title: str) -> None:
@@ -160,7 +169,7 @@ def score_figure(groups: list[list[Chain]], labels: list[str], x_column: str, ba
         spread = band_of(runs, band)
         if spread is not None:
             ax.fill_between(grid, *spread, color=line.get_color(), alpha=0.2, linewidth=0)
-    window = int(read_config(groups[0][0][0]).get("avg_buff_size", 100))
+    window = int(config_number(read_config(groups[0][0][0]), "avg_buff_size", 100))
     x_label = {"env_step": "environment steps", "wall_time": "seconds of training"}[x_column]
     note = BAND_NAMES[band] if any(len(g) > 1 for g in groups) else ""
     style(ax, x_label, f"score (moving average of {window} games)", title_of(groups))
@@ -178,7 +187,7 @@ def training_figure(groups: list[list[Chain]], labels: list[str]):
         for index, (group, label) in enumerate(zip(groups, labels)):
             for run_index, chain in enumerate(group):
                 table = read_joined(chain, "train.csv")
-                if column in table:
+                if column in table and "env_step" in table:
                     ax.plot(table["env_step"], table[column], color=f"C{index % 10}", alpha=0.7,
                             label=label if run_index == 0 else None)
         style(ax, "environment steps", "", panel)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from herd.errors import UserError
+from herd.inputs import MAX_FILE_BYTES, excerpt, parse_json, quoted, read_bounded
 
 # What config.json holds that does not change what is learnt: seeds, names, paths, what
 # is logged and shown, where processes run and how long one waits for another, the
@@ -26,10 +27,17 @@ NOT_CONFIGURATION = frozenset((
     "render", "test_greedy", "apex_test_epsilon"))
 
 
+# The largest CSV field a run's tables may hold: herd writes numbers and short names, and
+# the csv module's own limit is 128 KiB per field.
+MAX_FIELD_CHARS = 4096
+
+
 def check_run_dir(path: str | Path) -> Path:
+    """The run folder at `path`, its config.json read and checked (a UserError's one line if not)."""
     run = Path(path)
     if not (run / "config.json").is_file():
-        raise UserError(f"'{path}' is not a herd run folder (it has no config.json)")
+        raise UserError(f"{quoted(path)} is not a herd run folder (it has no config.json)")
+    read_config(run)
     return run
 
 
@@ -38,7 +46,7 @@ def continued_run(run: Path) -> tuple[str, int] | None:
     resumed from), or None for a run that started afresh. config.json's continues_from is
     <run>/checkpoints/ckpt_<update>.pt."""
     source = read_config(run).get("continues_from")
-    if not source:
+    if not source or not isinstance(source, str):
         return None
     checkpoint = Path(source)
     try:
@@ -87,12 +95,30 @@ def read_joined(chain: list[Path], name: str) -> dict[str, np.ndarray]:
     return {column: np.concatenate([part[column] for part in parts]) for column in columns}
 
 
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV table of a run (a file someone else may have written): a UserError
+    of one line for anything herd does not write (a NUL byte, a field of 200 KB, bytes that
+    are not UTF-8); [] when the file is missing."""
+    if not path.is_file():
+        return []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (csv.Error, UnicodeDecodeError, OSError) as err:
+        raise UserError(f"cannot read {quoted(path)}: {excerpt(' '.join(str(err).split()), 120)}") from None
+    for row in rows:
+        for value in row.values():
+            if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
+                raise UserError(f"cannot read {quoted(path)}: it has a field of {len(value):,} characters, more "
+                                f"than the {MAX_FIELD_CHARS:,} herd writes")
+            if isinstance(value, str) and "\0" in value:
+                raise UserError(f"cannot read {quoted(path)}: it holds a NUL byte, which herd never writes")
+    return rows
+
+
 def read_table(path: Path) -> dict[str, np.ndarray]:
     """column -> float array [rows] (empty cells are NaN); {} when the file is missing."""
-    if not path.is_file():
-        return {}
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_rows(path)
     if not rows:
         return {}
 
@@ -105,8 +131,38 @@ def read_table(path: Path) -> dict[str, np.ndarray]:
     return {name: np.array([number(row.get(name)) for row in rows]) for name in rows[0]}
 
 
+def read_json_object(path: Path) -> dict:
+    """A JSON object a run wrote (config.json, summary.json), read bounded (herd.inputs):
+    a UserError of one line when it is not one (invalid JSON, a list, too large or deep)."""
+    try:
+        value = parse_json(quoted(path), read_bounded(str(path), MAX_FILE_BYTES, "a run's JSON file"),
+                           MAX_FILE_BYTES)
+    except UserError:
+        raise
+    except (OSError, ValueError) as err:      # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise UserError(f"cannot read {quoted(path)}: {excerpt(' '.join(str(err).split()), 120)}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{quoted(path)} holds a JSON {type(value).__name__}, not the object herd writes")
+    return value
+
+
 def read_config(run: Path) -> dict:
-    return json.loads((run / "config.json").read_text())
+    return read_json_object(run / "config.json")
+
+
+def config_number(config: dict, key: str, default: float) -> float:
+    """A number option of a config.json; `default` when it is missing or not a positive number."""
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        return default
+    return value
+
+
+def config_text(config: dict, key: str, default: str) -> str:
+    """A text option of a config.json, as a figure or a screen shows it: one line, at most
+    100 characters, escapes shown escaped (herd.inputs.quoted, without its quotes)."""
+    value = config.get(key, default)
+    return quoted(value)[1:-1]
 
 
 def configuration_key(config: dict) -> tuple:

@@ -6,7 +6,6 @@ It only reads the run's own files (episodes.csv, train.csv, hardware.csv, summar
 so it can watch a run started anywhere, and it ends when the run writes its summary."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -14,7 +13,8 @@ import numpy as np
 
 from herd.monitor.hardware import COLUMNS
 from herd.monitor.progress import format_score
-from herd.monitor.runfiles import check_run_dir, moving_average, read_config, read_table
+from herd.monitor.runfiles import (check_run_dir, config_number, config_text, moving_average, read_config,
+                                   read_json_object, read_rows, read_table)
 
 # The files a running run keeps writing: the hardware figures every --hardware_interval
 # (5 s), the metrics every log interval. Silent for longer than STALE_S, a run without a
@@ -46,11 +46,9 @@ def read_hardware(run: Path) -> dict:
     if set(table) != set(COLUMNS):     # empty, or the columns herd wrote before (wall_time, pid, ...): not shown
         return {}
     if table:
-        import csv
-        with open(run / "hardware.csv", newline="") as f:
-            rows = list(csv.DictReader(f))
+        rows = read_rows(run / "hardware.csv")
         for column in ("source", "metric", "unit"):
-            table[column] = np.array([row[column] for row in rows])
+            table[column] = np.array([str(row[column]) for row in rows])
     return table
 
 
@@ -79,8 +77,14 @@ def timing(train: dict, episodes: dict, budget: float) -> tuple[float, float, fl
     return steps, seconds, average, max(eta, 0.0) if eta == eta else eta
 
 
+def shown(text: str) -> str:
+    """A string from a run's files as the screen shows it (runfiles.config_text's rule)."""
+    return config_text({"text": text}, "text", "")
+
+
 def hardware_table(run: Path):
     from rich.table import Table
+    from rich.text import Text
     table = Table(title="hardware (newest sample)", show_edge=False)
     for column in ("source", "CPU %", "memory MiB", "other"):
         table.add_column(column)
@@ -90,7 +94,9 @@ def hardware_table(run: Path):
         other = ", ".join(f"{v:.1f} {unit}" + (" stored" if metric == "stored" else "")
                           for metric, (v, unit) in figures.items() if metric in ("stored", "power"))
         cpu = value("cpu") if "cpu" in figures else value("utilisation")
-        table.add_row(source, format_score(cpu, 0), format_score(memory, 0), other)
+        # Text, not markup: a name from the file is shown as it is ("[bold]" stays text) and
+        # its control characters escaped (config_text's rule).
+        table.add_row(Text(shown(source)), format_score(cpu, 0), format_score(memory, 0), Text(shown(other)))
     return table
 
 
@@ -98,19 +104,20 @@ def snapshot(run: Path, now: float | None = None):
     """A rich renderable of the run now (now: a Unix time, for tests)."""
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     now = time.time() if now is None else now
     config = read_config(run)
     episodes, train = read_table(run / "episodes.csv"), read_table(run / "train.csv")
     summary_path = run / "summary.json"
-    ended = json.loads(summary_path.read_text()).get("ended") if summary_path.is_file() else None
-    window = int(config.get("avg_buff_size", 100))
-    average = moving_average(episodes["score"], window)[-1] if episodes else float("nan")
-    budget = config.get("environment_max_steps") or float("nan")
+    ended = config_text(read_json_object(summary_path), "ended", "") if summary_path.is_file() else None
+    window = int(config_number(config, "avg_buff_size", 100))
+    average = moving_average(episodes["score"], window)[-1] if episodes.get("score") is not None else float("nan")
+    budget = config_number(config, "environment_max_steps", float("nan"))
     steps, seconds, fps, eta = timing(train, episodes, budget)
     progress = Table.grid(padding=(0, 2))
-    rows = [("run", f"{run.name} ({config.get('env')}, {config.get('algorithm', 'impala')})"
-                    + (f" - ended: {ended}" if ended else "")),
+    rows = [("run", f"{shown(run.name)} ({config_text(config, 'env', '?')}, "
+                    f"{config_text(config, 'algorithm', 'impala')})" + (f" - ended: {ended}" if ended else "")),
             ("environment steps", f"{steps:,.0f} of {budget:,.0f}" if steps == steps else "-"),
             ("elapsed / ETA", f"{clock(seconds)} / {'-' if ended else clock(eta)}"),
             ("updates", format_score(last(train, "update"), 0)),
@@ -121,12 +128,12 @@ def snapshot(run: Path, now: float | None = None):
             ("policy lag (updates)", format_score(last(train, "policy_lag"), 1)),
             ("loss / entropy", f"{format_score(last(train, 'loss'), 3)} / {format_score(last(train, 'entropy'), 3)}")]
     news = last_news(run)
-    quiet = max(STALE_S, 3 * float(config.get("hardware_interval") or 0))
+    quiet = max(STALE_S, 3 * config_number(config, "hardware_interval", 0))
     if not ended and news and now - news > quiet:
         rows.append(("no news", f"no news for {now - news:.0f} s: the run may have died "
                                 "(nothing written and no summary.json)"))
     for name, value in rows:
-        progress.add_row(name, value)
+        progress.add_row(name, Text(value))      # text, never markup: it quotes the run's files
     return Group(progress, hardware_table(run))
 
 

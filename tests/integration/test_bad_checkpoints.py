@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from herd_testing import copy_of_run, corrupt_first_weight, run_cli
-from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints
+from herd.checkpoint import CHECKPOINT_DIR, checksum, list_checkpoints, load_checkpoint, to_storable
 
 
 class Payload:
@@ -51,8 +51,34 @@ def sources(small_cartpole_run, tmp_path_factory):
     malicious = base / "malicious.pt"
     marker = tmp_path_factory.mktemp("payload") / "payload_ran"   # outside the hashed tree
     torch.save({"format_version": 1, "model": Payload(marker)}, malicious)
+    crafted = {name: variant(list_checkpoints(run / CHECKPOINT_DIR)[0], base / f"{name}.pt", change)
+               for name, change in CRAFTED.items()}
     return {"base": base, "run": run, "truncated": truncated, "corrupt": corrupt, "no_checkpoint": no_checkpoint,
-            "garbage": garbage, "malicious": malicious, "marker": marker}
+            "garbage": garbage, "malicious": malicious, "marker": marker, **crafted}
+
+
+def variant(source, path, change):
+    """A copy of checkpoint `source` changed by change(storable state), with the checksum herd
+    would compute: a file someone else crafted, which the checksum alone cannot refuse."""
+    state, _ = load_checkpoint(source)
+    storable = to_storable(state)
+    change(storable)
+    storable["checksum"] = checksum(storable)
+    torch.save(storable, path)
+    return path
+
+
+# Checksummed checkpoints whose session parts herd does not write (herd.checkpoint_state).
+CRAFTED = {
+    "counters_dict": lambda s: s["counters"].update(__dict__={"env_steps": 0}),
+    "counters_unknown": lambda s: s["counters"].update(bonus=1),
+    "counters_negative": lambda s: s["counters"].update(updates=-5),
+    "no_rng": lambda s: s.pop("rng"),
+    "rng_short": lambda s: s.update(rng={"torch": torch.zeros(8, dtype=torch.uint8)}),
+    "optimizer_list": lambda s: s.update(optimizer=[1, 2]),
+    "stats_text": lambda s: s["stats"].update(scores="x" * 1000),
+    "replay_list": lambda s: s.update(replay=[1]),
+}
 
 
 CASES = {
@@ -66,7 +92,21 @@ CASES = {
     # The command line's env wins over the checkpoint's config, and its spaces differ.
     "another environment": (lambda s: s["run"], ["--env=Acrobot-v1"], "made for CartPole-v1"),
     "another network": (lambda s: s["run"], ["--hidden_sizes=32,32"], "another network"),
+    "counters holding __dict__": (lambda s: s["counters_dict"], [], "counter named __dict__"),
+    "a counter herd does not write": (lambda s: s["counters_unknown"], [], "counter named bonus"),
+    "a negative counter": (lambda s: s["counters_negative"], [], "counter updates = -5"),
+    "an rng of 8 bytes": (lambda s: s["rng_short"], [], "rng whose torch state"),
+    "an optimizer that is a list": (lambda s: s["optimizer_list"], [], "optimizer state"),
+    "scores that are text": (lambda s: s["stats_text"], [], "scores are not a list"),
+    "a replay that is a list": (lambda s: s["replay_list"], [], "replay that is not a dict"),
 }
+
+
+# What only a resume reads (test mode reads the model alone): refused when resuming.
+RESUME_CASES = {
+    "no rng": (lambda s: s["no_rng"], [], "has no rng"),
+}
+CASES_ALL = {**CASES, **RESUME_CASES}
 
 
 def tree_hashes(folder):
@@ -76,7 +116,7 @@ def tree_hashes(folder):
 
 def refuse(run, sources, case, command, results):
     """`run` is run_cli or the `cli` fixture: both take (args, results, entry=...)."""
-    url_of, extra, words = CASES[case]
+    url_of, extra, words = CASES_ALL[case]
     url = url_of(sources)
     before = tree_hashes(sources["base"])
     if command == "herd test":
@@ -93,6 +133,11 @@ COMMANDS = ["main.py --op_mode=train_w_load", "herd test"]
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_checkpoint_is_refused_and_changes_nothing(cli, sources, tmp_path, case, command):
     refuse(cli, sources, case, command, tmp_path / "results")
+
+
+@pytest.mark.parametrize("case", list(RESUME_CASES))
+def test_a_checkpoint_missing_what_a_resume_reads_is_refused(cli, sources, tmp_path, case):
+    refuse(cli, sources, case, "main.py --op_mode=train_w_load", tmp_path / "results")
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -78,6 +78,28 @@ def test_ctrl_c_stops_the_whole_sequence(tmp_path):
     assert json.loads((runs[0] / "summary.json").read_text())["ended"] == "stopped"
 
 
+def test_a_neighbours_stop_in_the_shared_results_folder_does_not_end_the_sequence(tmp_path):
+    """Another run in the same results folder stopped by its own Ctrl+C (its summary.json says
+    "stopped") while experiment 1 runs: the sequence goes on, it follows its own folders."""
+    experiments = tmp_path / "experiments.yaml"
+    experiments.write_text(json.dumps([{**TINY, "environment_max_steps": 6000}, TINY]))
+    results = tmp_path / "results"
+    process = start_cli(["multi", str(experiments), "--worker_count=1"], results)
+    with killed_at_exit(process):
+        assert wait_for(lambda: results.is_dir() and any(results.iterdir()), timeout=90, interval=0.05)
+        neighbour = results / "neighbour_CartPole-v1_impala_20200101-000000"
+        neighbour.mkdir()
+        (neighbour / "summary.json").write_text(json.dumps({"ended": "stopped"}))
+        assert not any((p / "summary.json").exists() for p in results.iterdir() if p != neighbour), \
+            "experiment 1 ended before the neighbour stopped: the test proves nothing"
+        _, stderr = process.communicate(timeout=180)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "2/2 experiments succeeded" in stderr
+    ours = [p for p in results.iterdir() if p != neighbour]
+    assert len(ours) == 2
+    assert [json.loads((run / "summary.json").read_text())["ended"] for run in sorted(ours)] == ["finished"] * 2
+
+
 @pytest.mark.parametrize("text, words", [
     ("- {env: CartPole-v1\n  lr: [", "cannot read experiments"),       # not YAML
     ("env: CartPole-v1\n", "must hold a list of experiments"),          # a dict, not a list
