@@ -1,8 +1,9 @@
 """A CPU learner's layout, precision and compiling, chosen by timing its own update.
 
 Which of channels-last or NCHW activations, bf16 autocast or fp32, eager or compiled runs
-a learner update fastest depends on the CPU, the network and the batch shape: on one
-2-core EPYC bf16 was 1.2x faster than fp32 at 128 x 20 and 0.6x at 32 x 20. So for the
+a learner update fastest depends on the CPU, the network and the batch shape (on a 2-core
+Xeon with AMX, channels-last made the Nature CNN's update 1.5x faster in fp32 and 1.1x in
+bf16; docs/learner-speed.md). So for the
 options a run leaves to herd, the learner times each candidate configuration of its real
 update (its network, loss, optimizer and batch shape, on a synthetic batch and a copy of
 the model, so the run's weights are untouched) for about BUDGET_S seconds at start-up,
