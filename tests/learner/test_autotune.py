@@ -114,6 +114,8 @@ HOSTILE = [
     json.dumps({"entries": {"k": {"picked": "fp32 NCHW", "ms": {"fp32 NCHW": "NaN"}}}}).encode(),
     json.dumps({"entries": {"k": {"picked": "fp32 NCHW", "ms": {"fp32 NCHW": True}}}}).encode(),
     json.dumps({"entries": {"k": ["fp32 NCHW"]}}).encode(),
+    # a valid pick, and a time for something no run measures (it would reach the log line)
+    json.dumps({"entries": {"k": {"picked": "fp32 NCHW", "ms": {"fp32 NCHW": 1.0, "x\nERROR forged": 1.0}}}}).encode(),
     b"[" * 100_000,                               # deep nesting
     b" " * 300_000,                               # larger than any cache herd writes
 ]
