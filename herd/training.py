@@ -168,7 +168,7 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
                            capture=cfg.train.learner_capture)
     reuse = learner.reuse
     log.info("learner: %s on %s, %s, %d intra-op thread(s), %s%s", algorithm.name, device.type,
-             step.label, cfg.train.learner_thread_count,
+             replace(step, compiled=False).label, cfg.train.learner_thread_count,
              "compiled" if cfg.train.learner_compile
              else "one captured CUDA graph per update after a short eager warm-up" if learner.capture
              else "eager",
