@@ -180,7 +180,7 @@ def compare(args) -> None:
     precision = "bf16" if fast_bf16(device) else "fp32"
     threads = 1 if device.type == "cuda" else (os.cpu_count() or 1)
     torch.set_num_threads(threads)
-    rows, results = [], []
+    results = []
     g = torch.Generator().manual_seed(0)
     T, B = 16, 8
     # CartPole's learner: the vector profile's MLP, batch 8 x 16, Adam, fp32 for the old step, one thread.
@@ -208,10 +208,11 @@ def compare(args) -> None:
     table = [[r["learner"], r["new_runs"], r["old_ms"], r["new_ms"], f"{r['old_ms'] / r['new_ms']:.2f}x",
               f"{r['old_median_ms'] / r['new_median_ms']:.2f}x", r["old_host_reads"], r["new_host_reads"],
               r["old_aten_ops"], r["new_aten_ops"]] for r in results]
+    captured = device.type == "cuda" and all(r.get("new_captured", True) for r in results[:-1])
     print(f"learner step on {device.type} (old: {precision}, {threads} thread(s), CartPole 1; new: as picked"
-          f"{', captured as one CUDA graph' if all(r.get('new_captured', True) for r in results[:-1]) and device.type == 'cuda' else ''}; "
-          f"fastest of {args.repeats} interleaved updates; load average {os.getloadavg()[0]:.1f})")
-    print_table(["learner", "new runs", "old ms", "new ms", "new/old", "new/old (medians)", "old reads/upd",
+          f"{', captured as one CUDA graph' if captured else ''}; fastest of {args.repeats} interleaved updates; "
+          f"load average {os.getloadavg()[0]:.1f}; speed new/old = old ms / new ms)")
+    print_table(["learner", "new runs", "old ms", "new ms", "speed new/old", "(medians)", "old reads/upd",
                  "new reads/upd", "old ops/upd", "new ops/upd"], table)
     record(f"learner_step_compare_{device.type}",
            {"command": f"python benchmarks/learner_step.py --device {args.device} --batches "
