@@ -1,10 +1,13 @@
 """The learner step, old against new: one update (Nature CNN or IMPALA ResNet, V-trace
 loss, RMSprop, T=20) on Pong-sized batches already on the device, the step as it was
 before it lost its host reads (herd/learner/reference.py, herd 9aa5e12) beside today's
-(herd/learner/learner.py: no host read, foreach optimizer, closed-form V-trace; on a GPU
-captured as one CUDA graph). For each batch: ms per update, host reads per update and
-aten ops per update (herd/learner/counting.py). Also CartPole's learner (MLP, its
-profile's batch 8 x 16, Adam) in updates per second, old and new. Records the table in
+(herd/learner/learner.py: no host read, foreach optimizer, closed-form V-trace; on a CPU
+in the layout and precision herd's CPU learner picks for the shape by timing them,
+herd/learner/autotune.py; on a GPU captured as one CUDA graph). The old and new updates
+take turns after a warm-up, so that load from other processes falls on both alike. For
+each batch: ms per update (the fastest, and the median), host reads per update and aten
+ops per update (herd/learner/counting.py). Also CartPole's learner (MLP, its profile's
+batch 8 x 16, Adam, one thread). Records the table in
 benchmarks/results/learner_step_compare_<device>.json; its last line:
     learner_step: device=<d> batch=32 plain_ms=<x> fast_ms=<y> syncs_per_update=<z>
 
@@ -14,9 +17,10 @@ Usage: python benchmarks/learner_step.py [--device cpu|cuda] [--batches 8 32 128
 """
 from __future__ import annotations
 
-import functools
 import argparse
+import functools
 import os
+import statistics
 import time
 
 import torch
@@ -25,12 +29,14 @@ from common import print_table, record
 
 from herd.devices import fast_bf16
 
+from herd.learner.autotune import Choice, StepConfig, candidates, choose, timed_updates
 from herd.learner.counting import count
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.reference import ReferenceLearner, reference_impala_loss, reference_optimizer, reference_scheduler
 from herd.learner.step_metrics import MetricSums
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
+from herd.models.base import TrainingLayout
 
 ACTIONS = 6
 
@@ -58,12 +64,9 @@ def make(network: str, precision: str, compiled: bool, channels_last: bool) -> L
     torch.manual_seed(0)
     model = build_model(network, (4, 84, 84), "uint8", ACTIONS, None)
     # The Nature CNN's own switch (herd/models/cnn.py): channels-last activations in the
-    # learner on CPU, herd's default. The ResNet is channels-last on CPU always: there the
-    # plain rows convert the weights too, which changes nothing.
-    if hasattr(model, "channels_last_when_training"):
+    # learner on CPU, herd's default before it was timed per shape (the ResNet has the same).
+    if isinstance(model, TrainingLayout):
         model.channels_last_when_training = channels_last
-    elif channels_last:
-        model = model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer("rmsprop", model.parameters(), 0.0008, 0.01)
     # compile_model as herd's learner compiles: its training forward pass only (replacing
     # learner.model, as this script once did, left the learner running the plain model).
@@ -108,44 +111,68 @@ METRICS = ("loss", "pg_loss", "value_loss", "entropy", "policy_cloning_loss", "v
 
 
 def pair(network: str, obs: tuple, obs_dtype: str, actions: int, optimizer: str, lr: float, precision: str,
-         device: torch.device, hidden: tuple = ()) -> tuple[ReferenceLearner, Learner]:
-    """The old and the new learner from the same initial weights."""
-    learners = []
-    for make_opt, make_sched, cls, loss, extra in (
-            (reference_optimizer, reference_scheduler, ReferenceLearner, reference_impala_loss, {}),
-            (build_optimizer, build_scheduler, Learner, impala_loss, {"capture": device.type == "cuda"})):
+         device: torch.device, batch: dict, hidden: tuple = ()) -> tuple[ReferenceLearner, Learner, Choice]:
+    """The old and the new learner from the same initial weights: the old in `precision`
+    with the network's default layout, the new as herd's CPU learner picks it (the fastest
+    of its layouts and precisions on this batch, timed as at a run's start-up, no cache);
+    on a GPU the new one in `precision`, captured."""
+    def build(cls, make_opt, make_sched, loss, config: StepConfig, **extra):
         torch.manual_seed(0)
         kwargs = {"hidden_sizes": hidden} if hidden else {}
         model = build_model(network, obs, obs_dtype, actions, 64 if hidden else None, **kwargs).to(device)
+        if isinstance(model, TrainingLayout) and config.channels_last is not None:
+            model.channels_last_when_training = config.channels_last
         opt = make_opt(optimizer, model.parameters(), lr, 1e-5)
-        learners.append(cls(model, opt, make_sched(opt, lr, 1e-5, 10**6),
-                            functools.partial(loss, weights=ImpalaLossWeights()), 40.0, precision=precision, **extra))
-    return learners[0], learners[1]
+        return cls(model, opt, make_sched(opt, lr, 1e-5, 10**6), functools.partial(loss, weights=ImpalaLossWeights()),
+                   40.0, precision=config.precision, **extra)
 
+    def new(config: StepConfig) -> Learner:
+        return build(Learner, build_optimizer, build_scheduler, impala_loss, config, capture=device.type == "cuda")
 
-def steady_state(learner, batch, repeats: int, device: torch.device) -> tuple[float, float, float]:
-    """(ms per update, host reads per update, aten ops per update) after a warm-up; the new
-    learner's metrics go into a MetricSums as a run's do (read once, after the timing)."""
-    sums = MetricSums(METRICS, device) if isinstance(learner, Learner) else None
-
-    def updates(n):
-        for _ in range(n):
-            metrics = learner.step(batch)
-            if sums is not None:
-                sums.add(metrics)
-
-    updates(5)                                          # warm-up (and, on a GPU, the capture)
-    counts = count(lambda: updates(2))
+    has_layout = network in ("nature_cnn", "resnet")
+    old = build(ReferenceLearner, reference_optimizer, reference_scheduler, reference_impala_loss,
+                StepConfig(precision, True if has_layout else None))
     if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    updates(repeats)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    ms = (time.perf_counter() - start) / repeats * 1000
-    if sums is not None:
-        sums.read()
-    return ms, counts.host_reads / 2, counts.aten_ops / 2
+        config = StepConfig(precision, True if has_layout else None)
+        return old, new(config), Choice(config, {}, "a GPU learner: as given")
+    choice = choose(candidates("auto", "auto", fast_bf16(device), has_layout), timed_updates(new, batch))
+    print(f"{network} {batch['reward'].shape[1]}x{batch['reward'].shape[0]}: {choice.log_line()}", flush=True)
+    return old, new(choice.picked), choice
+
+
+def interleaved(learners: dict, batch, repeats: int, device: torch.device) -> dict:
+    """{name: (fastest ms, median ms, host reads, aten ops) per update}: after a warm-up each,
+    the learners take turns, one update each per round, so that load from other processes
+    on a shared machine falls on all of them alike; the new learner's metrics go into a
+    MetricSums as a run's do (read once, after the timing)."""
+    sums = {name: MetricSums(METRICS, device) if isinstance(learner, Learner) else None
+            for name, learner in learners.items()}
+
+    def update(name):
+        metrics = learners[name].step(batch)
+        if sums[name] is not None:
+            sums[name].add(metrics)
+
+    counts = {}
+    for name in learners:
+        for _ in range(5):
+            update(name)                                # warm-up (and, on a GPU, the capture)
+        counts[name] = count(lambda: [update(name) for _ in range(2)])
+    samples = {name: [] for name in learners}
+    for _ in range(repeats):
+        for name in learners:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            update(name)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            samples[name].append((time.perf_counter() - start) * 1000)
+    for s in sums.values():
+        if s is not None:
+            s.read()
+    return {name: (min(ms), statistics.median(ms), counts[name].host_reads / 2, counts[name].aten_ops / 2)
+            for name, ms in samples.items()}
 
 
 def compare(args) -> None:
@@ -153,42 +180,46 @@ def compare(args) -> None:
     precision = "bf16" if fast_bf16(device) else "fp32"
     threads = 1 if device.type == "cuda" else (os.cpu_count() or 1)
     torch.set_num_threads(threads)
-    rows, results = [], []
-    for B in args.batches:
-        batch = {k: v.to(device) for k, v in batch_of(B, args.unroll).items()}
-        old, new = pair(args.network, (4, 84, 84), "uint8", ACTIONS, "rmsprop", 0.0006, precision, device)
-        row = {"learner": f"{args.network} {B}x{args.unroll}", "batch": B}
-        for name, learner in (("old", old), ("new", new)):
-            ms, reads, ops = steady_state(learner, batch, args.repeats, device)
-            row.update({f"{name}_ms": round(ms, 2), f"{name}_host_reads": reads, f"{name}_aten_ops": ops})
-        row["new_captured"] = new.graph is not None   # a failed capture runs eagerly (and logs why)
-        results.append(row)
-    # CartPole's learner: the vector profile's MLP, batch 8 x 16, Adam, fp32, one thread.
-    torch.set_num_threads(1)
+    results = []
     g = torch.Generator().manual_seed(0)
     T, B = 16, 8
+    # CartPole's learner: the vector profile's MLP, batch 8 x 16, Adam, fp32 for the old step, one thread.
     small = {"obs": torch.randn(T + 1, B, 4, generator=g), "action": torch.randint(0, 2, (T, B), generator=g),
              "reward": torch.randn(T, B, generator=g), "done": torch.zeros(T, B, dtype=torch.bool),
              "trunc_value": torch.zeros(T, B), "behaviour_logits": torch.randn(T, B, 2, generator=g),
              "behaviour_value": torch.randn(T, B, generator=g), "replayed": torch.zeros(B, dtype=torch.bool)}
-    old, new = pair("mlp", (4,), "float32", 2, "adam", 0.001, "fp32", torch.device("cpu"), hidden=(64, 64))
-    row = {"learner": f"CartPole mlp {B}x{T}", "batch": B}
-    for name, learner in (("old", old), ("new", new)):
-        ms, reads, ops = steady_state(learner, small, args.repeats * 20, torch.device("cpu"))
-        row.update({f"{name}_ms": round(ms, 3), f"{name}_host_reads": reads, f"{name}_aten_ops": ops,
-                    f"{name}_updates_per_s": round(1000 / ms, 1)})
-    results.append(row)
-    table = [[r["learner"], r["old_ms"], r["new_ms"], f"{r['old_ms'] / r['new_ms']:.2f}x", r["old_host_reads"],
-              r["new_host_reads"], r["old_aten_ops"], r["new_aten_ops"]] for r in results]
-    print(f"learner step on {device.type} ({precision}, {threads} thread(s)"
-          f"{', new step captured as one CUDA graph' if all(r['new_captured'] for r in results if 'new_captured' in r) else ''}; "
-          f"load average {os.getloadavg()[0]:.1f})")
-    print_table(["learner", "old ms", "new ms", "speed-up", "old reads/upd", "new reads/upd", "old ops/upd",
-                 "new ops/upd"], table)
+    cases = [(f"{args.network} {b}x{args.unroll}", b, {k: v.to(device) for k, v in batch_of(b, args.unroll).items()},
+              dict(network=args.network, obs=(4, 84, 84), obs_dtype="uint8", actions=ACTIONS, optimizer="rmsprop",
+                   lr=0.0006, precision=precision, device=device), threads, args.repeats) for b in args.batches]
+    cases.append((f"CartPole mlp {B}x{T}", B, small,
+                  dict(network="mlp", obs=(4,), obs_dtype="float32", actions=2, optimizer="adam", lr=0.001,
+                       precision="fp32", device=torch.device("cpu"), hidden=(64, 64)), 1, args.repeats * 20))
+    for name, b, batch, kwargs, case_threads, repeats in cases:
+        torch.set_num_threads(case_threads)
+        old, new, choice = pair(**kwargs, batch=batch)
+        row = {"learner": name, "batch": b, "new_runs": choice.picked.label, "new_choice_ms": choice.ms}
+        timed = interleaved({"old": old, "new": new}, batch, repeats, kwargs["device"])
+        for which, (fastest_ms, median_ms, reads, ops) in timed.items():
+            row.update({f"{which}_ms": round(fastest_ms, 3), f"{which}_median_ms": round(median_ms, 3),
+                        f"{which}_host_reads": reads, f"{which}_aten_ops": ops})
+        if isinstance(new, Learner) and kwargs["device"].type == "cuda":
+            row["new_captured"] = new.graph is not None   # a failed capture runs eagerly (and logs why)
+        results.append(row)
+    table = [[r["learner"], r["new_runs"], r["old_ms"], r["new_ms"], f"{r['old_ms'] / r['new_ms']:.2f}x",
+              f"{r['old_median_ms'] / r['new_median_ms']:.2f}x", r["old_host_reads"], r["new_host_reads"],
+              r["old_aten_ops"], r["new_aten_ops"]] for r in results]
+    captured = device.type == "cuda" and all(r.get("new_captured", True) for r in results[:-1])
+    print(f"learner step on {device.type} (old: {precision}, {threads} thread(s), CartPole 1; new: as picked"
+          f"{', captured as one CUDA graph' if captured else ''}; fastest of {args.repeats} interleaved updates; "
+          f"load average {os.getloadavg()[0]:.1f}; speed new/old = old ms / new ms)")
+    print_table(["learner", "new runs", "old ms", "new ms", "speed new/old", "(medians)", "old reads/upd",
+                 "new reads/upd", "old ops/upd", "new ops/upd"], table)
     record(f"learner_step_compare_{device.type}",
            {"command": f"python benchmarks/learner_step.py --device {args.device} --batches "
                        f"{' '.join(map(str, args.batches))} --repeats {args.repeats}",
-            "precision": precision, "threads": threads, "results": results})
+            "old_precision": precision, "threads": threads,
+            "timing": "old and new updates interleaved after a warm-up; *_ms the fastest update, *_median_ms the "
+                      "median", "results": results})
     headline = next((r for r in results if r["batch"] == 32 and r["learner"].startswith(args.network)), results[0])
     print(f"learner_step: device={device.type} batch={headline['batch']} plain_ms={headline['old_ms']} "
           f"fast_ms={headline['new_ms']} syncs_per_update={headline['new_host_reads']}")

@@ -28,6 +28,19 @@ def cpu_flags() -> frozenset:
     return frozenset()
 
 
+@functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("AMD EPYC"), or "" where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def bf16_choice(device: torch.device) -> tuple[bool, str]:
     """Whether bfloat16 autocast runs the learner faster here, and why: a GPU that supports
     bfloat16; on x86 CPUs, the instructions oneDNN uses for bf16 matrix products: AMX

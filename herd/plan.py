@@ -24,6 +24,7 @@ from herd.envs.actor_envs import resolve_env_backend
 from herd.models import build_model, model_signature, recurrent_core
 from herd.monitor.tracking import check_wandb
 from herd.placement import PLACEMENT_OPTIONS, split_placement  # noqa: F401 (PLACEMENT_OPTIONS: herd.plan's name for it)
+from herd.models.base import TrainingLayout
 from herd.trajectory import TrajectoryLayout
 
 
@@ -176,6 +177,9 @@ def prepare_checked(options: dict[str, Any], overrides: dict[str, Any] | None) -
     if checkpoint is not None:
         check_compatible(checkpoint, env_spec_dict(cfg, spec), model_signature(model), path)
         check_session_parts(checkpoint, path, resuming=mode == "train_w_load")
+    if cfg.train.learner_layout != "auto" and not isinstance(model, TrainingLayout):
+        raise ConfigError(f"--learner_layout={cfg.train.learner_layout} applies to convolutional networks "
+                          f"(nature_cnn, resnet); this run's network has no layout to choose: leave it on auto")
     core = recurrent_core(model)
     distribution = model_kwargs.get("action_distribution", "categorical")
     layout = trajectory_layout(algorithm, cfg.train.r_f_steps, spec.obs_shape, spec.obs_dtype, spec.num_actions,

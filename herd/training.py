@@ -8,10 +8,13 @@ the backend with its share of the actors and 1/N of every batch, and learner 0 (
 primary, in the first process) writes checkpoints, metrics and the summary."""
 from __future__ import annotations
 
+import copy
+import json
 import logging
 import os
 import random
 import sys
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -32,9 +35,12 @@ from herd.inference import ServerOptions
 from herd.learner.batches import DirectBatches, PrefetchedBatches, ReplayElsewhere
 from herd.learner.distributed import (GroupSync, LearnerGroup, broadcast_state, join_group, leave_group,
                                       private_rendezvous, share_of, short_reason)
+from herd.learner.autotune import (ChoiceCache, Measure, StepConfig, cache_key, candidates, choose, default_cache,
+                                   synthetic_batch, timed_updates)
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.session import SessionOptions, TrainingSession
 from herd.models import build_model, model_signature, observation_normalizer
+from herd.models.base import TrainingLayout
 from herd.monitor.hardware import HardwareMonitor
 from herd.monitor.tracking import tracked
 from herd.monitor.metrics import RunMetrics
@@ -46,6 +52,10 @@ from herd.replay.registry import build_replay
 from herd.replay.spec import batch_shares
 
 log = logging.getLogger("herd")
+
+# The algorithms whose CPU learner times its configurations at start-up: those of
+# trajectory batches (herd/learner/autotune.py builds one). Ape-X's are transitions.
+TIMED_ALGORITHMS = ("impala", "impact", "appo")
 
 
 def build_mixer(plan: Plan, model: torch.nn.Module | None, device: torch.device, rank: int = 0) -> ReplayMixer:
@@ -91,6 +101,49 @@ def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device, rank
     return DirectBatches(mixer, device)
 
 
+def make_learner(plan: Plan, model: torch.nn.Module, step: StepConfig, grad_sync=None, capture: bool = False
+                 ) -> Learner:
+    """The run's learner over `model` (its optimizer, schedule and loss), running as `step` says."""
+    cfg, algorithm = plan.cfg, plan.algorithm
+    if step.channels_last is not None and isinstance(model, TrainingLayout):
+        model.channels_last_when_training = step.channels_last
+    optimizer = build_optimizer(cfg.train.optimizer, model.parameters(), cfg.train.lr, cfg.train.rmsprop_eps)
+    scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps,
+                                cfg.train.lr_decay_power)
+    return Learner(model, optimizer, scheduler, algorithm.build_loss(cfg, model),
+                   cfg.train.gradient_clip_by_norm_threshold, precision=step.precision, compile_model=step.compiled,
+                   grad_sync=grad_sync, capture=capture, reuse=algorithm.reuse(cfg))
+
+
+def step_config(plan: Plan, model: torch.nn.Module, device: torch.device, several_learners: bool,
+                cache: ChoiceCache | None = None, measure: Measure | None = None) -> StepConfig:
+    """How the learner update runs: the options as given, and on a CPU learner of one of
+    TIMED_ALGORITHMS, for those left to herd (precision and compiling left to the machine,
+    --learner_layout=auto), the fastest configuration of this run's own update
+    (herd/learner/autotune.py), logged with its times. cache: default_cache() when None;
+    measure: timed_updates of copies of `model` on a synthetic batch when None."""
+    cfg = plan.cfg
+    left = (plan.machine_picks or {}).get("options", {})
+    has_layout = isinstance(model, TrainingLayout)
+    given = StepConfig(cfg.train.learner_precision, cfg.train.learner_layout != "nchw" if has_layout else None,
+                       bool(cfg.train.learner_compile))
+    if device.type != "cpu" or several_learners or cfg.general.algorithm not in TIMED_ALGORITHMS:
+        return given
+    precision = "auto" if "learner_precision" in left else cfg.train.learner_precision
+    configs = candidates(precision, cfg.train.learner_layout, fast_bf16(device), has_layout)
+    try_compile = "learner_compile" in left and bool(cfg.train.learner_compile)
+    batch = synthetic_batch(plan.layout, cfg.train.batch_size)
+    if measure is None:
+        measure = timed_updates(lambda config: make_learner(plan, copy.deepcopy(model), config), batch)
+    network = json.dumps(plan.model_kwargs, sort_keys=True, default=str)
+    choice = choose(configs, measure, try_compile, cache or default_cache(),
+                    cache_key(network, batch, cfg.general.algorithm, configs, try_compile))
+    log.info("%s", choice.log_line())
+    if cfg.train.learner_compile and not try_compile:
+        return replace(choice.picked, compiled=True)       # --learner_compile=True: the pick, compiled
+    return choice.picked
+
+
 def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: LearnerGroup | None = None
                   ) -> TrainingSession:
     """primary: this process writes checkpoints, metrics and the summary (with several
@@ -106,19 +159,17 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
         # Fixed input shapes every update: let cudnn time its algorithms once and keep the fastest.
         torch.backends.cudnn.benchmark = True
     model = build_model(**plan.model_kwargs).to(device)
-    optimizer = build_optimizer(cfg.train.optimizer, model.parameters(), cfg.train.lr, cfg.train.rmsprop_eps)
-    scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps,
-                                cfg.train.lr_decay_power)
+    step = step_config(plan, model, device, several_learners=group is not None)
+    cfg.train.learner_precision, cfg.train.learner_compile = step.precision, step.compiled
+    if step.channels_last is not None:
+        cfg.train.learner_layout = "channels_last" if step.channels_last else "nchw"
     sync = GroupSync(group, [p for p in model.parameters() if p.requires_grad]) if group is not None else None
-    learner = Learner(model, optimizer, scheduler, algorithm.build_loss(cfg, model),
-                      cfg.train.gradient_clip_by_norm_threshold,
-                      precision=cfg.train.learner_precision, compile_model=cfg.train.learner_compile,
-                      grad_sync=sync.exchange if sync is not None else None, capture=cfg.train.learner_capture,
-                      reuse=algorithm.reuse(cfg))
+    learner = make_learner(plan, model, step, grad_sync=sync.exchange if sync is not None else None,
+                           capture=cfg.train.learner_capture)
     reuse = learner.reuse
     log.info("learner: %s on %s, %s, %d intra-op thread(s), %s%s", algorithm.name, device.type,
-             cfg.train.learner_precision, cfg.train.learner_thread_count,
-             "compiled (torch.compile: measured faster on CPUs)" if cfg.train.learner_compile
+             replace(step, compiled=False).label, cfg.train.learner_thread_count,
+             "compiled" if cfg.train.learner_compile
              else "one captured CUDA graph per update after a short eager warm-up" if learner.capture
              else "eager",
              "" if reuse is None else f"; each stored batch trained in {reuse.passes} passes of {reuse.minibatches} "

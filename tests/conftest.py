@@ -1,9 +1,24 @@
 """Fixtures every test folder may use, found by pytest by name (never imported)."""
+import os
 import signal
 
 import pytest
 
 from herd_testing import cli_in_process_runner
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """The CPU learner's cached timings (herd/learner/autotune.py) go to a folder of this
+    session, inherited by every run it starts: never the user's ~/.cache, and no test's
+    learner choice depends on what an earlier session measured."""
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
 
 
 @pytest.fixture

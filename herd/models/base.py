@@ -10,6 +10,14 @@ from torch import Tensor, nn
 from herd.models.gaussian import GaussianPolicyHead
 
 
+class TrainingLayout:
+    """A convolutional network whose training forward pass (gradients on) can run its
+    activations channels-last or NCHW, as `channels_last_when_training` says; the CPU
+    learner sets it to what measured faster (herd/learner/autotune.py). The result does
+    not depend on it."""
+    channels_last_when_training: bool = True
+
+
 class ModelOutput(NamedTuple):
     logits: Tensor      # [T, B, A] unnormalised policy logits (a dueling Q head: the Q values;
     #                     a Gaussian head, continuous actions: [T, B, 2A] = mean and log-std)

@@ -8,13 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from herd.models.base import Heads, ModelOutput, flatten_time, frames_to_float, orthogonal, probe_flat_size
+from herd.models.base import Heads, ModelOutput, TrainingLayout, flatten_time, frames_to_float, orthogonal, probe_flat_size
 from herd.models.core import CoreInput, LSTMCore, heads_after_core
 
 RELU_GAIN = 2 ** 0.5
 
 
-class NatureCNN(nn.Module):
+class NatureCNN(nn.Module, TrainingLayout):
     """Mnih et al. 2015: conv 32 8x8/4, 64 4x4/2, 64 3x3/1, fc 512 (the torso) -> Heads."""
 
     torso_size = 512
@@ -38,7 +38,8 @@ class NatureCNN(nn.Module):
         # Without gradients (actors, elite scoring) they gain nothing and cost up to 5% at
         # actor sizes, so only where gradients flow. Only the input is converted: the
         # weights stay contiguous (weight sync flattens them with view(-1)), and Flatten
-        # reads logical (C, H, W) order, so results do not depend on the format.
+        # reads logical (C, H, W) order, so results do not depend on the format. A CPU
+        # learner times both (herd/learner/autotune.py): which is faster depends on the CPU.
         self.channels_last_when_training = True
 
     def forward(self, obs: Tensor, core: Optional[CoreInput] = None) -> ModelOutput:
@@ -67,7 +68,7 @@ class ResidualBlock(nn.Module):
         return x + self.conv1(F.relu(self.conv0(F.relu(x))))
 
 
-class ImpalaResNet(nn.Module):
+class ImpalaResNet(nn.Module, TrainingLayout):
     """Espeholt et al. 2018 deep network: 3 stages (16, 32, 32 channels) of conv 3x3 +
     max-pool 3x3/2 + 2 residual blocks, ReLU, fc 256 (the torso) -> Heads.
 
@@ -104,5 +105,7 @@ class ImpalaResNet(nn.Module):
         # the weights stay contiguous because weight sync flattens them with view(-1).
         # Flatten reads logical (C, H, W) order, so the result does not depend on the format.
         # On a GPU, channels-last where gradients flow (cudnn's bf16 convolutions are NHWC).
-        fmt = torch.channels_last if not frames.is_cuda or torch.is_grad_enabled() else torch.contiguous_format
+        # Where gradients flow, channels_last_when_training decides (a CPU learner times both).
+        channels_last = self.channels_last_when_training if torch.is_grad_enabled() else not frames.is_cuda
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
         return heads_after_core(self.heads, self.core, self.fc(self.stages(frames_to_float(frames, fmt))), T, B, core)
