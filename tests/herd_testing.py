@@ -92,6 +92,30 @@ def read_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+# The families IMPALA runs on, where every algorithm that replaces its loss must run too
+# (tests/integration/test_impact_runs.py, test_appo_runs.py): test id -> extra arguments.
+FAMILIES = {
+    "lstm": ["--env=CartPole-v1", "--use_lstm=True", "--lstm_size=16"],
+    "continuous": ["--env=Pendulum-v1"],
+    "minatar": ["--env=MinAtar/Breakout-v1", "--envs_per_worker=4", "--batch_size=4"],
+    "two-learners": ["--env=CartPole-v1", "--learner_count=2", "--envs_per_worker=4", "--batch_size=8"],
+    "ray": ["--env=CartPole-v1", "--multiprocessing_backend=ray", "--envs_per_worker=4"],
+}
+
+
+def short_family_run(algorithm: str, args: list[str], results: Path) -> tuple[dict, dict]:
+    """(summary.json, the checkpoint's state) of a 1,500-step run of `algorithm` with
+    `args` (a FAMILIES entry), which must finish and have trained."""
+    import json
+    from herd.checkpoint import load_checkpoint
+    result = run_cli(["train", f"--algorithm={algorithm}", "--worker_count=2", "--environment_max_steps=1500",
+                      "--seed=1", "--tensorboard=False", *args], results, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((only_run(results) / "summary.json").read_text())
+    assert summary["algorithm"] == algorithm and summary["training_steps"] > 0, summary
+    return summary, load_checkpoint(only_run(results))[0]
+
+
 def kind_of(env_id: str) -> str:
     """The env kind config.resolve asks for, without probing the environment."""
     return "atari" if env_id.endswith("NoFrameskip-v4") else "vector"

@@ -1,14 +1,13 @@
 """IMPACT end to end on real runs: CartPole trains each batch K times, checkpoints the
 target network and the circular buffer, and resumes exactly; and it runs where IMPALA
 runs (the LSTM core, continuous actions, MinAtar, two learners, Ray)."""
-import csv
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from herd_testing import only_run, run_cli
+from herd_testing import FAMILIES, only_run, read_rows, run_cli, short_family_run
 from herd.checkpoint import load_checkpoint
 
 E, T, BATCH, K = 4, 8, 8, 2
@@ -16,11 +15,6 @@ CARTPOLE = ["--env=CartPole-v1", "--algorithm=impact", "--worker_count=2", f"--e
             f"--r_f_steps={T}", f"--batch_size={BATCH}", "--seed=3", "--save_model_period=50", "--tensorboard=False",
             "--target_update_period=6",
             f'--replay_parameters=[{{"type": "circular", "capacity": 3, "sample_ratio": 1, "iterations_per_batch": {K}}}]']
-
-
-def read_rows(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def test_cartpole_trains_each_batch_k_times_and_resumes_exactly(tmp_path):
@@ -64,20 +58,9 @@ def test_cartpole_trains_each_batch_k_times_and_resumes_exactly(tmp_path):
     assert resumed["environment_steps"] >= steps + 1000 and resumed["training_steps"] > updates
 
 
-@pytest.mark.parametrize("args", [
-    ["--env=CartPole-v1", "--use_lstm=True", "--lstm_size=16"],
-    ["--env=Pendulum-v1"],
-    ["--env=MinAtar/Breakout-v1", "--envs_per_worker=4", "--batch_size=4"],
-    ["--env=CartPole-v1", "--learner_count=2", "--envs_per_worker=4", "--batch_size=8"],
-    ["--env=CartPole-v1", "--multiprocessing_backend=ray", "--envs_per_worker=4"],
-], ids=["lstm", "continuous", "minatar", "two-learners", "ray"])
+@pytest.mark.parametrize("args", FAMILIES.values(), ids=FAMILIES.keys())
 def test_impact_runs_where_impala_runs(args, tmp_path):
     """Catches an IMPACT path that breaks on a recurrent core (the target must unroll from
     the stored states), a Gaussian policy, MinAtar frames, several learners or Ray."""
-    result = run_cli(["train", "--algorithm=impact", "--worker_count=2", "--environment_max_steps=1500", "--seed=1",
-                      "--tensorboard=False", *args], tmp_path, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
-    assert summary["algorithm"] == "impact" and summary["training_steps"] > 0
-    state, _ = load_checkpoint(only_run(tmp_path))
+    summary, state = short_family_run("impact", args, tmp_path)
     assert state["loss_state"]["calls"] >= summary["training_steps"] > 0
