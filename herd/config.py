@@ -378,8 +378,10 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         cfg.parallel.learner_count = torchrun_world_size() or 1
     if queue_unset and cfg.train.passes_per_batch * cfg.train.minibatches_per_pass > 1:
         # Reuse trains on a policy's data many times: keep what waits for the learner near one batch.
-        cfg.parallel.shared_queue_size = slots_for_bounded_lag(cfg.train.batch_size, cfg.parallel.worker_count,
-                                                               cfg.parallel.envs_per_worker)
+        p = cfg.parallel
+        two_needed = 0 < p.env_batch_size < p.envs_per_worker or p.actor_double_buffer
+        p.shared_queue_size = slots_for_bounded_lag(cfg.train.batch_size, p.worker_count, p.envs_per_worker,
+                                                    fewest=2 if two_needed else 1)
     if cfg.parallel.inference_servers is None:
         cfg.parallel.inference_servers = inference_servers_for(learner_device(cfg.general.device).type,
                                                                cfg.parallel.worker_count)

@@ -113,14 +113,18 @@ APPO_KINDS: dict[str, dict[str, Any]] = {
     "continuous": dict(batch_size=32),
 }
 
-def slots_for_bounded_lag(batch_size: int, worker_count: int, envs_per_worker: int) -> int:
+def slots_for_bounded_lag(batch_size: int, worker_count: int, envs_per_worker: int, fewest: int = 1) -> int:
     """--shared_queue_size for an algorithm that reuses each batch (APPO): the actors' slots
     hold about one batch waiting plus one round being filled, so the behaviour policies stay
     within a few updates of the learner (16 slots per actor let 4-10 updates of lag build up
     on 2 cores, where the learner is the slower side). A slot holds one rollout of
-    envs_per_worker trajectories; at least 2 per actor (double buffering, env batches)."""
+    envs_per_worker trajectories. Where one round of every actor already holds more than a
+    batch, one slot each: a second would only add whole batches of waiting. fewest: 2 where
+    the actors need two (env batches, double buffering)."""
     per_round = worker_count * envs_per_worker            # trajectories, one slot per actor
-    return max(2, -(-batch_size // per_round) + 1)
+    if batch_size < per_round:
+        return fewest
+    return max(fewest, -(-batch_size // per_round) + 1)
 
 
 # What an option left unset takes when no profile above names it.

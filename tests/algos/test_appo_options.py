@@ -35,13 +35,24 @@ def test_atari_appo_trains_a_stored_batch_of_1024_steps_in_16_steps_of_256():
     assert t.lr == 0.00025
 
 
-@pytest.mark.parametrize("workers, envs, batch, slots", [(2, 8, 64, 5), (16, 8, 64, 2), (1, 4, 64, 17)])
+@pytest.mark.parametrize("workers, envs, batch, slots",
+                         [(2, 8, 64, 5), (16, 8, 64, 1), (1, 4, 64, 17), (2, 8, 8, 1), (2, 8, 16, 2)])
 def test_the_actors_slots_hold_about_one_batch_so_the_policy_lag_stays_small(workers, envs, batch, slots):
-    """slots x workers x envs trajectories can wait for the learner: one batch and a round."""
+    """slots x workers x envs trajectories can wait for the learner: one batch and a round,
+    or one round where a round holds more than a batch."""
     cfg = resolve({"env": "PongNoFrameskip-v4", "algorithm": "appo", "device": "cpu", "worker_count": str(workers),
                    "envs_per_worker": str(envs), "batch_size": str(batch)}, env_kind=profile_kind)
     assert cfg.parallel.shared_queue_size == slots
-    assert (slots - 1) * workers * envs >= batch > (slots - 2) * workers * envs
+    per_round = workers * envs
+    assert slots * per_round >= batch and (slots == 1 or (slots - 1) * per_round < batch + per_round)
+
+
+@pytest.mark.parametrize("option", ["env_batch_size=4", "actor_double_buffer=True"])
+def test_actors_that_need_two_slots_get_two(option):
+    name, value = option.split("=")
+    cfg = resolve({"env": "PongNoFrameskip-v4", "algorithm": "appo", "device": "cpu", "worker_count": "2",
+                   "envs_per_worker": "8", "batch_size": "8", name: value}, env_kind=profile_kind)
+    assert cfg.parallel.shared_queue_size == 2
     given = resolve({"env": "PongNoFrameskip-v4", "algorithm": "appo", "device": "cpu", "shared_queue_size": "9"},
                     env_kind=profile_kind)
     assert given.parallel.shared_queue_size == 9                   # the command line wins
