@@ -78,9 +78,27 @@ class LinkShape:
             raise NamespaceError(f"latency_ms={self.latency_ms}: give a delay in [0, 10000] ms")
 
 
+def system_tool(name: str) -> str:
+    """The absolute path of system tool `name` (ip, tc), looked up on PATH and taken only
+    where root owns it and its folder and no one else may write either: the harness runs it
+    as root, so a writable copy earlier on PATH would run as root too. One line
+    (NamespaceError) otherwise."""
+    found = shutil.which(name)
+    if found is None:
+        raise NamespaceError(f"`{name}` is not on PATH: install iproute2")
+    real = os.path.realpath(found)
+    for path in (real, os.path.dirname(real)):
+        st = os.stat(path)
+        if st.st_uid != 0 or st.st_mode & 0o022:
+            raise NamespaceError(f"`{name}` on PATH is {real}, and {path} is not root's alone (owner uid {st.st_uid}, "
+                                 f"mode {st.st_mode & 0o777:o}): the harness runs it as root, so it refuses; put "
+                                 f"root's iproute2 first on PATH")
+    return real
+
+
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     """`ip ARGS`; NamespaceError with ip's own first line when it fails and check is set."""
-    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    done = subprocess.run([system_tool("ip"), *args], capture_output=True, text=True)
     if check and done.returncode != 0:
         reason = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[0]
         raise NamespaceError(f"`ip {' '.join(args)}` failed: {reason}")
@@ -109,24 +127,28 @@ def namespaces() -> list[str]:
     return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
 
 
-def net_inode(namespace: str) -> int | None:
-    """The inode of a named namespace (what /proc/<pid>/ns/net of its processes points to)."""
+def net_inode(namespace: str) -> tuple[int, int] | None:
+    """The identity of a named namespace, (device, inode) of the nsfs file that
+    /proc/<pid>/ns/net of its processes points to: the inode alone is unique only within
+    its file system."""
     try:
-        return os.stat(f"/run/netns/{namespace}").st_ino
+        st = os.stat(f"/run/netns/{namespace}")
     except FileNotFoundError:
         return None
+    return st.st_dev, st.st_ino
 
 
-def net_of(pid: int) -> int | None:
-    """The inode of a process's network namespace; None when it is gone, or a zombie (its
-    namespaces are released)."""
+def net_of(pid: int) -> tuple[int, int] | None:
+    """The (device, inode) identity of a process's network namespace; None when it is
+    gone, or a zombie (its namespaces are released)."""
     try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino
+        st = os.stat(f"/proc/{pid}/ns/net")
     except OSError:
         return None
+    return st.st_dev, st.st_ino
 
 
-def pids_in_nets(inodes: set[int]) -> list[int]:
+def pids_in_nets(inodes: set[tuple[int, int]]) -> list[int]:
     """Every process whose network namespace is one of `inodes`: what `ip netns pids` tells
     for one named namespace, and still after a namespace has lost its name."""
     return [int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit() and net_of(int(entry.name)) in inodes]
@@ -144,15 +166,36 @@ def running(pid: int) -> bool:
         return False
 
 
+def signal_found(find_pids, sig: int) -> list[int]:
+    """Sends `sig` to every process find_pids() names and still names once it is pinned: a
+    pidfd is opened on each first, then find_pids() asked again, and only a process both
+    answers name is signalled, through its pidfd. A pid that was reused by a process outside
+    the run between the scan and the signal is then either not named again or not the
+    pidfd's process (whose signal finds it gone), so nothing else is ever killed."""
+    pinned = {}
+    for pid in find_pids():
+        try:
+            pinned[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pass
+    try:
+        still = set(find_pids())
+        for pid, fd in pinned.items():
+            if pid in still:
+                try:
+                    signal.pidfd_send_signal(fd, sig)
+                except ProcessLookupError:
+                    pass
+        return [pid for pid in pinned if pid in still]
+    finally:
+        for fd in pinned.values():
+            os.close(fd)
+
+
 def kill_all(find_pids, grace_s: float = 3.0) -> None:
     """SIGTERM to every process find_pids() names, SIGKILL to those left after grace_s."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        pids = find_pids()
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        pids = signal_found(find_pids, sig)
         deadline = time.monotonic() + wait
         while pids and time.monotonic() < deadline:
             pids = [p for p in pids if running(p)]
@@ -227,7 +270,7 @@ class Host:
         """argv run inside this host's namespace (and its cgroups, where it has a budget:
         joined first, because `ip netns exec` hides /sys/fs/cgroup from what it runs)."""
         join = self.budget.join_argv() if self.budget else []
-        return [*join, "ip", "netns", "exec", self.namespace, *argv]
+        return [*join, system_tool("ip"), "netns", "exec", self.namespace, *argv]
 
     def popen(self, argv: list[str], enter_timeout_s: float = 30.0, **kwargs) -> subprocess.Popen:
         """Starts argv on this host; returns once it is inside the host's namespace (or has
@@ -278,7 +321,8 @@ def shape_args(shape: LinkShape) -> list[str] | None:
 
 
 def tc(namespace: str, device: str, qdisc: list[str]) -> None:
-    done = subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", device, "root", *qdisc],
+    done = subprocess.run([system_tool("ip"), "netns", "exec", namespace, system_tool("tc"), "qdisc", "replace", "dev",
+                           device, "root", *qdisc],
                           capture_output=True, text=True)
     if done.returncode != 0:
         reason = (done.stderr.strip().splitlines() or ["?"])[0]
@@ -379,7 +423,7 @@ class NetnsCluster:
         """The process that carries the host's link (delay_line.py), started in the host's
         namespace (so closing the run kills it) but outside its CPU budget (a link costs a
         real host nothing: this one's CPU is the harness's); returns once both its ends are open."""
-        line = subprocess.Popen(["ip", "netns", "exec", host.namespace, sys.executable, DELAY_LINE,
+        line = subprocess.Popen([system_tool("ip"), "netns", "exec", host.namespace, sys.executable, DELAY_LINE,
                                  "--host_device", DEVICE, "--bridge_namespace", f"/run/netns/{host.bridge_ns}",
                                  "--port", host.port, "--send_ms", f"{shape.latency_ms:g}",
                                  "--receive_ms", f"{shape.latency_ms:g}"],

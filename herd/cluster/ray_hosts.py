@@ -66,7 +66,8 @@ class RayHosts:
 
     def start_node(self, host: Host, timeout_s: float = 180) -> None:
         """`ray start` on the host: the head on host 0, a worker node joining it elsewhere."""
-        ray = shutil.which("ray") or os.path.join(os.path.dirname(sys.executable), "ray")
+        # This Python's own ray (the environment herd runs from), never another found on PATH.
+        ray = os.path.join(os.path.dirname(sys.executable), "ray")
         argv = [ray, "start", f"--node-ip-address={host.address}", f"--num-cpus={self.cpus[host.index]:g}",
                 "--num-gpus=0", f"--object-store-memory={self.object_store}", "--disable-usage-stats",
                 f"--temp-dir={self.temp_root}/h{host.index}"]
