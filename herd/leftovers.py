@@ -74,3 +74,61 @@ def sweep(prefix: str, root: str | None = None) -> list[Path]:
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
     return removed
+
+
+# multiprocessing's named semaphores (a Lock, an Event, a Queue's) on Linux: /dev/shm/sem.mp-*.
+# Their resource tracker unlinks them at the end; a run killed as a whole group with
+# kill -9 takes the tracker with it and leaves them.
+SEMAPHORE_GLOB = "sem.mp-*"
+# A semaphore file younger than this is left alone: a process may be between creating it
+# and mapping it.
+SEMAPHORE_MIN_AGE_S = 60.0
+
+
+def mapped_paths(uid: int) -> set[str]:
+    """Every file that a live process of `uid` maps (sem_open maps a named semaphore for as
+    long as the process has it open), read from /proc/<pid>/maps."""
+    paths = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            with open(f"/proc/{entry.name}/maps") as maps:
+                for line in maps:
+                    fields = line.split(None, 5)
+                    if len(fields) == 6:
+                        paths.add(fields[5].rstrip("\n").removesuffix(" (deleted)"))
+        except OSError:                    # gone meanwhile
+            continue
+    return paths
+
+
+def sweep_semaphores(root: str = "/dev/shm", min_age_s: float = SEMAPHORE_MIN_AGE_S) -> list[Path]:
+    """Removes this user's multiprocessing semaphores under `root` that no live process of
+    this user maps and that are older than min_age_s; returns them. A semaphore some
+    process still has open is always mapped by it, so a live run's are never touched."""
+    uid = os.getuid()
+    candidates = []
+    for path in Path(root).glob(SEMAPHORE_GLOB):
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if path.is_symlink() or not path.is_file() or info.st_uid != uid or time.time() - info.st_mtime < min_age_s:
+            continue
+        candidates.append(path)
+    if not candidates:
+        return []
+    in_use = mapped_paths(uid)
+    removed = []
+    for path in candidates:
+        if str(path) in in_use:
+            continue
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        removed.append(path)
+    return removed

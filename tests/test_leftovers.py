@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from herd.leftovers import OWNER_FILE, make_private_folder, stamp, sweep
+from herd.leftovers import OWNER_FILE, make_private_folder, stamp, sweep, sweep_semaphores
 
 
 @pytest.fixture
@@ -74,3 +74,37 @@ def test_a_new_private_folder_is_stamped_and_private(temp_root):
     folder = make_private_folder("herd-ray-")
     assert os.stat(folder).st_mode & 0o777 == 0o700
     assert open(os.path.join(folder, OWNER_FILE)).read() == stamp(os.getpid())
+
+
+def semaphore_file(root, name: str, age_s: float):
+    path = root / f"sem.mp-{name}"
+    path.write_bytes(b"\0" * 32)
+    then = time.time() - age_s
+    os.utime(path, (then, then))
+    return path
+
+
+def test_unmapped_old_semaphores_are_swept_and_mapped_or_young_ones_kept(tmp_path):
+    """Catches a sweep that removes a semaphore a live process still has open (mapped), one
+    just created (not mapped yet), or another user's; and one that leaves a dead run's."""
+    left = semaphore_file(tmp_path, "left", age_s=3600)
+    held = semaphore_file(tmp_path, "held", age_s=3600)
+    young = semaphore_file(tmp_path, "young", age_s=1)
+    foreign = semaphore_file(tmp_path, "foreign", age_s=3600)
+    if os.geteuid() == 0:
+        os.chown(foreign, 65534, 65534)
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import mmap, sys, time\n"
+                               f"f = open({str(held)!r}, 'r+b'); m = mmap.mmap(f.fileno(), 32)\n"
+                               "print('mapped', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "mapped"
+        removed = set(sweep_semaphores(str(tmp_path)))
+        # As root the foreign one is another user's, kept; otherwise it is ours, a leftover.
+        assert removed == ({left} if os.geteuid() == 0 else {left, foreign}) and not left.exists()
+        assert held.exists() and young.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # Its holder gone, the held one is a leftover too.
+    assert sweep_semaphores(str(tmp_path)) == [held]

@@ -20,6 +20,7 @@ import sys
 import torch.multiprocessing as mp
 
 from herd.errors import ConfigError
+from herd.leftovers import sweep_semaphores
 from herd.stopping import sigint_blocked
 
 PRELOAD = ["torch", "numpy", "gymnasium"]
@@ -61,5 +62,7 @@ def start_fork_server() -> None:
     if actor_context().get_start_method() != "forkserver":
         return
     from multiprocessing import forkserver
+    if sys.platform == "linux":
+        sweep_semaphores()    # what runs killed as a whole group with kill -9 left in /dev/shm
     with sigint_blocked():
         forkserver.ensure_running()
