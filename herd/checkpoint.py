@@ -262,6 +262,7 @@ def load_checkpoint(url: str | os.PathLike) -> tuple[dict, Path]:
         raise CheckpointError(f"checkpoint '{path}' is {size / 2**30:.1f} GiB, more than the {available / 2**30:.1f} "
                               "GiB of memory available: free memory, or load it on a larger machine")
     try:
+        check_records(path)
         state = read_archive(path)
         check_tree(state)
         check_version(state, path)
@@ -274,6 +275,24 @@ def load_checkpoint(url: str | os.PathLike) -> tuple[dict, Path]:
         raise CheckpointError(f"checkpoint '{path}' asks for more than this machine can give "
                               f"({type(err).__name__}): herd does not write that") from None
     return state, path
+
+
+def check_records(path: Path) -> None:
+    """torch.save stores every record of its zip archive uncompressed, so the records'
+    sizes add up to at most the file's: a compressed record (a zip bomb: a few KB that
+    inflate to gigabytes while torch reads them) is refused before anything is read."""
+    size = path.stat().st_size
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        raise CheckpointError(f"is truncated or corrupt ({type(err).__name__})") from None
+    for record in records:
+        if record.compress_type != zipfile.ZIP_STORED:
+            raise CheckpointError(f"holds a compressed record ({excerpt(record.filename)}): torch.save stores "
+                                  "records uncompressed, so herd did not write that")
+    if sum(record.file_size for record in records) > size:
+        raise CheckpointError(f"declares records larger than its {size} bytes: herd does not write that")
 
 
 def read_archive(path: Path) -> Any:

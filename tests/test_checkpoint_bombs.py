@@ -195,3 +195,25 @@ def test_a_model_signature_herd_does_not_write_is_the_checkpoint_error(tmp_path)
         check_compatible(state, env, {"w": [2, 4]}, tmp_path / "ckpt.pt")
     with pytest.raises(CheckpointError, match="was made for"):      # its own refusals pass through unchanged
         check_compatible({**state, "env_spec": {**env, "obs_shape": [2**40]}}, env, {"w": [2, 4]}, tmp_path)
+
+
+def recompressed(source, target, compression) -> None:
+    """The zip archive `source` rewritten record for record with `compression`."""
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(target, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info), compress_type=compression)
+
+
+def test_a_compressed_record_is_refused_before_it_is_read(tmp_path):
+    """A zip bomb: 64 MB of zeros that deflate to about 64 KB, inflated by torch while it
+    reads. torch.save stores records uncompressed, so any compressed one is refused before
+    torch reads anything. Before: loaded (the 64 MB inflated in memory; a larger one would
+    take the machine's memory)."""
+    stored, bomb = tmp_path / "stored.pt", tmp_path / "ckpt.pt"
+    write({"model": {"w": torch.zeros(16 * 2**20)}}, stored)
+    recompressed(stored, bomb, zipfile.ZIP_DEFLATED)
+    assert bomb.stat().st_size < stored.stat().st_size / 50
+    assert_refused(bomb, "holds a compressed record")
+    # The same records stored as torch.save stores them still load.
+    recompressed(stored, tmp_path / "restored.pt", zipfile.ZIP_STORED)
+    assert "compressed" not in load_in_child(tmp_path / "restored.pt")
