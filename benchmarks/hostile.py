@@ -216,6 +216,7 @@ def checkpoint_cases(source: Path, work: Path, head: socket.socket) -> list[Host
         "counters holding __dict__": variant(source, c / "cd.pt", lambda s: s["counters"].update(
             __dict__={"env_steps": 0})),
         "optimizer as a list": variant(source, c / "ol.pt", lambda s: s.update(optimizer=[1, 2])),
+        "a deflated record (zip bomb)": deflated(source, c / "z.pt"),
     }
     words = {"dtype tag U100000000": "'U100000000'", "dtype tag of another item size": "whose stored data is",
              "tagged view of a larger buffer": "herd does not write that", "obs_shape 2**40 in env_spec": "made for",
@@ -224,7 +225,7 @@ def checkpoint_cases(source: Path, work: Path, head: socket.socket) -> list[Host
              "config: network of 40 GB": "GiB of parameters", "config: replay_parameters 10,000 deep": "deep",
              "config: option as a nested list": "--lr must be", "2**60 shared references": "the same container twice",
              "nesting 100,000 deep": "more than 64 deep", "counters holding __dict__": "counter named __dict__",
-             "optimizer as a list": "optimizer state"}
+             "optimizer as a list": "optimizer state", "a deflated record (zip bomb)": "compressed record"}
     cases = [Hostile(f"checkpoint: {name}", ["test", str(path), "--render=False", "--test_episode_count=1"],
                      words[name]) for name, path in made.items()]
     cases += [Hostile("checkpoint: redirected config (test)", ["test", str(redirected), "--render=False",
@@ -236,6 +237,14 @@ def checkpoint_cases(source: Path, work: Path, head: socket.socket) -> list[Host
                                                                   f"--environment_max_steps={steps}"],
                       harmless=nothing_redirected, cwd=work)]
     return cases
+
+
+def deflated(source: Path, target: Path) -> Path:
+    """The checkpoint `source` with every zip record deflated (a zip bomb's shape)."""
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(target, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+    return target
 
 
 def connected(head: socket.socket) -> bool:
