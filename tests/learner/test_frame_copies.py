@@ -1,0 +1,143 @@
+"""What the learner's host does to a Pong frame between the actor's slot and the gradient
+step, counted (not timed) on a CPU learner: the bytes of frames copied, per trajectory,
+by numpy and torch (tests/copy_counting.py), through the real session, batch sources and
+replays of a Pong run (herd/training.py build_session) with the step replaced by one that
+keeps the batches it is given. The counts are today's: lowering them
+is the point of the trajectory store that docs/architecture.md describes; COPIES_TODAY
+names the target. The negative controls inject one more copy and see the count, and its check,
+move."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import copy_counting
+from copy_counting import CopyCounter, ObsArray, TorchCopies, in_thread, numpy_wrapped
+from herd_testing import wait_for
+import herd.learner.batches as batches_module
+import herd.learner.staging as staging_module
+import herd.replay.mixer as mixer_module
+from herd.learner.batches import PrefetchedBatches
+from herd.plan import prepare
+from herd.training import build_session
+from herd.trajectory import TrajectorySlots
+
+ROLLOUTS = 2          # of 8 environments each: one batch of 8 each (Pong's CPU batch)
+ENVS = 8
+# Copies of each frame between the slot and the step on a CPU learner today. The target
+# is one (a gather straight from the store into the step's inputs).
+# The replay's read (a fancy index on the batch axis) comes out batch-major, the mixer's
+# join keeps that layout, and to_tensors makes it time-major: one more whole copy.
+COPIES_TODAY = {
+    True: 5,     # prepared ahead (Pong's default): put's copy, the replay's write, its read, the join, to_tensors
+    False: 4,    # direct: the replay's write, its read, the join, to_tensors
+}
+
+
+@pytest.fixture(scope="module")
+def pong_plan():
+    return prepare({"env": "PongNoFrameskip-v4", "seed": 1, "tensorboard": False, "basic_verbose": False,
+                    "learner_precision": "fp32", "learner_layout": "nchw", "learner_compile": False,
+                    "envs_per_worker": ENVS, "batch_size": 8, "r_f_steps": 20, "worker_count": 1})
+
+
+class KeptBatches:
+    """The learner's step, stubbed: keeps each batch's frames, returns zero metrics of the
+    names the real step gives."""
+
+    def __init__(self, session):
+        names = (*session.options.metric_names, "grad_norm", "lr", "skipped")
+        self.metrics = {name: torch.zeros(()) for name in names}
+        self.frames: list[torch.Tensor] = []
+
+    def __call__(self, batch: dict) -> dict:
+        self.frames.append(batch["obs"])
+        return self.metrics
+
+
+def session_of(plan, tmp_path, caching: bool, monkeypatch, counter: CopyCounter):
+    plan.cfg.replay.caching = caching
+    # The batch thread runs under its own counting mode (a dispatch mode is per thread).
+    monkeypatch.setattr(PrefetchedBatches, "work", in_thread(PrefetchedBatches.work, lambda: TorchCopies(counter)))
+    session = build_session(plan, tmp_path)
+    for replay in session.batches.mixer.replays:
+        storage = replay.storage
+        storage.arrays["obs"] = storage.arrays["obs"].view(ObsArray)
+    kept = KeptBatches(session)
+    session.learner.step = kept
+    return session, kept
+
+
+def filled_slots(plan) -> TrajectorySlots:
+    slots = TrajectorySlots(plan.layout, ROLLOUTS, ENVS)
+    rng = np.random.default_rng(0)
+    obs = slots.tensors["obs"].numpy()
+    obs[:] = rng.integers(0, 256, obs.shape, dtype=np.uint8)
+    slots.tensors["action"].zero_()
+    for name in ("reward", "trunc_value", "behaviour_value", "behaviour_logits"):
+        slots.tensors[name].zero_()
+    slots.tensors["done"].zero_()
+    return slots
+
+
+def copies_per_trajectory(plan, tmp_path, caching: bool, monkeypatch) -> tuple[float, dict]:
+    """(frames' bytes copied / the frames' bytes of the trajectories trained, the bytes by op)."""
+    obs_shape, obs_dtype = plan.layout.obs_shape, plan.layout.obs_dtype
+    counter = CopyCounter(obs_shape, obs_dtype)
+    monkeypatch.setattr(copy_counting, "COUNTER", counter)
+    session, kept = session_of(plan, tmp_path, caching, monkeypatch, counter)
+    slots = filled_slots(plan)
+    try:
+        with TorchCopies(counter), numpy_wrapped(monkeypatch, counter):
+            for slot in range(ROLLOUTS):
+                views = slots.views(slot)
+                views["obs"] = views["obs"].view(ObsArray)
+                session.ingest(views, version=0, steps=ENVS * 20, episodes=[])
+                session.train_ready_batches(lambda version: None)
+            assert wait_for(lambda: session.train_ready_batches(lambda version: None) >= 0
+                            and len(kept.frames) == ROLLOUTS, timeout=30, interval=0.01)
+    finally:
+        session.batches.close()
+    # The step got every frame of every slot, in order: the count is of a path that delivers.
+    for slot, frames in enumerate(kept.frames):
+        assert torch.equal(frames, slots.tensors["obs"][slot])
+    trajectory_bytes = plan.layout.fields()["obs"][0][0] * int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
+    return counter.bytes / (ROLLOUTS * ENVS * trajectory_bytes), counter.by_op
+
+
+def check_copies(caching: bool, copies: float, by_op: dict) -> None:
+    assert copies == COPIES_TODAY[caching], sorted(by_op.items())
+
+
+@pytest.mark.parametrize("caching", [True, False], ids=["prepared-ahead", "direct"])
+def test_frame_copies_from_slot_to_step_on_a_cpu_learner(pong_plan, tmp_path, caching, monkeypatch):
+    copies, by_op = copies_per_trajectory(pong_plan, tmp_path, caching, monkeypatch)
+    check_copies(caching, copies, by_op)
+
+
+def test_one_more_numpy_copy_is_counted(pong_plan, tmp_path, monkeypatch):
+    """Negative control: the mixer's join copies once more (numpy)."""
+    join = mixer_module.concat_columns
+    monkeypatch.setattr(mixer_module, "concat_columns", lambda parts: np.copy(join(parts)))
+    copies, by_op = copies_per_trajectory(pong_plan, tmp_path, False, monkeypatch)
+    assert copies == COPIES_TODAY[False] + 1, by_op
+    with pytest.raises(AssertionError):
+        check_copies(False, copies, by_op)
+
+
+@pytest.mark.parametrize("caching", [True, False], ids=["prepared-ahead", "direct"])
+def test_one_more_torch_copy_is_counted(pong_plan, tmp_path, caching, monkeypatch):
+    """Negative control: the batch's frames are cloned on their way to the step (torch),
+    in the batch thread where batches are prepared ahead."""
+    module = staging_module if caching else batches_module
+    to_tensors = module.to_tensors
+
+    def cloned(*args, **kwargs):
+        tensors = to_tensors(*args, **kwargs)
+        return {**tensors, "obs": tensors["obs"].clone()}
+    monkeypatch.setattr(module, "to_tensors", cloned)
+    copies, by_op = copies_per_trajectory(pong_plan, tmp_path, caching, monkeypatch)
+    assert copies == COPIES_TODAY[caching] + 1, by_op
+    with pytest.raises(AssertionError):
+        check_copies(caching, copies, by_op)
