@@ -403,7 +403,7 @@ def apply_profile(cfg: Config, kind: str) -> Config:
                                      and cfg.general.algorithm in ("impala", "impact", "appo")
                                      and cfg.train.environment_max_steps >= COMPILE_FROM_STEPS)
     if cfg.train.learner_capture is None:
-        cfg.train.learner_capture = (on_gpu and getattr(ALGORITHMS[cfg.general.algorithm], "capturable_loss", False)
+        cfg.train.learner_capture = (on_gpu and ALGORITHMS[cfg.general.algorithm].capturable_loss
                                      and cfg.parallel.learner_count == 1 and not cfg.train.learner_compile)
     specs = cfg.replays
     off_policy = any(not spec.on_policy for spec in specs)
