@@ -1,12 +1,12 @@
 """The learner step, old against new: one update (Nature CNN or IMPALA ResNet, V-trace
 loss, RMSprop, T=20) on Pong-sized batches already on the device, the step as it was
-before it lost its host reads (herd/learner/reference.py, herd 9aa5e12) beside today's
+before it lost its host reads (benchmarks/reference_step.py, herd 9aa5e12) beside today's
 (herd/learner/learner.py: no host read, foreach optimizer, closed-form V-trace; on a CPU
 in the layout and precision herd's CPU learner picks for the shape by timing them,
 herd/learner/autotune.py; on a GPU captured as one CUDA graph). The old and new updates
 take turns after a warm-up, so that load from other processes falls on both alike. For
 each batch: ms per update (the fastest, and the median), host reads per update and aten
-ops per update (herd/learner/counting.py). Also CartPole's learner (MLP, its profile's
+ops per update (benchmarks/op_counts.py). Also CartPole's learner (MLP, its profile's
 batch 8 x 16, Adam, one thread). Records the table in
 benchmarks/results/learner_step_compare_<device>.json; its last line:
     learner_step: device=<d> batch=32 plain_ms=<x> fast_ms=<y> syncs_per_update=<z>
@@ -26,13 +26,13 @@ import time
 import torch
 
 from common import print_table, record
+from op_counts import count
+from reference_step import ReferenceLearner, reference_impala_loss, reference_optimizer, reference_scheduler
 
 from herd.devices import fast_bf16
 
 from herd.learner.autotune import Choice, StepConfig, candidates, choose, timed_updates
-from herd.learner.counting import count
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
-from herd.learner.reference import ReferenceLearner, reference_impala_loss, reference_optimizer, reference_scheduler
 from herd.learner.step_metrics import MetricSums
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model

@@ -59,7 +59,7 @@ class GeneralConfig:
     save_replay: bool = opt(True, "save the replays' contents (LZ4-packed) with every checkpoint; turn off for very large buffers")
     device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda", ("cpu", "auto", "cuda"))
     algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER), apex (Ape-X: prioritized replay, n-step double dueling DQN; its own defaults, see README), impact (IMPACT: a target network, a clipped surrogate and a circular buffer that trains on each batch several times; docs/impact.md) or appo (PPO's epochs and minibatches over each stored batch with a clipped surrogate on V-trace targets; docs/appo.md)", tuple(ALGORITHMS))
-    # -- run names (issue 29) --
+    # -- run names --
     name: Optional[str] = opt(None, "a name for the run: its folder is <results_dir>/<name>_<env>_<algorithm>_<date-time>")
     tag: Optional[str] = opt(None, "labels for the run, comma-separated (kept in config.json; the folder name carries them after the name; herd plot ignores both when grouping)")
     # -- end run names
@@ -88,13 +88,13 @@ class TrainingConfig:
     replay_ratio: Optional[float] = opt(None, "without a queue replay: items the learner samples per item added (trajectories, or transitions for Ape-X), held both ways (actors wait while the learner lags); unset: 1")
     n_step: int = opt(3, "Ape-X: steps of the n-step return (the last steps of a trajectory bootstrap from its final observation with fewer)")
     target_update_period: Optional[int] = opt(None, "Ape-X, IMPACT and APPO: learner updates between syncs (hard copies) of the target network (APPO: 1, the learner as each stored batch arrives, PPO's old policy)")
-    # --- sample reuse (APPO, issue 40) ---
+    # --- sample reuse (APPO) ---
     passes_per_batch: Optional[int] = opt(None, "APPO: passes (PPO's epochs) over each stored batch (unset: 4 for APPO; 1, the only value other algorithms take)")
     minibatches_per_pass: Optional[int] = opt(None, "APPO: minibatches per pass, each batch_size / N shuffled trajectories and one gradient step (unset: 4 for APPO; 1 otherwise)")
     # --- end sample reuse ---
     apex_epsilon: float = opt(0.4, "Ape-X: actor i of N explores with epsilon^(1 + apex_alpha * i / (N - 1))")
     apex_alpha: float = opt(7.0, "Ape-X: the exponent spread of the actors' epsilons")
-    # --- learning-rate schedule (issue 16) ---
+    # --- learning-rate schedule ---
     lr_decay_power: float = opt(1.0, "power of the polynomial LR decay from lr to lr_end_value over lr_scheduler_steps: 1 linear (herd's default), 2 the seed's (faster at first, flatter at the end)")
     # --- end learning-rate schedule ---
 
@@ -113,7 +113,7 @@ class EnvConfig:
     max_episode_steps: Optional[int] = opt(None, "truncate episodes after N agent steps (default: the env's own limit)")
     actions_count: Optional[int] = opt(None, "the seed's: number of actions, checked against the environment (unset: taken from it)")
     observation_shape: Optional[tuple] = opt(None, "the seed's: observation shape after preprocessing (e.g. 4,84,84), checked against the environment (unset: taken from it)")
-    # -- memory tasks (issue 13, LSTM) --
+    # -- memory tasks (LSTM) --
     hide_velocity: bool = opt(False, "remove the velocity components from a classic-control observation (CartPole: cart and pole velocities), making it a memory task; refused for envs whose velocities herd does not know (herd/envs/masking.py)")
 
 
@@ -136,7 +136,7 @@ class ParallelConfig:
     replay_server: bool = opt(False, "Ray backend, Ape-X: keep the replay in its own Ray actor (a replay server) instead of in the learner process: actors' rollouts go to it without passing through the learner, which only receives sampled batches and sends priorities back; checkpoints still hold the replay")
     ray_compress_obs: bool = opt(False, "Ray backend: actors LZ4-compress observations before they leave their node, the learner (or replay server) decompresses: on Pong 12x fewer bytes on the network per step at no measured cost in actor frames/s; pays where the learner's network link limits throughput (docs/netns-cluster.md)")
     replay_server_node: str = opt("learner", "Ray backend, --replay_server: the node it runs on. learner: the learner's node (it reserves no Ray CPU there, as the learner does not); or a node id (hex, as `ray list nodes` and summary.json show): it then reserves 1 CPU there, which no actor gets")
-    # --- the inference servers (issue 27, herd/inference, docs/inference.md) ---
+    # --- the inference servers (herd/inference, docs/inference.md) ---
     inference_servers: Optional[int] = opt(None, "with --actor_inference=server: batched inference servers on --device, actor i served by server i mod N; unset: from the machine (one per 8 actors on a GPU, one on a CPU)")
     inference_batch_wait_us: float = opt(0.0, "inference server: after a first request, wait up to this many microseconds for a fuller batch (0: answer at once)")
     inference_min_clients: int = opt(0, "inference server: stop waiting (--inference_batch_wait_us) once this many of its actors have asked (0: all of them)")
@@ -192,7 +192,7 @@ class NetworkConfig:
     feature_out_layer_size: Optional[int] = opt(None, "size of the per-step feature vector")
     use_additional_scaling_FC_layer: bool = opt(True, "a separate linear layer produces the feature vector")
     hidden_sizes: tuple = opt((64, 64), "MLP hidden layer sizes")
-    # -- LSTM core (issue 13) --
+    # -- LSTM core --
     use_lstm: bool = opt(False, "an LSTM core between the torso (any network) and the policy/value heads; actors carry its state across trajectories, the learner unrolls it over T with resets at episode ends (IMPALA only)")
     lstm_size: Optional[int] = opt(None, "hidden units of the LSTM core (--use_lstm; default 64 on vector tasks, the MLP's width, 256 on frames)")
 
@@ -211,21 +211,21 @@ class LossConfig:
     value_cloning_loss_weight: float = opt(0.005, "weight of the value cloning loss")
     use_kl_mask: bool = opt(False, "LASER: mask transitions whose KL(target||behaviour) exceeds the threshold")
     kl_div_threshold: float = opt(0.3, "LASER KL threshold")
-    # --- IMPACT (issue 26) ---
+    # --- IMPACT ---
     clip_param: Optional[float] = opt(None, "IMPACT and APPO: epsilon of the clipped surrogate, which keeps the learner's policy within 1 +- epsilon of the target network's (unset: 0.4 IMPACT, 0.1 APPO)")
     importance_weight_clip: float = opt(2.0, "IMPACT: truncation (rho-bar) of the target-to-behaviour importance weights in the surrogate")
     use_kl_loss: bool = opt(False, "IMPACT: add a KL(target || learner) penalty with an adaptive coefficient")
     kl_coeff: float = opt(1.0, "IMPACT: the KL penalty's initial coefficient (x1.5 when the KL exceeds 2 x kl_target, x0.5 below half of it)")
     kl_target: float = opt(0.01, "IMPACT: the KL the adaptive coefficient aims at")
     # --- end IMPACT ---
-    # --- APPO (issue 40) ---
+    # --- APPO ---
     normalize_advantages: Optional[bool] = opt(None, "APPO: normalise each stored batch's advantages to mean 0 and std 1 (unset: on for APPO)")
     value_clip: Optional[float] = opt(None, "APPO: PPO's value clipping, the value moves at most this far from the target network's per update (0: off, the unset default)")
     normalize_returns: Optional[bool] = opt(None, "APPO: the value head learns returns divided by their running root-mean-square (rewards scaled for learning, scores raw; unset: off)")
     # --- end APPO ---
 
 
-# -- continuous control (issue 13) ------------------------------------------------------
+# -- continuous control ------------------------------------------------------
 @dataclass
 class ContinuousConfig:
     normalize_observations: Optional[bool] = opt(None, "normalise vector observations by a running mean and std (updated by the learner from fresh rollouts, carried with the weights, saved in checkpoints; default: on for continuous-action tasks, off otherwise)")
@@ -403,7 +403,7 @@ def apply_profile(cfg: Config, kind: str) -> Config:
                                      and cfg.general.algorithm in ("impala", "impact", "appo")
                                      and cfg.train.environment_max_steps >= COMPILE_FROM_STEPS)
     if cfg.train.learner_capture is None:
-        cfg.train.learner_capture = (on_gpu and getattr(ALGORITHMS[cfg.general.algorithm], "capturable_loss", False)
+        cfg.train.learner_capture = (on_gpu and ALGORITHMS[cfg.general.algorithm].capturable_loss
                                      and cfg.parallel.learner_count == 1 and not cfg.train.learner_compile)
     specs = cfg.replays
     off_policy = any(not spec.on_policy for spec in specs)

@@ -10,7 +10,7 @@ synchronous backend simply returns every environment in every batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -63,6 +63,10 @@ class PolicyStep:
 
 
 class ActorPolicy(Protocol):
+    # None, or fn(the finished slot's numpy views [time, E, ...]) that completes a rollout's
+    # fields before it is sent (Ape-X: its initial priorities).
+    finish_rollout: Callable[[dict], None] | None
+
     def act(self, obs: np.ndarray, env_ids: np.ndarray | None = None, reset: np.ndarray | None = None) -> PolicyStep:
         """obs [n, *obs_shape] (uint8 frames or float32 vectors) -> PolicyStep. env_ids [n]:
         which environments the rows are (None: 0..n-1); reset [n] bool: an episode starts

@@ -83,7 +83,7 @@ def env_kwargs(cfg: Config) -> dict[str, Any]:
                   frame_scale_resolution=tuple(e.frame_scale_resolution), clip_rewards=e.clip_rewards,
                   reward_clipping_method=e.reward_clipping_method, max_episode_steps=e.max_episode_steps)
     if e.hide_velocity:
-        kwargs["hide_velocity"] = True   # --hide_velocity (issue 13): only then a key, as every env backend takes these
+        kwargs["hide_velocity"] = True   # --hide_velocity: only then a key, as every env backend takes these
     scale = cfg.continuous.reward_scale
     if scale is not None and scale != 1.0:
         kwargs["reward_scale"] = scale    # vector tasks only (check_continuous); absent, nothing changes
@@ -164,7 +164,7 @@ def prepare_checked(options: dict[str, Any], overrides: dict[str, Any] | None) -
                         num_actions=spec.num_actions, feature_size=cfg.network.feature_out_layer_size,
                         use_feature_layer=cfg.network.use_additional_scaling_FC_layer,
                         hidden_sizes=tuple(cfg.network.hidden_sizes), **algorithm.model_options,
-                        # --use_lstm (issue 13): only then a key, so feed-forward kwargs stay as they were
+                        # --use_lstm: only then a key, so feed-forward kwargs stay as they were
                         **({"lstm_size": cfg.network.lstm_size} if cfg.network.use_lstm else {}),
                         **continuous_model_options(cfg, spec))
     # Local actors each hold a model; a Ray cluster's actors run on its other machines.
@@ -198,7 +198,7 @@ def prepare_checked(options: dict[str, Any], overrides: dict[str, Any] | None) -
                 machine_picks(cfg, profile_kind(cfg.env.env), given), ignored_placement(placement, cfg))
 
 
-# -- continuous control (issue 13) ------------------------------------------------------
+# -- continuous control ------------------------------------------------------
 def continuous_model_options(cfg: Config, spec: EnvSpec) -> dict[str, Any]:
     """build_model's arguments for a Gaussian policy and observation normalisation; empty
     for a discrete task without normalisation, whose network is then exactly as before."""

@@ -13,7 +13,7 @@ from herd.devices import learner_device
 
 QUEUE_ONLY = '[{"type": "queue", "capacity": 1, "sample_ratio": 1}]'           # on-policy: fresh data only
 CONTINUOUS_REPLAY = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.25}, '
-                     '{"type": "standard", "capacity": 2000, "sample_ratio": 0.75}]')     # continuous control (issue 13)
+                     '{"type": "standard", "capacity": 2000, "sample_ratio": 0.75}]')     # continuous control
 
 
 # What the tasks with small vector observations share (vector and continuous, below): Adam
@@ -25,7 +25,7 @@ SMALL_INPUTS: dict[str, Any] = dict(
     lr=0.001, batch_size=8, r_f_steps=16, optimizer="adam", rmsprop_eps=0.01, clip_rewards=False,
     feature_out_layer_size=64, learner_thread_count=1, learner_precision="fp32", shared_queue_size=4, caching=False,
     use_replay_compression=False, reward_scale=0.1,
-    # An LSTM core as wide as the MLP (issue 26): with 256 units the policy head reads 4x
+    # An LSTM core as wide as the MLP: with 256 units the policy head reads 4x
     # the inputs of the feed-forward one, Adam moves each weight by about lr per update
     # regardless, and the policy's entropy fell from ln 2 to 0.13 within 50 updates on
     # CartPole (0.62 feed-forward, 0.53 with 64 units): runs that learned then collapsed.
@@ -45,7 +45,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         SMALL_INPUTS, environment_max_steps=500_000, envs_per_worker=16, replay_parameters=QUEUE_ONLY,
         normalize_observations=False,
     ),
-    # -- continuous control (issue 13): vector observations, Box actions (Pendulum, MuJoCo,
+    # -- continuous control: vector observations, Box actions (Pendulum, MuJoCo,
     # Box2D). README, "Continuous control", says how these were chosen.
     # A quarter of each batch fresh, three quarters replayed (CLEAR): each step is trained on
     # about four times; on-policy batches alone did not learn Pendulum in 200k steps.
@@ -53,7 +53,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         SMALL_INPUTS, environment_max_steps=1_000_000, envs_per_worker=8, replay_parameters=CONTINUOUS_REPLAY,
         normalize_observations=True,
     ),
-    # --- MinAtar (issue 16) -------------------------------------------------------------
+    # --- MinAtar -------------------------------------------------------------
     # 10x10 frames, 0/1 rewards, cheap steps: on-policy IMPALA as on vector tasks (Adam,
     # the queue only, a 1-thread fp32 learner, no prefetching: the extra policy lag costs
     # more than sampling does), with longer unrolls and bigger batches for the longer
@@ -70,7 +70,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 
 # Defaults that depend on the machine a run finds, per environment kind and learner device
-# ("cpu" or "cuda"), applied after the algorithm's profile and before the kind's (issue 16).
+# ("cpu" or "cuda"), applied after the algorithm's profile and before the kind's.
 # Atari: on-policy IMPALA (the queue only: every frame trained on once, as in the IMPALA
 # paper's Pong runs) with unrolls of 20 and RMSprop at 0.0006. A CPU learner is what limits
 # learning (README, Pong learning: with 32 trajectories per batch 12 minutes on 2 cores were

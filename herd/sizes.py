@@ -1,14 +1,14 @@
-"""Sizes checked from the config before anything is built or allocated (design.md, rule
-13): one observation, the network's parameters (counted on torch's meta device, which
-allocates nothing), the replays with the batches prepared ahead and the writer queue
-against the memory available now (on a GPU learner, the replays against the GPU's free
-memory: they live there), the trajectory slots against free /dev/shm, and thread
-and timeout options against the machine. Each check raises ConfigError with one line.
+"""Sizes checked from the config before anything is built or allocated: one observation, the
+network's parameters (counted on torch's meta device, which allocates nothing), the
+replays with the batches prepared ahead and the writer queue against the memory available
+now (on a GPU learner, the replays against the GPU's free memory: they live there), the
+trajectory slots against free /dev/shm, and thread and timeout options against the
+machine. Each check raises ConfigError with one line.
 
-Why: sizes used to be checked only after the env and model were built, so
---hidden_sizes=100000,100000 or --lstm_size=1000000 ended in allocator tracebacks (40 GB,
-16 TB), --frame_scale_resolution=50000,50000 in a MemoryError after 12 s, and
---frames_stacked=100000 held 3.8 GB for 19 s before a misleading message."""
+Why: checked only after the env and model are built, a size too large ends in an
+allocator traceback (--hidden_sizes=100000,100000 asks for 40 GB, --lstm_size=1000000 for
+16 TB), or holds memory for seconds before a misleading message (--frames_stacked=100000,
+--frame_scale_resolution=50000,50000)."""
 from __future__ import annotations
 
 import os

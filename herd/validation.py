@@ -205,7 +205,7 @@ def validate(cfg: Config) -> None:
 
 
 def validate_inference(cfg: Config) -> None:
-    """The inference servers' options (issue 27, docs/inference.md)."""
+    """The inference servers' options (docs/inference.md)."""
     p = cfg.parallel
     if p.inference_servers is not None and not 1 <= p.inference_servers <= p.worker_count:
         raise ConfigError(f"--inference_servers must be from 1 to --worker_count={p.worker_count} (each server "
@@ -328,7 +328,7 @@ def validate_learners(cfg: Config, specs: list) -> None:
 
 
 def validate_lstm(cfg: Config) -> None:
-    """--use_lstm (issue 13): IMPALA's recurrent core."""
+    """--use_lstm: IMPALA's recurrent core."""
     if cfg.network.lstm_size < 1:
         raise ConfigError(f"--lstm_size must be >= 1, got {cfg.network.lstm_size}")
     if cfg.network.use_lstm and cfg.general.algorithm not in ("impala", "impact", "appo"):

@@ -56,7 +56,7 @@ def test_a_bare_boolean_does_not_swallow_the_run_folder():
 
 
 def test_the_seed_commands_still_parse_verbatim():
-    """Catches a change of the seed's command-line contract (design.md): every spelling of
+    """Catches a change of the seed's command-line contract: every spelling of
     its four commands is read with the seed's meaning."""
     options = parse_seed_args(["--op_mode=test", "--env=PongNoFrameskip-v4", "--test_episode_count=1000",
                                "--load_model_url=x", "--render=True"])

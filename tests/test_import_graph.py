@@ -1,4 +1,4 @@
-"""design.md: imports point down the architecture, never back up. This builds the import
+"""docs/developer.md (Layout): imports point down the architecture, never back up. This builds the import
 graph of herd/ from the source (every import statement, those inside functions too, but
 not those under `if TYPE_CHECKING:`, which never run) and
 fails on any cycle, between modules and between herd's top-level parts (config, plan,

@@ -87,10 +87,10 @@ def act_and_collect(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter,
 def collect_rollouts(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter, stop):
     """Steps the envs and yields each finished rollout's Delivery (its slot is complete)
     until `stop` is set. A generator, so that a backend can also pull one rollout at a
-    time (the Ray actor returns one per call). A policy with finish_rollout(views)
+    time (the Ray actor returns one per call). A policy whose finish_rollout is set
     completes each rollout's fields before it is yielded (Ape-X's initial priorities);
     the policy refreshes its weights after the rollouts of a step were taken."""
-    finish = getattr(policy, "finish_rollout", None)
+    finish = policy.finish_rollout
     batch = envs.start()
     writer.observe(batch)
     while not stop.is_set():

@@ -30,8 +30,7 @@ class LocalPolicy:
         # The network's action distribution (categorical or Gaussian) is the algorithm's to use.
         self.options = {**(options or {}), "action_distribution": action_distribution_of(self.model)}
         self.act_kwargs = self.algorithm.act_kwargs(actor_id, num_actors, self.options)
-        if self.algorithm.finish_rollout is not None:
-            self.finish_rollout = self.complete_rollout
+        self.finish_rollout = self.complete_rollout if self.algorithm.finish_rollout is not None else None
         self.weights = weights
         self.version = weights.pull(self.model, have_version=-1)
         self.generator = torch.Generator().manual_seed(seed)  # action sampling, reproducible per actor

@@ -1,4 +1,4 @@
-"""What an algorithm builder tells the rest of herd (design.md, "Where new things plug in").
+"""What an algorithm builder tells the rest of herd (docs/developer.md, "Where new things plug in").
 
 Backends, actors, replays and the learner loop are shared by every algorithm; a builder
 supplies only what differs:

@@ -1,6 +1,6 @@
 """Each host's own cores: a cgroup per host whose CFS quota is the host's budget, so the
-hosts of a NetnsCluster on one machine behave like machines of that many cores each
-(issue 30). The budgets together must fit this machine's cores; then a host gets its
+hosts of a NetnsCluster on one machine behave like machines of that many cores each.
+The budgets together must fit this machine's cores; then a host gets its
 cores whatever the other hosts do, and its processes' CPU-seconds are counted apart
 (cpuacct), where /proc/stat only tells the whole machine's.
 

@@ -1,5 +1,5 @@
 """One link's delay line: the cable between a host and the bridge, in user space, holding
-every frame for the link's one-way latency (issue 30).
+every frame for the link's one-way latency.
 
 Why not `tc netem`: this machine's kernel (and CI's, the same) is built without sch_netem
 and loads no modules, and neither fq (earliest departure time) nor tc classifiers exist

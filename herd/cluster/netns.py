@@ -1,5 +1,5 @@
 """N hosts on this machine as Linux network namespaces: the harness that tests and
-benchmarks herd's multi-node paths on a real network stack (issue 30).
+benchmarks herd's multi-node paths on a real network stack (docs/netns-cluster.md).
 
     host 0 (ns <run>-h0)   eth0 10.213.0.1 ─link─ p0 ┐
     host 1 (ns <run>-h1)   eth0 10.213.0.2 ─link─ p1 ├─ br0 (ns <run>-br)

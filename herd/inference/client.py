@@ -61,6 +61,8 @@ class InferenceClient:
                  record: tuple | None = None):
         if not 0 <= index < channels.num_clients:
             raise ValueError(f"client index {index} out of range: the channels have {channels.num_clients} clients")
+        # None: an algorithm that completes its rollouts (Ape-X) acts with its own network.
+        self.finish_rollout = None
         self.channels, self.index, self.stop = channels, index, stop
         self.poll_interval, self.start_timeout, self.restart_timeout = poll_interval, start_timeout, restart_timeout
         self.rng = rng if rng is not None else np.random.default_rng(seed)

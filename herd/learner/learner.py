@@ -1,7 +1,7 @@
 """The learner step: batch -> model -> the algorithm's loss -> clipped gradient ->
 optimizer and learning-rate step. Publishing weights and pacing live in the backend.
 
-An update makes no host read (design.md, rule 12): the loss's metrics stay on the device
+An update makes no host read (docs/learner-speed.md): the loss's metrics stay on the device
 (herd/learner/step_metrics.py sums them), whether the update is applied is a device flag
 (a non-finite loss, gradient norm or resulting weight skips it, changing no weight and no
 optimizer or schedule state: herd/learner/optim.py), and the learning rate is a device

@@ -39,6 +39,10 @@ class GuardedStep:
          0 would still be NaN), the state's decay factors become 1 and the learning rate
          0: a skipped step leaves weights and state exactly as they were.
     """
+    # _scratch's buffers and the parameters (their ids) they were made for; none before the
+    # first step.
+    _scratch_key: tuple[int, ...] | None = None
+    _scratch_buffers: list[Tensor]
 
     def _params_with_grads(self) -> list[Tensor]:
         if len(self.param_groups) != 1:
@@ -57,7 +61,7 @@ class GuardedStep:
         """Buffers shaped like params, kept between steps (not in the state_dict: they hold
         nothing from one step to the next)."""
         key = tuple(id(p) for p in params)
-        if getattr(self, "_scratch_key", None) != key:
+        if self._scratch_key != key:
             self._scratch_key = key
             self._scratch_buffers = [torch.empty_like(p) for p in params]
         return self._scratch_buffers

@@ -66,7 +66,7 @@ class Heads(nn.Module):
                              f"use_additional_scaling_FC_layer is False, got {feature_size}")
         self.feature_size = feature_size
         # Dueling: `policy` is the advantage stream A(s, .) and `value` the state stream V(s).
-        # -- continuous control (issue 13): a Gaussian head for Box actions, `num_actions`
+        # -- continuous control: a Gaussian head for Box actions, `num_actions`
         # being their dimension A (herd/models/gaussian.py says why its log-std is global).
         if action_distribution == "gaussian" and not self.dueling:
             self.policy = GaussianPolicyHead(torso_size, num_actions, initial_log_std)

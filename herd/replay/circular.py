@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from herd.replay.samplers import Sampler
 
-class CircularSampler:
+
+class CircularSampler(Sampler):
     def __init__(self, num_batches: int, share: int, iterations: int):
         if num_batches < 1 or share < 1 or iterations < 1:
             raise ValueError(f"a circular buffer needs num_batches, share and iterations >= 1, got "
@@ -61,9 +63,10 @@ class CircularSampler:
     def available(self) -> int:
         return int(np.count_nonzero(self.uses_left)) * self.share
 
-    def room(self) -> int:
+    def room(self, capacity: int) -> int:
         """Trajectories that can be written before a batch with uses left is overwritten:
-        the rest of the slot being filled, then every following slot with none left."""
+        the rest of the slot being filled, then every following slot with none left
+        (its own slots: `capacity` is theirs)."""
         free = 0
         for k in range(self.num_batches):
             slot = (self.filling + k) % self.num_batches

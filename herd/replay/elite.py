@@ -54,7 +54,7 @@ from herd.models.core import recurrent_core
 from herd.ops.distributions import Categorical, get_distribution
 from herd.replay.distances import distance
 from herd.replay.recurrent import on_device, recurrent_scorers, scored_steps
-from herd.replay.samplers import RingPositions
+from herd.replay.samplers import RingPositions, Sampler
 
 Scorer = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 AttentiveScorer = Callable[[np.ndarray, int, np.random.Generator], np.ndarray]
@@ -89,7 +89,7 @@ def choose(distances: np.ndarray, counts: np.ndarray, n: int, strategy: str) -> 
     raise ValueError(f"unknown elite_sampling_strategy '{strategy}' (use one of {', '.join(ELITE_STRATEGIES)})")
 
 
-class EliteSampler:
+class EliteSampler(Sampler):
     """The sampler protocol of samplers.py, plus per-position sample counters, the
     annealed candidate multiplier and model-based scoring (see the module docstring)."""
 

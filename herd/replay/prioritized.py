@@ -17,11 +17,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from herd.replay.samplers import RingPositions
+from herd.replay.samplers import RingPositions, Sampler
 from herd.replay.sumtree import SumTree
 
 
-class PrioritizedRing:
+class PrioritizedRing(Sampler):
     """What the host and the device prioritized samplers share: the ring of trajectory
     positions, beta's annealing and the importance weights (host arrays of [n])."""
 

@@ -66,11 +66,9 @@ class Replay:
         return self.sampler.available()
 
     def room(self) -> int:
-        """Trajectories that can be added before an unused one is overwritten. A sampler
-        whose items are not single positions (the circular buffer's whole batches) says so
-        itself with a room() of its own."""
-        room = getattr(self.sampler, "room", None)
-        return room() if room is not None else self.storage.capacity - self.sampler.available()
+        """Trajectories that can be added before an unused one is overwritten (the
+        sampler's room in this storage: the circular buffer counts whole batches)."""
+        return self.sampler.room(self.storage.capacity)
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], np.ndarray, ReplayKeys,
                                                               np.ndarray]:
@@ -82,9 +80,9 @@ class Replay:
 
     def batch_pass(self, keys: ReplayKeys) -> BatchPass | None:
         """For a sampler that serves whole stored batches several times (the circular
-        buffer: it says so with `served`), which batch the last sample() gave (its `keys`)
+        buffer: its `served` is set), which batch the last sample() gave (its `keys`)
         and which pass it was; None for every other replay."""
-        served = getattr(self.sampler, "served", None)
+        served = self.sampler.served
         if served is None:
             return None
         slot, last = served

@@ -14,6 +14,14 @@ every sampler implements (and tests/replay/test_sampler_protocol.py checks):
                                          samplers without any accept and ignore them
     state_dict() / load_state_dict()
 
+and two members with defaults on `Sampler`, the base class every sampler derives from,
+which a sampler that serves whole stored batches several times (circular.py) overrides:
+
+    room(capacity) -> int                how many trajectories can be added before an unused one
+                                         is overwritten (default: the positions not available)
+    served                               (slot, whether it was the last pass) of the batch the
+                                         last sample() served; None (the default): not such a sampler
+
 The prioritized sampler (prioritized.py) can also give each trajectory several items (one
 per transition, for Ape-X): its sample() and update() then speak of those items, and
 herd/replay/transitions.py maps them back to trajectory positions.
@@ -23,6 +31,19 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
+
+
+class Sampler:
+    """The base of every sampler: the protocol's members that have a default."""
+    served: tuple[int, bool] | None = None
+
+    def available(self) -> int:
+        raise NotImplementedError
+
+    def room(self, capacity: int) -> int:
+        """Trajectories that can be added to `capacity` positions before an unused one is
+        overwritten."""
+        return capacity - self.available()
 
 
 class RingPositions:
@@ -46,7 +67,7 @@ class RingPositions:
         self.next, self.filled = int(state["next"]), int(state["filled"])
 
 
-class FifoSampler:
+class FifoSampler(Sampler):
     """The on-policy queue: each trajectory is sampled once, oldest first. When more
     arrive than wait unused, the oldest unused one is overwritten and forgotten."""
 
@@ -82,7 +103,7 @@ class FifoSampler:
         self.pending = deque(int(p) for p in state["pending"])
 
 
-class UniformSampler:
+class UniformSampler(Sampler):
     """Standard experience replay: a ring buffer sampled uniformly (without replacement
     within one batch share when enough trajectories are stored)."""
 

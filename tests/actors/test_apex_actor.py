@@ -39,7 +39,7 @@ def test_the_actor_index_sets_its_epsilon(actor_id, expected):
 
 
 def test_impala_actors_have_nothing_to_finish():
-    assert not hasattr(policy(0, 2, algorithm="impala"), "finish_rollout")
+    assert policy(0, 2, algorithm="impala").finish_rollout is None
 
 
 def test_each_sent_rollout_carries_the_actors_priorities():

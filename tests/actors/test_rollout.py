@@ -67,6 +67,8 @@ class CountingEnvs:
 class EchoPolicy:
     """action = c % A, value = c, logits/features carry e and c; version = refresh count."""
 
+    finish_rollout = None
+
     def __init__(self):
         self.version = 0
 

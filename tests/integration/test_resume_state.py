@@ -1,6 +1,5 @@
 """What a resumed run takes over besides the weights: the optimizer's state and the
-learning-rate schedule continue where the first run stopped (design.md: "resuming
-continues the step counters, optimizer, scheduler"); and what --reproducible makes the
+learning-rate schedule continue where the first run stopped (docs/checkpoints.md); and what --reproducible makes the
 same in two runs of one seed."""
 import pytest
 

@@ -1,7 +1,7 @@
-"""The learner's update without host reads (design.md rule 12), checked against the step
-it replaced (herd/learner/reference.py, herd 9aa5e12 verbatim).
+"""The learner's update without host reads (docs/learner-speed.md), checked against the
+step with host reads it replaced (benchmarks/reference_step.py).
 
-Host reads are counted by herd/learner/counting.py: the Tensor methods through which a
+Host reads are counted by benchmarks/op_counts.py: the Tensor methods through which a
 device value reaches Python (float(), int(), bool(), .item(), .tolist(), .numpy()) and
 the ops whose output shape depends on data (aten::nonzero, from a boolean-mask
 selection). On a CPU they cost nothing, but they are the calls that stall a GPU, so the
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,15 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from herd.checkpoint import load_checkpoint
-from herd.learner.counting import count
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
-from herd.learner.reference import ReferenceLearner, reference_impala_loss, reference_optimizer, reference_scheduler
 from herd.learner.step_metrics import MetricSums
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
+
+# The old step and the op counter live beside the benchmark that compares the two steps.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from op_counts import count  # noqa: E402
+from reference_step import ReferenceLearner, reference_impala_loss, reference_optimizer, reference_scheduler  # noqa: E402
 
 T, A, OBS = 6, 4, (5,)
 NAMES = ("loss", "pg_loss", "value_loss", "entropy", "policy_cloning_loss", "value_cloning_loss",

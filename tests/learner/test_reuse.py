@@ -2,18 +2,23 @@
 APPO's loss: every stored batch trained in exactly passes x minibatches gradient steps,
 each pass a permutation of the batch's columns; no host read over 20 stored batches; the
 target synced updates // period times; one learning-rate step per stored batch. Counts,
-on a CPU (herd/learner/counting.py): they hold on a GPU too."""
+on a CPU (benchmarks/op_counts.py): they hold on a GPU too."""
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from herd.learner.counting import count
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
 from herd.learner.reuse import Reuse, take_columns
 from herd.learner.step_metrics import MetricSums
 from herd.losses.appo import AppoLoss, AppoLossWeights
 from herd.models import build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from op_counts import count  # noqa: E402
 
 T, A, OBS, B = 5, 3, (4,), 8
 NAMES = ("loss", "pg_loss", "value_loss", "entropy", "kl_target", "kl_coeff", "clip_fraction", "mean_rho",

@@ -1,7 +1,8 @@
 """Counts what a piece of learner code asks of the device, for tests and benchmarks:
 host reads (a device value brought to Python, or a shape that depends on data) and aten
 ops. Counts, not times: they are the same on a CPU as on a GPU, so a CPU-only test can
-hold the line that a GPU's speed depends on (design.md, rule 12)."""
+hold the line that a GPU's speed depends on (docs/learner-speed.md, "An update without
+host reads")."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,7 +1,7 @@
-"""The learner step as it was before it lost its host reads (herd 9aa5e12), kept
-verbatim as the reference the fast step is checked against: tests/learner/
-test_fast_step.py (same parameters after 50 updates) and benchmarks/learner_step.py (the
-old step and the new one side by side). Nothing in a run uses it.
+"""The learner step with host reads, the reference the fast step is checked against:
+tests/learner/test_fast_step.py (same parameters after 50 updates) and
+benchmarks/learner_step.py (the old step and the new one side by side). It lives beside
+the benchmark, outside the herd package: nothing in a run uses it.
 
 What it does that the fast step does not: torch's RMSprop/Adam with a host-side LambdaLR
 schedule, nine float() reads of the loss metrics, bool(replayed.any()) and boolean-mask
