@@ -216,7 +216,7 @@ def checkpoint_cases(source: Path, work: Path, head: socket.socket) -> list[Host
         "counters holding __dict__": variant(source, c / "cd.pt", lambda s: s["counters"].update(
             __dict__={"env_steps": 0})),
         "optimizer as a list": variant(source, c / "ol.pt", lambda s: s.update(optimizer=[1, 2])),
-        "a deflated record (zip bomb)": deflated(source, c / "z.pt"),
+        "a deflated record (zip bomb)": deflated(load_checkpoint(source)[1], c / "z.pt"),
     }
     words = {"dtype tag U100000000": "'U100000000'", "dtype tag of another item size": "whose stored data is",
              "tagged view of a larger buffer": "herd does not write that", "obs_shape 2**40 in env_spec": "made for",
