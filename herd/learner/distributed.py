@@ -269,6 +269,11 @@ class Tally:
         self.stale += int(stale)
         self.episodes.extend(episodes)
 
+    def merged(self, other: "Tally") -> "Tally":
+        """Both counts together (two rounds of one learner)."""
+        return Tally(self.env_steps + other.env_steps, self.rollouts + other.rollouts, self.stale + other.stale,
+                     self.episodes + other.episodes)
+
 
 class GroupSync:
     """The round of every update (module docstring). Learner.step calls `exchange` between
@@ -281,7 +286,9 @@ class GroupSync:
         self.max_episodes = max_episodes
         self.row = len(HEADER) + 2 * max_episodes
         self.pending = Tally()
-        self.received: list[Tally] = []     # by rank, from the last round; the session takes them
+        # By rank, from every round since the session last took them: an update of several
+        # gradient steps (APPO's passes) makes one round per step, each carrying counts.
+        self.received: list[Tally] = []
         self.stopped = False                # a round carried a stop vote: no more updates
         self.more = False                   # some learner still holds episodes: drain before the end
         self.broken = False                 # a round failed: no more collectives
@@ -324,7 +331,8 @@ class GroupSync:
             self.broken = True
             raise LearnerFailure(f"learner {self.group.rank} lost the other learners ({short_reason(err)})") from None
         rows = buffer[self.numel:].view(self.group.size, self.row).cpu().numpy()
-        self.received = [self.unpack_row(r) for r in rows]
+        tallies = [self.unpack_row(r) for r in rows]
+        self.received = [old.merged(new) for old, new in zip(self.received, tallies)] if self.received else tallies
         self.more = bool(rows[:, 1].any())
         self.stopped = self.stopped or stop or bool(rows[:, 0].any())
         if self.stopped or not with_gradients:

@@ -75,7 +75,7 @@ def test_test_mode_plays_a_recurrent_policy(lstm_run, tmp_path):
 
 @pytest.mark.parametrize("flags,message", [
     (["--env=CartPole-v1", "--use_lstm=True", "--algorithm=apex"], "--use_lstm: the LSTM core trains with "
-                                                                     "--algorithm=impala or impact only"),
+                                                                     "--algorithm=impala, impact or appo only"),
     (["--env=CartPole-v1", "--use_lstm=True", "--lstm_size=0"], "--lstm_size must be >= 1"),
     (["--env=PongNoFrameskip-v4", "--hide_velocity=True"], "--hide_velocity removes velocity entries"),
 ])

@@ -52,7 +52,7 @@ def params(model) -> dict:
 HANG_TIMEOUT = 3.0       # the group's timeout in the "hangs" scenario
 # One pair of processes runs these one after the other: all but the last leave the group
 # whole, and in the last learner 1 dies (the "hangs" scenario needs its own short timeout).
-SHARED = ("identical", "one_update", "counters", "nan_on_one", "stop_vote", "dies")
+SHARED = ("identical", "one_update", "counters", "rounds", "nan_on_one", "stop_vote", "dies")
 
 
 def meet(rank: int, out: str) -> None:
@@ -104,6 +104,13 @@ def run_scenario(rank: int, group, scenario: str, out: str) -> dict | None:
             tallies += sync.take_received()
         result["tallies"] = [(t.env_steps, t.rollouts, t.stale, t.episodes) for t in tallies]
         result["rounds"], result["stopped"] = rounds, sync.stopped
+    elif scenario == "rounds":
+        # One update of several gradient steps (APPO's passes): a round per step, each
+        # carrying what arrived since the one before; the session takes them once.
+        for steps in (7, 5):
+            sync.pending.add(steps + rank, stale=False, episodes=[(float(steps), steps)])
+            sync.exchange(with_gradients=False)
+        result["tallies"] = [(t.env_steps, t.rollouts, t.episodes) for t in sync.take_received()]
     elif scenario == "nan_on_one":
         learner = new_learner(model, "adam", sync.exchange)
         result["metrics"] = [learner.step(impala_batch(T, B, A, seed=rank, nan_reward=rank == 1))]
@@ -199,6 +206,13 @@ def test_counters_and_episodes_reach_every_learner_in_rank_order(shared):
     assert episodes0 == [(float(i), 10 + i) for i in range(4)] and episodes1 == [(0.0, 10)]
     assert [e for t in first["tallies"][2:] for e in t[3]] == [(4.0, 14), (5.0, 15)]   # the drain round
     assert first["stopped"] and second["stopped"]
+
+
+def test_the_counts_of_every_round_of_an_update_are_kept(shared):
+    """Catches counts kept from the last round only (a multi-step update lost its first
+    rounds' steps and games: two APPO learners never reached their step budget)."""
+    first, second = shared["rounds"]
+    assert first["tallies"] == second["tallies"] == [(12, 2, [(7.0, 7), (5.0, 5)]), (14, 2, [(7.0, 7), (5.0, 5)])]
 
 
 def test_a_non_finite_loss_on_one_learner_skips_the_update_on_both(shared):
