@@ -135,12 +135,15 @@ def log_text(results: Path) -> str:
 
 
 def actor_pids(process) -> set[int]:
-    """The herd process's child processes other than multiprocessing's resource tracker,
-    counting those its actors' fork server (herd/backends/start.py) forked as its own."""
+    """The herd process's live child processes other than multiprocessing's resource
+    tracker, counting those its actors' fork server (herd/backends/start.py) forked as its own."""
     import psutil
     pids = set()
     for child in psutil.Process(process.pid).children():
-        command = " ".join(child.cmdline())
+        try:
+            command = " ".join(child.cmdline())
+        except psutil.NoSuchProcess:        # gone, or a zombie (a finished `git rev-parse` not yet reaped)
+            continue
         if "multiprocessing.forkserver" in command:
             pids.update(grandchild.pid for grandchild in child.children())
         elif "resource_tracker" not in command:
