@@ -17,28 +17,25 @@ def learner_device(name: str) -> torch.device:
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_flags() -> frozenset:
+def cpuinfo_field(name: str) -> str:
+    """The first `name` line's value in /proc/cpuinfo ("" where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo ("AMD EPYC"), or "" where there is none."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
+                if line.startswith(name):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return ""
+
+
+def cpu_flags() -> frozenset:
+    return frozenset(cpuinfo_field("flags").split())
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("AMD EPYC"), or "" where there is none."""
+    return cpuinfo_field("model name")
 
 
 def bf16_choice(device: torch.device) -> tuple[bool, str]:

@@ -39,14 +39,8 @@ def git_commit(folder: Path) -> str | None:
 
 def cpu_model() -> str:
     """'Intel(R) Xeon(R) CPU @ 2.20GHz' from /proc/cpuinfo where there is one."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from herd.devices import cpuinfo_field      # torch: imported only when provenance is written
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def gpus() -> list[str]:

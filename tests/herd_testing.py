@@ -116,6 +116,20 @@ def short_family_run(algorithm: str, args: list[str], results: Path) -> tuple[di
     return summary, load_checkpoint(only_run(results))[0]
 
 
+def capped_child(body: str, address_space: int, deadline_s: float) -> str:
+    """`body` (Python) in a fresh interpreter under an address-space cap of `address_space`
+    bytes: its stdout, or what went wrong (its exit and stderr, or no answer in time)."""
+    import textwrap
+    code = (f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({address_space}, {address_space}))\n"
+            + textwrap.dedent(body))
+    try:
+        result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        return f"no answer within {deadline_s} s"
+    return result.stdout.strip() if result.returncode == 0 else f"exit {result.returncode}: {result.stderr[-500:]}"
+
+
 def kind_of(env_id: str) -> str:
     """The env kind config.resolve asks for, without probing the environment."""
     return "atari" if env_id.endswith("NoFrameskip-v4") else "vector"

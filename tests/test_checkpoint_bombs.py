@@ -4,16 +4,13 @@ CheckpointError. The code before issue 28 failed each of these (noted per test):
 traceback, a MemoryError, or a walk that never ends."""
 import io
 import struct
-import subprocess
-import sys
-import textwrap
 import zipfile
 
 import numpy as np
 import pytest
 import torch
 
-from herd_testing import ROOT
+from herd_testing import capped_child
 from herd.checkpoint import checksum
 
 ADDRESS_SPACE = 2 * 2**30
@@ -31,9 +28,7 @@ def write(state: dict, path, version=2, digest=None) -> None:
 
 def load_in_child(path) -> str:
     """load_checkpoint(path) in a fresh Python under the cap: its one line of outcome."""
-    code = textwrap.dedent(f"""
-        import resource, sys
-        resource.setrlimit(resource.RLIMIT_AS, ({ADDRESS_SPACE}, {ADDRESS_SPACE}))
+    return capped_child(f"""
         from herd.checkpoint import load_checkpoint
         from herd.errors import CheckpointError
         try:
@@ -42,13 +37,7 @@ def load_in_child(path) -> str:
             print("refused:", err)
         else:
             print("loaded")
-    """)
-    try:
-        result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                                timeout=DEADLINE_S)
-    except subprocess.TimeoutExpired:
-        return f"no answer within {DEADLINE_S} s"
-    return result.stdout.strip() if result.returncode == 0 else f"exit {result.returncode}: {result.stderr[-500:]}"
+    """, ADDRESS_SPACE, DEADLINE_S)
 
 
 def assert_refused(path, words):

@@ -4,13 +4,10 @@ one descriptor, regular files only, up to the limit. Each case runs in a child P
 under a 2 GB address-space cap and a generous 20 s deadline (no timing is measured: the
 deadline only turns a hang into a failure). Each test says what the code before did."""
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
-from herd_testing import ROOT
+from herd_testing import capped_child
 from herd.inputs import nesting_depth
 
 ADDRESS_SPACE = 2 * 2**30
@@ -19,14 +16,7 @@ DEADLINE_S = 20
 
 def in_child(body: str) -> str:
     """`body` (Python, after the cap) in a fresh interpreter: its stdout, or what went wrong."""
-    code = f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({ADDRESS_SPACE}, {ADDRESS_SPACE}))\n" \
-           + textwrap.dedent(body)
-    try:
-        result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                                timeout=DEADLINE_S)
-    except subprocess.TimeoutExpired:
-        return f"no answer within {DEADLINE_S} s"
-    return result.stdout.strip() if result.returncode == 0 else f"exit {result.returncode}: {result.stderr[-500:]}"
+    return capped_child(body, ADDRESS_SPACE, DEADLINE_S)
 
 
 def test_an_unclosed_quote_hides_no_brackets_and_closed_strings_still_do():
