@@ -1,6 +1,7 @@
 """Fixtures every test folder may use, found by pytest by name (never imported)."""
 import os
 import signal
+import socket
 
 import pytest
 
@@ -19,6 +20,19 @@ def private_cache(tmp_path_factory):
         os.environ.pop("XDG_CACHE_HOME", None)
     else:
         os.environ["XDG_CACHE_HOME"] = before
+
+
+@pytest.fixture
+def head():
+    """A listening socket on loopback standing in for a Ray head that a crafted file (a
+    checkpoint, a cluster file) names: a run that connects where the file says is seen
+    by accept()."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    yield server
+    server.close()
 
 
 @pytest.fixture

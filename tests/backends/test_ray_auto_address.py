@@ -3,7 +3,6 @@ and nobody else may write it (herd/backends/ray_auto.py). Before: Ray read
 /tmp/ray/ray_current_cluster, which any local user can plant, and the learner joined the
 cluster it named as a driver (one that unpickles what the cluster sends)."""
 import os
-import socket
 import subprocess
 import sys
 
@@ -32,17 +31,6 @@ def planted(tmp_path, monkeypatch):
         path.chmod(mode)
         return path
     return plant
-
-
-@pytest.fixture
-def head():
-    """A listening socket standing in for the planted file's Ray head: a probe connects."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.setblocking(False)
-    yield server
-    server.close()
 
 
 def refused(words: str) -> str:

@@ -4,26 +4,13 @@ the Ray backend and a Ray head is resumed and tested on the local backend, writi
 the command line says; every other saved option keeps its precedence."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
-import pytest
 
 from herd_testing import ROOT, copy_of_run, only_run, run_cli
 from herd.checkpoint import load_checkpoint, save_checkpoint
 from herd.config import Config
-
-
-@pytest.fixture
-def head():
-    """A listening socket standing in for the Ray head the crafted checkpoint names."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.setblocking(False)
-    yield server
-    server.close()
 
 
 def connections(server) -> int:
