@@ -28,9 +28,9 @@ from herd.files import fsync_dir
 from herd.inputs import excerpt
 
 FORMAT_VERSION = 2
-# Version 1 (before checksums) is still read, unverified: refusing it would strand every
-# agent trained before this change, and such a file is no likelier to be corrupt than it
-# was when it loaded fine. A version 2 file without its checksum is refused.
+# Version 1 (no checksum) is still read, unverified: refusing it would strand every agent
+# saved in that format, and such a file is no likelier to be corrupt than it was when it
+# loaded fine. A version 2 file without its checksum is refused.
 UNVERIFIED_VERSION = 1
 CHECKPOINT_DIR = "checkpoints"
 NAME_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")

@@ -1,9 +1,10 @@
 """The session's part of a checkpoint (counters, statistics, random state, optimizer and
 schedule, replay contents, loss state), checked key by key when the checkpoint is loaded,
 before any run folder is made: a checksummed file from someone else can hold anything a
-pickle of plain values can, and each of these parts used to reach code that trusted it
-after the run had started (counters holding `__dict__` were set as an attribute and
-silently restarted the run's counters; a missing `rng` was a KeyError traceback).
+pickle of plain values can, and unchecked, each of these parts would reach code that
+trusts it after the run has started (counters holding `__dict__` would be set as an
+attribute and silently restart the run's counters; a missing `rng` would be a KeyError
+traceback).
 
 What is checked is the shape herd writes: the types of each part and of its entries, and
 the names where herd writes fixed names. Values a later check bounds (a replay's sizes) are

@@ -5,7 +5,7 @@ parsed, values must be scalars, and an error line quotes at most a short excerpt
 A leaf module (it imports only herd.errors), so the config, the replay specs and run.py
 share it without an import loop. Why bounds: a 405-byte YAML of aliases expands to a
 58 MB error line, JSON nested 100,000 deep ends in a RecursionError traceback, and an
-option given as a nested list used to be turned into its Python repr silently."""
+option given as a nested list would be turned into its Python repr silently."""
 from __future__ import annotations
 
 import json

@@ -37,6 +37,19 @@ def test_bare_herd_lists_every_command_and_exits_0():
     assert listed == list(COMMANDS)
 
 
+def test_python_m_herd_is_the_herd_command(tmp_path):
+    """Catches `python -m herd` failing ("'herd' is a package and cannot be directly
+    executed") or losing the command's exit code: a bad option exits 2 with one line."""
+    listing = subprocess.run([sys.executable, "-m", "herd"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    assert [line.split()[0] for line in listing.stdout.splitlines() if line.startswith("  ")] == list(COMMANDS)
+    refused = subprocess.run([sys.executable, "-m", "herd", "train", "--env", "Nope-v0"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "unknown environment 'Nope-v0'" in refused.stderr
+    assert not (tmp_path / "results").exists()
+
+
 @pytest.mark.parametrize("argv, value", [
     (["--use_lstm"], "true"), (["--no-use_lstm"], "false"), (["--no_use_lstm"], "false"),
     (["--use_lstm=True"], "True"), (["--use_lstm", "False"], "False"), (["--use-lstm"], "true"),

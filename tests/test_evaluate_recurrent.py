@@ -4,14 +4,13 @@ import torch
 
 from herd.evaluation import play_episodes
 from herd.models import ModelOutput
+from herd.models.base import DeclaredPolicy
 from herd.models.core import LSTMCore
 
 
-class StepCounter(torch.nn.Module):
+class StepCounter(torch.nn.Module, DeclaredPolicy):     # no herd Heads inside
     """A recurrent stand-in whose state counts the steps since its last reset: the state it
     is given at a step says how many steps of the episode came before (0 at the first)."""
-
-    action_distribution = "categorical"    # no herd Heads inside: declared (herd.models.base)
 
     def __init__(self):
         super().__init__()

@@ -26,9 +26,9 @@ supplies only what differs:
     model_options                           extra build_model arguments (Ape-X: the dueling head)
     replay_types                            which --replay_parameters types it trains from
     build_loss(cfg, model)                  fn(batch, out) -> (loss, metrics): what the
-                                            learner minimises; a loss with state_dict() /
-                                            load_state_dict() (a target network) is saved
-                                            with every checkpoint
+                                            learner minimises; a herd.losses.base.Loss where
+                                            it keeps state (a target network), which every
+                                            checkpoint saves through its state_dict()
     capturable_loss                         True when the loss has no host-side logic, so a CUDA
                                             learner may capture the whole update as one graph
     metric_names                            the loss metrics written to train.csv and
@@ -48,12 +48,11 @@ from typing import Callable, Iterable, Protocol, Sequence
 import torch
 
 from herd.learner.reuse import Reuse
+from herd.losses.base import Loss, LossFn
 from herd.models.core import CORE_STATE
 from herd.ops.distributions import get_distribution
 from herd.trajectory import Field, TrajectoryLayout
 
-# fn(batch: field -> tensor [T(+1), B, ...], model output over [T+1, B]) -> (scalar loss, metrics)
-LossFn = Callable[[dict, object], tuple[torch.Tensor, dict[str, float]]]
 
 
 class Algorithm(Protocol):
@@ -83,7 +82,7 @@ class Algorithm(Protocol):
 
     def least_exploring_actor(self, num_actors: int) -> int | None: ...
 
-    def build_loss(self, cfg, model: torch.nn.Module) -> LossFn: ...
+    def build_loss(self, cfg, model: torch.nn.Module) -> Loss | LossFn: ...
 
     def describe_optimization(self, cfg) -> dict: ...
 

@@ -16,6 +16,7 @@ import torch
 
 from herd.learner.reuse import Reuse, take_columns
 from herd.learner.optim import build_optimizer, build_scheduler  # noqa: F401  (re-exported: callers build both here)
+from herd.losses.base import as_loss
 from herd.models import ModelOutput
 from herd.models.core import core_input_from_batch
 
@@ -50,7 +51,8 @@ class Learner:
     def __init__(self, model: torch.nn.Module, optimizer, scheduler, loss_fn, grad_clip_norm: float,
                  precision: str = "fp32", compile_model: bool = False, grad_sync=None, capture: bool = False,
                  reuse: Reuse | None = None):
-        """loss_fn(batch, out) -> (scalar loss, metrics): the algorithm's (herd/algos);
+        """loss_fn(batch, out) -> (scalar loss, metrics): the algorithm's (herd/algos), a
+        herd.losses.base.Loss or a plain function (wrapped);
         metrics are detached 0-dim tensors, and "priorities" [B] a tensor for the replays.
         optimizer, scheduler: herd/learner/optim.py's (a guarded step and a device
         learning rate). precision "bf16": the forward pass runs under bfloat16 autocast
@@ -73,7 +75,7 @@ class Learner:
         self.forward = torch.compile(model) if compile_model else model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.loss_fn = loss_fn
+        self.loss_fn = as_loss(loss_fn)
         self.grad_clip_norm = grad_clip_norm
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.grad_sync = grad_sync

@@ -191,7 +191,7 @@ class PolynomialSchedule:
     is linear; the seed's (TensorFlow's polynomial_decay) is 2. `lr` is a device tensor
     (the rate for the next update), recomputed on the device after every step; a skipped
     update does not count. state_dict keeps torch's LambdaLR key ("last_epoch": n), so
-    checkpoints from before this schedule resume at the same point."""
+    checkpoints written with torch's LambdaLR resume at the same point."""
 
     def __init__(self, lr: float, lr_end: float, steps: int, power: float = 1.0, device=None):
         if steps < 1:

@@ -1,13 +1,13 @@
 """Publishing the learner's weights without blocking its update.
 
-A GPU learner's weights used to go out after every update as one blocking copy to the
-host (7.8 MB for the Nature CNN): the host waited for the update to finish, then for the
-copy. Here the copy is queued on a side stream into a pinned host buffer, behind the
+Sent as one blocking copy to the host after every update, a GPU learner's weights (7.8 MB
+for the Nature CNN) would make the host wait for the update to finish, then for the copy.
+Here the copy is queued on a side stream into a pinned host buffer, behind the
 update that made the weights, and a publisher thread waits for the copy's event and
 writes the versioned weights the actors pull. One copy is in flight at a time; a publish
 asked for while one is still on its way is skipped, and the next one carries newer
 weights (actors only ever want the newest). On a CPU learner the copy is a memcpy and
-is done in place, as before.
+is done in place.
 
 Given a board (herd/device_weights.py: an inference server on the learner's own GPU), the
 same side stream also copies the weights into the board's free slot, device to device, and

@@ -80,9 +80,6 @@ class TrainingSession:
                  metrics: RunMetrics | None, progress: ProgressLine, run_dir: Path, options: SessionOptions):
         self.layout = layout        # what one trajectory holds; backends size their slots by it
         self.learner = learner
-        # A loss that keeps work per stored batch (IMPACT's target outputs) is told which
-        # batch comes next; None for every other loss.
-        self.expect_batch = getattr(learner.loss_fn, "expect_batch", None)
         self.publishes = 0          # weights handed to the actors this session (once per batch)
         self.batches = batches      # herd.learner.batches' protocol (DirectBatches, PrefetchedBatches, ...)
         self.stats = stats
@@ -175,8 +172,7 @@ class TrainingSession:
                 # there; one more step would wait for learners that have left.
                 break
             batch, mixed = ready                                # tensors, herd.replay.mixer.MixedBatch
-            if self.expect_batch is not None:
-                self.expect_batch(mixed.reuse_key)              # IMPACT: target outputs once per stored batch
+            self.learner.loss_fn.expect_batch(mixed.reuse_key)  # IMPACT: target outputs once per stored batch
             metrics = self.learner.step(batch)                  # device tensors: nothing read here
             if self.sync is not None:
                 self.count_received()
@@ -274,8 +270,9 @@ class TrainingSession:
         }
         if self.marked_stats is not None:
             state["least_exploring_stats"] = self.marked_stats.state_dict()
-        if hasattr(self.learner.loss_fn, "state_dict"):
-            state["loss_state"] = self.learner.loss_fn.state_dict()      # Ape-X: the target network
+        loss_state = self.learner.loss_fn.state_dict()                  # a target network, or None
+        if loss_state is not None:
+            state["loss_state"] = loss_state
         if self.options.save_replay:
             replay = self.batches.replay_state()
             if replay is not None:      # None: a replay server that never started (herd/learner/batches.py)
@@ -310,7 +307,7 @@ class TrainingSession:
         self.stats.load_state_dict(state["stats"])
         if self.marked_stats is not None and "least_exploring_stats" in state:
             self.marked_stats.load_state_dict(state["least_exploring_stats"])
-        if "loss_state" in state and hasattr(self.learner.loss_fn, "load_state_dict"):
+        if "loss_state" in state:
             self.learner.loss_fn.load_state_dict(state["loss_state"])
         torch.set_rng_state(state["rng"]["torch"])
         if "replay" in state:

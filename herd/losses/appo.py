@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from herd.losses.impact import clipped_surrogate
+from herd.losses.base import Loss
 from herd.losses.impala import ImpalaLossWeights, vtrace_targets
 from herd.models import ModelOutput
 from herd.models.core import CORE_STATE, core_input_from_batch
@@ -123,7 +124,7 @@ def appo_loss(minibatch: dict[str, Tensor], out, weights: AppoLossWeights, kl_co
     return loss, metrics
 
 
-class AppoLoss:
+class AppoLoss(Loss):
     """The loss with its state: the target network, the stored batches it has seen, the
     adaptive KL coefficient and the return scale, all saved with every checkpoint
     (state_dict) so that a resumed run syncs at the same updates as an uninterrupted one.

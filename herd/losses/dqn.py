@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from herd.losses.base import Loss
 from herd.ops.returns import double_q_bootstrap, n_step_returns
 
 
-class ApexLoss:
+class ApexLoss(Loss):
     """A loss with state: the target network and how many updates it has seen. The
     training session saves both with every checkpoint (state_dict), so a resumed run
     syncs its target network at the same updates as an uninterrupted one."""

@@ -37,6 +37,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
+from herd.losses.base import Loss
 from herd.losses.impala import ImpalaLossWeights, vtrace_targets
 from herd.models.core import core_input_from_batch
 from herd.ops.distributions import Categorical
@@ -100,7 +101,7 @@ def impact_loss(batch: dict[str, Tensor], out, target_logits: Tensor, weights: I
     return loss, metrics
 
 
-class ImpactLoss:
+class ImpactLoss(Loss):
     """The loss with its state: the target network, the updates it has seen and the
     adaptive KL coefficient. The training session saves all three with every checkpoint
     (state_dict), so a resumed run syncs at the same updates as an uninterrupted one."""

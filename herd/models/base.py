@@ -18,6 +18,11 @@ class TrainingLayout:
     channels_last_when_training: bool = True
 
 
+class DeclaredPolicy:
+    """A network without herd's Heads that names its action distribution itself."""
+    action_distribution: str = "categorical"
+
+
 class ModelOutput(NamedTuple):
     logits: Tensor      # [T, B, A] unnormalised policy logits (a dueling Q head: the Q values;
     #                     a Gaussian head, continuous actions: [T, B, 2A] = mean and log-std)
@@ -98,10 +103,9 @@ class Heads(nn.Module):
 def action_distribution_of(model: nn.Module) -> str:
     """The action distribution of a network's policy head ("categorical" or "gaussian"):
     what actors sample with and what the loss and elite replay's kl_div compare. A module
-    without herd's Heads (a hand-made policy in a test) says so in an attribute."""
-    declared = getattr(model, "action_distribution", None)
-    if isinstance(declared, str):
-        return declared
+    without herd's Heads (a hand-made policy in a test) declares it as a DeclaredPolicy."""
+    if isinstance(model, DeclaredPolicy):
+        return model.action_distribution
     for module in model.modules():
         if isinstance(module, Heads):
             return module.action_distribution

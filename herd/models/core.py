@@ -125,8 +125,7 @@ def heads_after_core(heads: nn.Module, core: Optional[LSTMCore], torso: Tensor, 
 
 def recurrent_core(model: nn.Module) -> Optional[LSTMCore]:
     """The model's LSTM core, or None for a feed-forward network."""
-    core = getattr(model, "core", None)
-    return core if isinstance(core, LSTMCore) else None
+    return next((module for module in model.modules() if isinstance(module, LSTMCore)), None)
 
 
 def state_to_rows(state: Tensor) -> Tensor:

@@ -51,8 +51,8 @@ LOG_2PI = math.log(2.0 * math.pi)
 
 
 class Categorical:
-    """Discrete actions [...] int64 drawn from softmax(logits). The functions above, as is,
-    so that discrete IMPALA computes exactly what it computed before this class existed."""
+    """Discrete actions [...] int64 drawn from softmax(logits): the functions above, as
+    they are, so that discrete IMPALA computes the same through this class as without it."""
     name = "categorical"
     param_names = ("logits",)           # trajectory field behaviour_logits [T, A]
     action_dtype = "int64"
