@@ -10,11 +10,15 @@ and state with foreach kernels, checks them on the device, and commits them with
 `torch.where(ok, new, old)`: nothing is read on the host, and the whole update can be
 captured in one CUDA graph.
 
-The classes subclass torch's RMSprop, Adam and SGD for their constructors, param groups
-and state_dict format (state keys "step", "square_avg", "exp_avg", "exp_avg_sq"), so
-checkpoints written with torch's optimizers load unchanged, and the other way round.
+The classes keep torch.optim's param groups and state_dict format (state keys "step",
+"square_avg", "exp_avg", "exp_avg_sq"; torch's hyperparameter names), so checkpoints
+written with torch's optimizers load unchanged, and the other way round. They do not
+subclass torch.optim.Optimizer: its methods import torch._dynamo when first called, about
+as long as importing torch itself, and the first update of every run waited for it.
 """
 from __future__ import annotations
+
+from collections import defaultdict
 
 import torch
 from torch import Tensor
@@ -27,7 +31,9 @@ def _norm(tensors: list[Tensor]) -> Tensor:
 
 
 class GuardedStep:
-    """Mixin: step(ok, lr) -> applied, a 0-dim bool tensor on the parameters' device.
+    """An optimizer over one parameter group: step(ok, lr) -> applied, a 0-dim bool tensor
+    on the parameters' device; param_groups, state, zero_grad, state_dict and
+    load_state_dict as torch.optim's.
 
     Each step decides first, then updates in place (fresh tensors of parameter size cost a
     page-faulting allocation each, more than the arithmetic on a CPU):
@@ -43,6 +49,47 @@ class GuardedStep:
     # first step.
     _scratch_key: tuple[int, ...] | None = None
     _scratch_buffers: list[Tensor]
+
+    def __init__(self, params, defaults: dict):
+        params = list(params)
+        if not params or not all(isinstance(p, Tensor) for p in params):
+            raise ValueError("an optimizer takes a non-empty list of parameter tensors")
+        self.defaults = defaults
+        self.param_groups = [{**defaults, "params": params}]
+        self.state: defaultdict[Tensor, dict] = defaultdict(dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.param_groups[0]["params"]:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def state_dict(self) -> dict:
+        """torch.optim's format: state by parameter index, the group's hyperparameters with
+        "params" as the indices. The tensors are the optimizer's own (not copies)."""
+        params = self.param_groups[0]["params"]
+        index = {id(p): i for i, p in enumerate(params)}
+        group = {key: value for key, value in self.param_groups[0].items() if key != "params"}
+        return {"state": {index[id(p)]: dict(entries) for p, entries in self.state.items()},
+                "param_groups": [{**group, "params": list(range(len(params)))}]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Loads torch.optim's format (herd's or torch's own optimizers'): the saved
+        hyperparameters replace the group's, and each state tensor moves to its parameter's
+        device and, but for "step", its dtype (as torch's optimizers load them)."""
+        params = self.param_groups[0]["params"]
+        groups = state_dict["param_groups"]
+        if len(groups) != 1 or len(groups[0]["params"]) != len(params):
+            raise ValueError(f"the saved optimizer state has {len(groups)} group(s) of "
+                             f"{[len(g['params']) for g in groups]} parameters; this model has 1 of {len(params)}")
+        by_index = dict(zip(groups[0]["params"], params))
+        self.param_groups[0].update({key: value for key, value in groups[0].items() if key != "params"})
+        self.state = defaultdict(dict)
+        for index, entries in state_dict["state"].items():
+            param = by_index[index]
+            self.state[param] = {name: (value.to(param.device) if name == "step" else value.to(param.device, param.dtype))
+                                 if isinstance(value, Tensor) else value for name, value in entries.items()}
 
     def _params_with_grads(self) -> list[Tensor]:
         if len(self.param_groups) != 1:
@@ -76,14 +123,14 @@ class GuardedStep:
         return applied, grads
 
 
-class GuardedRMSprop(GuardedStep, torch.optim.RMSprop):
+class GuardedRMSprop(GuardedStep):
     """IMPALA's RMSprop (torch's non-centered form without momentum or weight decay):
     square_avg <- alpha square_avg + (1 - alpha) g^2;  p <- p - lr g / (sqrt(square_avg) + eps).
     |g| / sqrt(square_avg) <= |g| / sqrt((1 - alpha) g^2): the step is at most
     lr / sqrt(1 - alpha) (10 lr at alpha 0.99)."""
 
     def __init__(self, params, lr: float, alpha: float = 0.99, eps: float = 1e-8):
-        super().__init__(params, lr=lr, alpha=alpha, eps=eps, momentum=0.0, centered=False, weight_decay=0.0)
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, momentum=0.0, centered=False, weight_decay=0.0))
 
     @torch.no_grad()
     def step(self, ok: Tensor, lr: Tensor) -> Tensor:  # type: ignore[override]
@@ -113,7 +160,7 @@ class GuardedRMSprop(GuardedStep, torch.optim.RMSprop):
         return applied
 
 
-class GuardedAdam(GuardedStep, torch.optim.Adam):
+class GuardedAdam(GuardedStep):
     """torch's Adam (no AMSGrad, no weight decay), bias-corrected from a per-parameter
     device step count. Its step is bounded: |m_t| <= (1 - b1) sum_k b1^k |g_(t-k)| and
     sqrt(v_t) >= sqrt(1 - b2) b2^(k/2) |g_(t-k)| for every k, so |m_t| / sqrt(v_t) <=
@@ -121,7 +168,7 @@ class GuardedAdam(GuardedStep, torch.optim.Adam):
     corrections multiply that by sqrt(1 - b2^t) / (1 - b1^t) <= 1 / (1 - b1)."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        super().__init__(params, lr=lr, betas=betas, eps=eps)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0, amsgrad=False))
         b1, b2 = betas
         self.max_ratio = (1 - b1) / (1 - b2) ** 0.5 / (1 - b1 / b2 ** 0.5) / (1 - b1)
 
@@ -159,13 +206,13 @@ class GuardedAdam(GuardedStep, torch.optim.Adam):
         return applied
 
 
-class GuardedSGD(GuardedStep, torch.optim.SGD):
+class GuardedSGD(GuardedStep):
     """Plain gradient descent, p <- p - lr g (tests that check gradients through the
     weights). Unbounded steps: a gradient's own size is checked (the learner has already
     refused non-finite ones)."""
 
     def __init__(self, params, lr: float):
-        super().__init__(params, lr=lr)
+        super().__init__(params, dict(lr=lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False))
 
     @torch.no_grad()
     def step(self, ok: Tensor, lr: Tensor) -> Tensor:  # type: ignore[override]
@@ -176,7 +223,7 @@ class GuardedSGD(GuardedStep, torch.optim.SGD):
         return applied
 
 
-def build_optimizer(name: str, params, lr: float, rmsprop_eps: float) -> torch.optim.Optimizer:
+def build_optimizer(name: str, params, lr: float, rmsprop_eps: float) -> GuardedStep:
     if name == "rmsprop":
         # IMPALA's RMSprop: decay 0.99, no momentum, a large epsilon for stability.
         return GuardedRMSprop(params, lr=lr, alpha=0.99, eps=rmsprop_eps)
@@ -233,7 +280,7 @@ class PolynomialSchedule:
         self._recompute()
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, lr: float, lr_end: float, steps: int,
+def build_scheduler(optimizer: GuardedStep, lr: float, lr_end: float, steps: int,
                     power: float = 1.0) -> PolynomialSchedule:
     """The schedule on the device of the optimizer's parameters."""
     device = optimizer.param_groups[0]["params"][0].device

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,16 +53,17 @@ def model(seed: int = 0):
     return build_model("mlp", OBS, "float32", A, 8, hidden_sizes=(32,))
 
 
-def fast(weights: ImpalaLossWeights, optimizer: str = "rmsprop", lr: float = 3e-3) -> Learner:
+def fast(weights: ImpalaLossWeights, optimizer: str = "rmsprop", lr: float = 3e-3, lr_end: float = 1e-4) -> Learner:
     m = model()
     opt = build_optimizer(optimizer, m.parameters(), lr, 0.01)
-    return Learner(m, opt, build_scheduler(opt, lr, 1e-4, 40), functools.partial(impala_loss, weights=weights), 1.0)
+    return Learner(m, opt, build_scheduler(opt, lr, lr_end, 40), functools.partial(impala_loss, weights=weights), 1.0)
 
 
-def reference(weights: ImpalaLossWeights, optimizer: str = "rmsprop", lr: float = 3e-3) -> ReferenceLearner:
+def reference(weights: ImpalaLossWeights, optimizer: str = "rmsprop", lr: float = 3e-3,
+              lr_end: float = 1e-4) -> ReferenceLearner:
     m = model()
     opt = reference_optimizer(optimizer, m.parameters(), lr, 0.01)
-    return ReferenceLearner(m, opt, reference_scheduler(opt, lr, 1e-4, 40),
+    return ReferenceLearner(m, opt, reference_scheduler(opt, lr, lr_end, 40),
                             functools.partial(reference_impala_loss, weights=weights), 1.0)
 
 
@@ -223,3 +225,53 @@ def test_a_checkpoint_written_before_the_device_step_resumes_its_optimizer_and_s
     for a, b in zip(new.model.parameters(), old.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     assert new.scheduler.last_epoch == 33
+
+
+@pytest.mark.parametrize("optimizer", ["rmsprop", "adam"])
+def test_the_optimizer_state_goes_to_torch_and_back(optimizer):
+    """herd's learner and the reference (torch's optimizers) train 5 updates alike, then
+    swap optimizer states: torch's loads into herd's optimizer and herd's into torch's,
+    and the next 5 updates still agree. Catches a state_dict that drops an entry, renames
+    a hyperparameter or numbers the parameters differently (the moving averages would
+    restart). A constant learning rate: herd's schedule is a device tensor, and a torch
+    optimizer reads its rate from the param group."""
+    data = batches(10, seed=3)
+    new = fast(ImpalaLossWeights(), optimizer, lr_end=3e-3)
+    old = reference(ImpalaLossWeights(), optimizer, lr_end=3e-3)
+    train(new, data[:5])
+    train(old, data[:5])
+    herd_state, torch_state = copy.deepcopy(new.optimizer.state_dict()), copy.deepcopy(old.optimizer.state_dict())
+    new.optimizer.load_state_dict(torch_state)
+    old.optimizer.load_state_dict(herd_state)
+    train(new, data[5:])
+    train(old, data[5:])
+    for a, b in zip(new.model.parameters(), old.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert set(herd_state["state"]) == set(torch_state["state"]) and len(herd_state["state"]) >= 8
+
+
+def test_building_and_stepping_the_learner_does_not_import_torch_dynamo():
+    """Importing torch._dynamo costs about as long as importing torch (2 s under load on 2
+    cores), and every run's first update waited for it while torch.optim's methods
+    imported it. Catches an optimizer (or anything on a CartPole learner's path) that
+    brings it back."""
+    code = ("import sys, functools, torch\n"
+            "from herd.learner.learner import Learner, build_optimizer, build_scheduler\n"
+            "from herd.losses.impala import ImpalaLossWeights, impala_loss\n"
+            "from herd.models import build_model\n"
+            "m = build_model('mlp', (5,), 'float32', 4, 8, hidden_sizes=(32,))\n"
+            "for name in ('rmsprop', 'adam'):\n"
+            "    opt = build_optimizer(name, m.parameters(), 1e-3, 0.01)\n"
+            "    learner = Learner(m, opt, build_scheduler(opt, 1e-3, 1e-4, 40),\n"
+            "                      functools.partial(impala_loss, weights=ImpalaLossWeights()), 1.0)\n"
+            "    T, B = 6, 4\n"
+            "    batch = {'obs': torch.randn(T + 1, B, 5), 'action': torch.randint(0, 4, (T, B)),\n"
+            "             'reward': torch.randn(T, B), 'done': torch.zeros(T, B, dtype=torch.bool),\n"
+            "             'trunc_value': torch.zeros(T, B), 'behaviour_logits': torch.randn(T, B, 4),\n"
+            "             'behaviour_value': torch.randn(T, B), 'replayed': torch.zeros(B, dtype=torch.bool)}\n"
+            "    learner.step(batch)\n"
+            "    opt.load_state_dict(opt.state_dict())\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "False"
