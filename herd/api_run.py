@@ -36,6 +36,8 @@ def watch_parent(parent: int) -> None:
 
 def train(request: dict) -> dict:
     """Trains as herd.train asked; the result for result.json."""
+    from herd.backends.start import start_fork_server
+    start_fork_server()         # its torch import beside this process's (herd/backends/start.py)
     from herd.errors import UserError
     from herd.run import prepare_run, run_plan
     try:

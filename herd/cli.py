@@ -60,12 +60,15 @@ class Command:
     options typed on the command line. `config` names the set of config options it takes
     (herd.cli_options.command_options), None for none. `reads_stop`: its loops read
     herd.stopping.STOP and stop cleanly (a run saves its checkpoint); a command that does
-    not is interrupted where it is by SIGINT and SIGTERM (herd.stopping.interrupt)."""
+    not is interrupted where it is by SIGINT and SIGTERM (herd.stopping.interrupt).
+    `trains`: it may start actors, so the actors' fork server starts before anything else
+    is imported, and imports torch beside this process (herd/backends/start.py)."""
     help: str
     arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace, dict], int]
     config: str | None = None
     reads_stop: bool = False
+    trains: bool = False
 
 
 def run_folder_argument(parser: argparse.ArgumentParser) -> None:
@@ -137,16 +140,16 @@ def run_multi_command(namespace: argparse.Namespace, options: dict) -> int:
 # herd's subcommands, in the order `herd` lists them. A new one is one line here.
 COMMANDS: dict[str, Command] = {
     "train": Command("start a new training run (needs --env)", no_arguments, run_config_command, "train",
-                     reads_stop=True),
+                     reads_stop=True, trains=True),
     "resume": Command("continue a run from its checkpoint (op_mode=train_w_load)", run_folder_argument,
-                      run_config_command, "resume", reads_stop=True),
+                      run_config_command, "resume", reads_stop=True, trains=True),
     "test": Command("play episodes with a saved policy; results go inside the run tested", run_folder_argument,
                     run_config_command, "test", reads_stop=True),
     "plot": Command("figures of runs: score (mean and band), losses, policy lag, frames/s", plot_arguments, run_plot),
     "watch": Command("a live terminal view of a run: score, fps, ETA, hardware", watch_arguments, run_watch),
     "export": Command("the policy as TorchScript + safetensors + its preprocessing", export_arguments, run_export),
     "multi": Command("run experiments from a JSON or YAML file in sequence", multi_arguments, run_multi_command,
-                     "multi", reads_stop=True),
+                     "multi", reads_stop=True, trains=True),
 }
 COMMAND_MODES = {"train": "train", "resume": "train_w_load", "test": "test"}
 # `herd test` plays a few games without a video unless asked (main.py keeps the seed's 1000 with one).
@@ -274,6 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     reads_stop = argv[0] not in COMMANDS or COMMANDS[argv[0]].reads_stop
     with stop_handling(stopping.request_stop if reads_stop else stopping.interrupt):
         try:
+            if argv[0] in COMMANDS and COMMANDS[argv[0]].trains and not {"-h", "--help"} & set(argv):
+                from herd.backends.start import start_fork_server
+                start_fork_server()
             command, options, namespace = parse_herd_args(argv)
             return COMMANDS[command].run(namespace, options)
         except UserError as err:

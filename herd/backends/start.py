@@ -2,8 +2,9 @@
 already imported torch, numpy and gymnasium, instead of each spawned Python importing
 them anew (on 2 cores that was 1.7 s of CartPole's 6.7 s to 475). The fork server is a
 fresh Python started with `start_fork_server()` as soon as a run is known to train, so
-its imports overlap the learner's own set-up; forking from it is safe where forking the
-learner is not (the learner runs torch threads, and may hold a GPU).
+its imports overlap the learner's own set-up (herd's commands that train start it before
+they import torch themselves: this module imports no torch); forking from it is safe where
+forking the learner is not (the learner runs torch threads, and may hold a GPU).
 
 Only third-party modules are preloaded: Python 3.11's fork server ignores the parent's
 sys.path, so a preloaded `herd` could be another checkout's than the learner's. The
@@ -15,9 +16,8 @@ A child's multiprocessing.parent_process() is the learner, not the server."""
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing as mp
 import sys
-
-import torch.multiprocessing as mp
 
 from herd.errors import ConfigError
 from herd.leftovers import sweep_semaphores
@@ -58,8 +58,9 @@ def actor_context():
 
 def start_fork_server() -> None:
     """Starts the fork server now, if not running, without waiting for its imports: the
-    first actor's start waits for them, by then mostly done."""
-    if actor_context().get_start_method() != "forkserver":
+    first actor's start waits for them, by then mostly done. Not on a Python whose fork
+    server others can reach (the run's checks refuse it with one line, herd/plan.py)."""
+    if actor_context().get_start_method() != "forkserver" or not fork_server_is_private():
         return
     from multiprocessing import forkserver
     if sys.platform == "linux":

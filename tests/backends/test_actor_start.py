@@ -27,3 +27,31 @@ def test_an_actor_process_starts_with_torch_imported_sigint_blocked_and_the_lear
     assert child.exitcode == 0
     assert torch_imported and blocked and parent == os.getpid()
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])     # ours is back as it was
+
+
+PROBE = """
+import sys
+import psutil
+import herd.cli as cli
+parse = cli.parse_herd_args
+def probe(argv):
+    children = [p.cmdline() for p in psutil.Process().children()]
+    servers = sum("forkserver" in " ".join(line) for line in children)
+    print("torch" in sys.modules, servers, flush=True)
+    return parse(argv)
+cli.parse_herd_args = probe
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_herd_train_starts_the_fork_server_before_it_imports_torch(tmp_path):
+    """The fork server's torch import runs beside the command's own: catches a `herd
+    train` that imports torch first and starts the server afterwards (then the actors, and
+    the first update, wait for a second torch import after the run folder), and a `herd
+    plot` that starts a server it never uses."""
+    import subprocess
+    import sys
+    for argv, expected in ((["train", "--env", "Nope-v0"], "False 1"), (["plot", str(tmp_path)], "False 0")):
+        result = subprocess.run([sys.executable, "-c", PROBE, *argv], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=120)
+        assert result.stdout.splitlines()[:1] == [expected], (argv, result.stdout, result.stderr[-1000:])
