@@ -32,11 +32,13 @@ that overlapped a write is always seen.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.multiprocessing as mp
 from torch.nn.utils import vector_to_parameters
+
+from herd.weights import copy_parts
 
 
 def same_cuda_device(learner: torch.device, server: torch.device) -> tuple[bool, str]:
@@ -84,12 +86,13 @@ class DeviceWeightBoard:
 
     # The writer: one process (the learner), one write at a time.
 
-    def begin(self, flat: torch.Tensor) -> int:
-        """Opens the slot not holding the newest version and enqueues flat [P] into it (on
-        CUDA on the current stream: the caller waits for it before finish). -> the slot."""
+    def begin(self, flat: torch.Tensor | Sequence[torch.Tensor]) -> int:
+        """Opens the slot not holding the newest version and enqueues flat [P] (or the
+        parameters themselves, herd/weights.py copy_parts) into it (on CUDA on the current
+        stream: the caller waits for it before finish). -> the slot."""
         slot = 1 - self._newest.value
         self._sequence[slot] += 1                                         # odd: readers keep off
-        self.slots[slot].copy_(flat, non_blocking=True)
+        copy_parts(self.slots[slot], flat, non_blocking=True)
         return slot
 
     def finish(self, slot: int, version: int) -> None:
@@ -98,7 +101,7 @@ class DeviceWeightBoard:
         self._sequence[slot] += 1                                         # even: whole again
         self._newest.value = slot
 
-    def publish_vector(self, flat: torch.Tensor, version: int) -> None:
+    def publish_vector(self, flat: torch.Tensor | Sequence[torch.Tensor], version: int) -> None:
         """begin + wait + finish, blocking: the first publish, and CPU learners."""
         slot = self.begin(flat)
         if self.device.type == "cuda":

@@ -18,12 +18,25 @@ an error instead of spinning on as an orphan."""
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 import torch
 import torch.multiprocessing as mp
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 PUBLISH_DEADLINE_S = 30.0   # a publish is one memcpy (milliseconds): this long odd means its writer died
+
+
+def copy_parts(flat: torch.Tensor, parts: torch.Tensor | Sequence[torch.Tensor], non_blocking: bool = False) -> None:
+    """flat [P] <- parts: a flat vector [P], or tensors whose elements, laid end to end in
+    order, make the P (a model's parameters: one copy each, straight into flat, where
+    joining them first would copy every weight twice)."""
+    if isinstance(parts, torch.Tensor):
+        flat.copy_(parts, non_blocking=non_blocking)
+        return
+    views = flat.split([part.numel() for part in parts])
+    torch._foreach_copy_([view.view(part.shape) for view, part in zip(views, parts)], list(parts),
+                         non_blocking=non_blocking)
 
 
 class SharedWeights:
@@ -44,11 +57,13 @@ class SharedWeights:
             vector = parameters_to_vector(model.parameters()).detach().cpu()  # off the GPU first
         return self.publish_vector(vector, version)
 
-    def publish_vector(self, vector: torch.Tensor, version: int | None = None) -> int:
-        """publish() from the flat parameters already on the host (herd/learner/publisher.py
-        copies them off a GPU without blocking the learner)."""
+    def publish_vector(self, vector: torch.Tensor | Sequence[torch.Tensor], version: int | None = None) -> int:
+        """publish() from parameters already on the host: the flat vector [P]
+        (herd/learner/publisher.py copies a GPU's off the device without blocking the
+        learner), or a CPU learner's parameters themselves, copied in with no joined copy
+        between (copy_parts)."""
         self._sequence.value += 1
-        self.flat.copy_(vector)
+        copy_parts(self.flat, vector)
         self._version.value = self._version.value + 1 if version is None else version
         self._sequence.value += 1
         return int(self._version.value)

@@ -150,3 +150,30 @@ def test_the_publisher_writes_the_weights_of_each_version_it_is_given():
         for a, b in zip(model.parameters(), twin.parameters()):
             assert torch.equal(a, b)
     publish.close()
+
+
+def test_a_cpu_learner_publishes_its_parameters_straight_into_shared_memory():
+    """One copy of each weight per publish: catches a publisher that joins the parameters
+    into one vector first (aten::cat, a second copy of every weight, the largest host cost
+    per update of a CPU learner's loop: benchmarks/learner_loop.py) and one that writes
+    them parameter by parameter in a Python loop of copy_ calls."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from herd.learner.publisher import WeightPublisher
+    from herd.models import build_model
+    from herd.weights import SharedWeights
+
+    model = build_model("mlp", (4,), "float32", 2, 8, hidden_sizes=(16,))
+    store = SharedWeights(model)
+    publish = WeightPublisher(model, store.publish_vector)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.0)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        publish(5)
+    ops = {event.key: event.count for event in prof.key_averages()}
+    assert "aten::cat" not in ops, sorted(ops)
+    assert ops.get("aten::_foreach_copy_") == 1 and ops.get("aten::copy_", 0) <= len(list(model.parameters()))
+    assert torch.equal(store.flat, torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    publish.close()

@@ -87,8 +87,9 @@ class OneInFlight:
 class WeightPublisher:
     def __init__(self, model: torch.nn.Module, write: Callable[[torch.Tensor, int], object],
                  board: DeviceWeightBoard | None = None):
-        """write(flat float32 CPU vector, version): the versioned store (SharedWeights.publish_vector,
-        or a Ray board's). board: where a same-device inference server reads, or None."""
+        """write(weights, version): the versioned store (SharedWeights.publish_vector), given
+        the flat float32 vector [P] from a GPU learner's pinned copy, or a CPU learner's
+        parameters themselves. board: where a same-device inference server reads, or None."""
         self.params = list(model.parameters())
         self.write = write
         self.board = board
@@ -104,10 +105,10 @@ class WeightPublisher:
         if self.device.type != "cuda":
             try:
                 with torch.no_grad():
-                    flat = torch.cat([p.detach().reshape(-1).float() for p in self.params])   # [P]
-                self.write(flat, version)
+                    parts = [p.detach() for p in self.params]     # copied straight in: no joined [P] between
+                self.write(parts, version)
                 if self.board is not None:
-                    self.board.publish_vector(flat, version)
+                    self.board.publish_vector(parts, version)
             except Exception as err:
                 raise PublishFailed(f"the weights could not be published ({failure_line(err)}): the actors "
                                     "would act on frozen weights, so the run stops") from err
