@@ -217,6 +217,14 @@ def start_inference_servers(spec: ActorSpec, worker_count: int, weights: SharedW
     return servers
 
 
+def host_weight_store(weights: SharedWeights, servers, board: DeviceWeightBoard | None):
+    """Where each update's weights go in host memory: `weights`, which actors running
+    their own model and servers away from the learner's device read; None when inference
+    servers act for every actor and read the learner's device board (a copy off the GPU
+    per update that nothing would read)."""
+    return None if servers is not None and board is not None else weights.publish_vector
+
+
 def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, slots_per_actor: int,
                 stop_requested: threading.Event, actor_timeout: float = 60.0, max_restarts: int = 20,
                 inference_device: str | None = None, inference: InferenceSetup | None = None) -> str:
@@ -243,7 +251,7 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     session.summary_extra["actor_restarts"] = lambda: pool.restarts   # summary.json: dead or hung actors replaced
     # After every update; on a GPU learner the copy off the device does not block the update.
     # With a board, the same side stream also copies them device to device for the servers.
-    publish = WeightPublisher(session.learner.model, weights.publish_vector, board=board)
+    publish = WeightPublisher(session.learner.model, host_weight_store(weights, servers, board), board=board)
     last_health_check = time.monotonic()
     try:
         while not session.done and not stop_requested.is_set():

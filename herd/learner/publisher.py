@@ -85,11 +85,15 @@ class OneInFlight:
 
 
 class WeightPublisher:
-    def __init__(self, model: torch.nn.Module, write: Callable[[torch.Tensor, int], object],
+    def __init__(self, model: torch.nn.Module, write: Callable[[torch.Tensor, int], object] | None,
                  board: DeviceWeightBoard | None = None):
         """write(weights, version): the versioned store (SharedWeights.publish_vector), given
         the flat float32 vector [P] from a GPU learner's pinned copy, or a CPU learner's
-        parameters themselves. board: where a same-device inference server reads, or None."""
+        parameters themselves; None where nothing reads host memory (every reader takes the
+        weights from `board`: no copy off the device). board: where a same-device inference
+        server reads, or None."""
+        if write is None and board is None:
+            raise ValueError("a weight publisher needs somewhere to publish: a host store or a device board")
         self.params = list(model.parameters())
         self.write = write
         self.board = board
@@ -97,7 +101,7 @@ class WeightPublisher:
         self.skipped = 0                         # publishes skipped while a copy was in flight
         if self.device.type == "cuda":
             numel = sum(p.numel() for p in self.params)
-            self.host = torch.empty(numel, dtype=torch.float32, pin_memory=True)
+            self.host = torch.empty(numel, dtype=torch.float32, pin_memory=True) if write is not None else None
             self.stream = torch.cuda.Stream(self.device)
             self.courier = OneInFlight("herd-publisher")
 
@@ -106,7 +110,8 @@ class WeightPublisher:
             try:
                 with torch.no_grad():
                     parts = [p.detach() for p in self.params]     # copied straight in: no joined [P] between
-                self.write(parts, version)
+                if self.write is not None:
+                    self.write(parts, version)
                 if self.board is not None:
                     self.board.publish_vector(parts, version)
             except Exception as err:
@@ -120,7 +125,8 @@ class WeightPublisher:
         self.stream.wait_stream(torch.cuda.current_stream())      # after the update that made them
         with torch.cuda.stream(self.stream), torch.no_grad():
             flat = torch.cat([p.detach().reshape(-1).float() for p in self.params])   # [P] on the device
-            self.host.copy_(flat, non_blocking=True)
+            if self.host is not None:
+                self.host.copy_(flat, non_blocking=True)
             # Device to device into the board's free slot; readers keep off it until finish.
             slot = self.board.begin(flat) if self.board is not None else None
             copied = torch.cuda.Event(blocking=True)
@@ -132,7 +138,8 @@ class WeightPublisher:
         copied.synchronize()                     # a blocking event: the thread sleeps, no core spins
         if slot is not None:
             self.board.finish(slot, version)
-        self.write(self.host, version)
+        if self.write is not None:
+            self.write(self.host, version)
 
     def close(self) -> None:
         """Waits for the copy in flight (its weights are published), then stops the thread."""

@@ -212,6 +212,38 @@ def test_a_pull_in_another_process_loads_exactly_the_published_parameters():
     assert torch.equal(vector, expected)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_no_host_publish_where_every_reader_takes_the_board(device):
+    """With inference servers reading the learner's board, each update's weights go to the
+    board only: catches a publisher (or train_local's wiring, host_weight_store) that still
+    writes host shared memory nobody reads (on a GPU, a copy off the device per update).
+    Actors with their own model, or servers without a board, keep the host store."""
+    from herd.backends.local import host_weight_store
+
+    model = build_model(**MLP).to(device)
+    store = SharedWeights(model, CONTEXT)
+    board = DeviceWeightBoard.for_model(model, CONTEXT)
+    servers = object()          # only whether there are servers matters to the wiring
+    assert host_weight_store(store, servers, board) is None
+    assert host_weight_store(store, None, None) == store.publish_vector
+    assert host_weight_store(store, servers, None) == store.publish_vector
+    publish = WeightPublisher(model, host_weight_store(store, servers, board), board=board)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    publish(7)
+    publish.close()
+    assert board.version == 7 and store.version == 0
+    if device == "cuda":
+        assert publish.host is None          # no pinned buffer: nothing is copied off the device
+    out = torch.zeros(board.slots.shape[1], device=device)
+    assert board.snapshot_into(out) == 7
+    assert torch.equal(out, parameters_to_vector(model.parameters()).detach())
+    with pytest.raises(ValueError, match="somewhere to publish"):
+        WeightPublisher(model, None, board=None)
+
+
 def serve_from_board(device: str, kwargs: dict = MLP, tolerance: float = 1e-5) -> None:
     """A server process given the board (no host store) acts with the board's weights."""
     channels = InferenceChannels(2, 8, kwargs["obs_shape"], kwargs["obs_dtype"], kwargs["num_actions"],
