@@ -108,14 +108,28 @@ class PrefetchedBatches:
     def put(self, trajectories: list, version: int) -> None:
         if self.error is not None:
             raise RuntimeError("batch preparation failed") from self.error
-        # Copied now: the slot goes back to its actor as soon as this returns.
+        # Straight into the replays where that needs no waiting: the mixer free (a worker
+        # is not sampling), nothing queued before these (order kept) and room for them.
+        if self.lock.acquire(blocking=False):
+            try:
+                written = self.writer.peek() is None and self.mixer.can_add(len(trajectories))
+                if written:
+                    for trajectory in trajectories:
+                        self.mixer.add(trajectory, version)
+            finally:
+                self.lock.release()
+            if written:
+                self.writer.poke()          # a worker prepares the batch these may complete
+                return
+        # Else copied now, for a worker to write: the slot goes back to its actor as soon as
+        # this returns.
         copies = [{name: array.copy() for name, array in trajectory.items()} for trajectory in trajectories]
         self.writer.offer((copies, version))
 
     def work(self) -> None:
         try:
             while not self.stopping.is_set():
-                self.writer.wait_for_item(timeout=0.05)
+                self.writer.wait_for_work(timeout=0.05)
                 prepared = []
                 with self.lock:
                     # Write what waits, as long as no unused fresh trajectory gets overwritten.

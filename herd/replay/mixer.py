@@ -42,7 +42,10 @@ class MixedBatch:
 
 def concat_columns(parts: list) -> "np.ndarray | torch.Tensor":
     """The replays' shares joined on the batch axis: [time, B, ...]. Host arrays stay numpy;
-    if any share is a device tensor (device storage), all go to its device and join there."""
+    if any share is a device tensor (device storage), all go to its device and join there.
+    One share is returned as it is: every replay's read is a fresh copy already."""
+    if len(parts) == 1:
+        return parts[0]
     tensors = [p for p in parts if isinstance(p, torch.Tensor)]
     if not tensors:
         return np.concatenate(parts, axis=1)

@@ -66,8 +66,10 @@ class TrajectoryStorage:
         return self.unpack_steps(position, range(self.obs_shape[0]))
 
     def read(self, positions: np.ndarray) -> dict[str, np.ndarray]:
-        """field -> [time, B, ...] copies for the given positions."""
-        batch = {name: array[:, positions] for name, array in self.arrays.items()}
+        """field -> [time, B, ...] copies for the given positions, C-contiguous (np.take:
+        `array[:, positions]` would come out batch-major in memory, and making it time-major
+        for the learner would copy every frame once more)."""
+        batch = {name: np.take(array, positions, axis=1) for name, array in self.arrays.items()}
         if self.compress_obs:
             batch["obs"] = np.stack([self.unpack_obs(p) for p in positions], axis=1)
         return batch

@@ -25,6 +25,7 @@ class WriterQueue:
         self.flip = False
         self.lock = threading.Lock()
         self.not_empty = threading.Condition(self.lock)
+        self.poked = False          # new data reached the replays without this queue
 
     def has_room(self) -> bool:
         with self.lock:
@@ -44,10 +45,19 @@ class WriterQueue:
             self.items.append(item)
             self.not_empty.notify()
 
-    def wait_for_item(self, timeout: float) -> None:
+    def wait_for_work(self, timeout: float) -> None:
+        """Returns when an item waits, or poke() was called since the last return, or after
+        `timeout` seconds."""
         with self.lock:
-            if not self.items:
+            if not self.items and not self.poked:
                 self.not_empty.wait(timeout)
+            self.poked = False
+
+    def poke(self) -> None:
+        """Wakes a wait_for_work: data went into the replays directly (a batch may be ready)."""
+        with self.lock:
+            self.poked = True
+            self.not_empty.notify()
 
     def peek(self):
         with self.lock:
