@@ -30,7 +30,7 @@ def time_to_target(episodes: list[dict], launch: float, window: int = 100) -> tu
 
 def first_update_after_run_folder(run_dir: Path) -> float | None:
     """Seconds from log.txt's "run folder" line to its "first update" line: the start-up
-    of the actors and the learner (issue 29's goal: within 1 s)."""
+    of the actors and the learner (the goal: within 1 s)."""
     from datetime import datetime
     stamps = {}
     for line in (run_dir / "log.txt").read_text().splitlines():
@@ -90,7 +90,7 @@ def main() -> None:
                   r["load_average_1min"]]
                  for r in runs])
     reached = sum(r["seconds"] is not None for r in runs)
-    # The acceptance (issue 16): every seed reaches 475 and still averages 475 or more at the end.
+    # The check: every seed reaches 475 and still averages 475 or more at the end.
     held = sum(r["seconds"] is not None and r["final_avg100"] >= TARGET for r in runs)
     never_fell = sum(r["lowest_avg100_after_475"] is not None and r["lowest_avg100_after_475"] >= TARGET for r in runs)
     print(f"median_seconds_to_475={median:.1f} reached={reached}/{len(runs)} ended_at_475_or_more={held}/{len(runs)} "

@@ -1,4 +1,4 @@
-"""The hostile-input campaign of benchmarks/reliability.py (issue 28): what a careless user
+"""The hostile-input campaign of benchmarks/reliability.py: what a careless user
 or an attacker hands herd. Crafted checkpoints (a redirected config, dtype and shape bombs,
 version claims, reference bombs), oversized and deeply nested options, YAML alias bombs,
 unwritable and odd result paths, and placement asked for by a file or a neighbour

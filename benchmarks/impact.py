@@ -1,5 +1,5 @@
 """IMPACT against IMPALA and against IMPALA with K-fold uniform replay, at equal wall time
-(issue 26). Every run gets the same seconds from launch (a SIGINT then stops it, saved);
+(docs/impact.md). Every run gets the same seconds from launch (a SIGINT then stops it, saved);
 runs go one after another, never beside each other.
 
 Configurations (K = 2, the circular buffer's passes per batch, N = 4 batches):

@@ -1,4 +1,4 @@
-"""Looks inside CartPole MLP checkpoints (with or without the LSTM core) for issue 26's
+"""Looks inside CartPole MLP checkpoints (with or without the LSTM core) for the LSTM's (docs/lstm.md)
 late collapse: plays 16 sampled games from each and prints, per checkpoint,
 
   games     mean length with the core's state carried through each game (as actors do) and

@@ -1,4 +1,4 @@
-"""The memory task of issue 13: CartPole-v1 with the velocities hidden (--hide_velocity:
+"""The memory task (docs/lstm.md): CartPole-v1 with the velocities hidden (--hide_velocity:
 the agent sees cart position and pole angle only), an LSTM agent against a feed-forward
 one with otherwise identical settings, several seeds each.
 

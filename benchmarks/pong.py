@@ -10,7 +10,7 @@ profile in herd/config.py). `--defaults` runs exactly what a user gets with no f
   python benchmarks/pong.py --defaults --minutes 40 --tag _defaults
 `--frames N` ends the run after N emulator frames (agent steps x 4) with the learning-rate
 schedule of a default-length run, so that a run measured in frames learns as the default
-run does up to that point; the frames-to-20 record of issue 40:
+run does up to that point; the frames-to-20 record (docs/benchmarks.md):
   python benchmarks/pong.py --defaults --extra "--algorithm=appo --device=cpu" --frames 5000000 --minutes 200
 `--keep DIR` keeps the run folder there (its episodes.csv grows while the run goes on).
 Writes benchmarks/results/pong_<device><tag>.json with the whole curve (every game), the

@@ -304,7 +304,7 @@ def signal_case(kind: str, rng: random.Random, work: Path, args=CARTPOLE, more_s
 
 
 def child_kill_case(kind: str, rng: random.Random, work: Path) -> Outcome:
-    """kill -9 of an actor or of the inference server: each is replaced (issue 27: a
+    """kill -9 of an actor or of the inference server: each is replaced (a
     dead server is restarted and its actors wait), then a SIGINT ends the run: exit 0,
     saved."""
     outcome = Outcome(kind)
@@ -334,7 +334,7 @@ def child_kill_case(kind: str, rng: random.Random, work: Path) -> Outcome:
 
 
 def targets(run: Run, kind: str) -> list[psutil.Process]:
-    """Actors and the inference server are forked by the run's fork server (issue 29),
+    """Actors and the inference server are forked by the run's fork server (herd/backends/start.py),
     itself a child of the run: the fork server is the one whose children are the others,
     and is no target; the server is started first, and only with SERVER."""
     children = [p for p in run.children("multiprocessing") if "resource_tracker" not in " ".join(p.cmdline())]

@@ -1,7 +1,7 @@
 """CartPole start-up: seconds from a run's folder to its first update (log.txt's two
 lines), and from launch to the first update, for this checkout and, alternating with it
 round by round so both see the same machine, another checkout of herd (--baseline DIR,
-e.g. `git archive <commit> | tar -x -C DIR`). Issue 29's goal: the first update within
+e.g. `git archive <commit> | tar -x -C DIR`). The goal: the first update within
 1 s of the run folder (actors forked from a fork server that imported torch already).
 
 Usage: python benchmarks/start_up.py [--rounds 3] [--baseline DIR] [--label NAME]"""

@@ -1,6 +1,6 @@
-"""Crafted checkpoints that a valid checksum does not make safe (issue 28): each loads in a
+"""Crafted checkpoints that a valid checksum does not make safe: each loads in a
 child process under a 2 GB address-space cap and a deadline, and must end in the one-line
-CheckpointError. The code before issue 28 failed each of these (noted per test): with a
+CheckpointError. Loaded without these checks, each of these fails (noted per test): with a
 traceback, a MemoryError, or a walk that never ends."""
 import io
 import struct

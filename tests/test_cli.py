@@ -1,4 +1,4 @@
-"""The command line as a newcomer meets it (issue 29): --version, bare `herd`, booleans as
+"""The command line as a newcomer meets it: --version, bare `herd`, booleans as
 flags, per-command help, "did you mean", `herd train` without --env, `herd test`'s
 defaults. All parse-only: nothing here starts a run."""
 import subprocess

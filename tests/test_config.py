@@ -219,7 +219,7 @@ def test_interval_in_updates_or_seconds():
 
 
 def test_the_lstm_core_is_as_wide_as_the_mlp_on_vector_tasks():
-    """Catches the 256-unit default on vector tasks (issue 26): the policy head then read 4x
+    """Catches the 256-unit default on vector tasks: the policy head then read 4x
     the MLP's inputs and CartPole's policy collapsed to one action in some seeds. Frames
     keep 256; an explicit --lstm_size wins."""
     vector = resolve({"env": "CartPole-v1", "use_lstm": True}, env_kind=kind_of)

@@ -1,4 +1,4 @@
-"""Durability of a run's files (issue 28): small JSON files reach the disk before their
+"""Durability of a run's files: small JSON files reach the disk before their
 rename, the metric tables survive a file that cannot be written, and results folders
 that cannot hold runs are refused with one line. Each failed on the code before."""
 import logging

@@ -1,6 +1,6 @@
-"""What users and files hand in is bounded before it is parsed (issue 28, herd/inputs.py):
+"""What users and files hand in is bounded before it is parsed (herd/inputs.py):
 sizes and nesting depths, values that must be scalars, and error lines that quote at most
-an excerpt. Each test says what the code before issue 28 did instead."""
+an excerpt. Each test says what unbounded parsing does instead."""
 import json
 
 import pytest

@@ -1,4 +1,4 @@
-"""`herd plot` figures fit for a paper (issue 29), checked by their data and axes
+"""`herd plot` figures fit for a paper, checked by their data and axes
 (matplotlib objects), not their bytes: resumed runs joined, grouping on learning options
 only, standard-error and bootstrap bands, smoothing, titles, tick labels, formats, and a
 folder with no games refused."""

@@ -1,6 +1,6 @@
-"""Sizes checked from the config before anything is built (issue 28, herd/sizes.py). The
+"""Sizes checked from the config before anything is built (herd/sizes.py). The
 size bombs run the real CLI in a child process under a 3 GB address-space cap, so that
-the code before issue 28 (which built first) ends there in a MemoryError or allocator
+code that builds first ends there in a MemoryError or allocator
 traceback instead of taking the machine's memory; the other refusals call prepare()."""
 import resource
 import subprocess

@@ -1,4 +1,4 @@
-"""Actors start forked from a fork server that imported torch already (issue 29: each
+"""Actors start forked from a fork server that imported torch already (each
 spawned actor importing torch cost CartPole 1.7 s of start-up)."""
 import os
 import signal

@@ -1,6 +1,6 @@
 """The network-namespace harness (herd/cluster) for the tests here. Where namespaces
 cannot be made, a test that needs them FAILS with the harness's one line: it never
-passes or skips silently (issue 30)."""
+passes or skips silently."""
 from contextlib import contextmanager
 
 import pytest

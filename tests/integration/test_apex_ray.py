@@ -137,7 +137,7 @@ def test_ctrl_c_saves_the_servers_replay_which_resumes_in_the_server_or_the_lear
     # trajectories, the sum tree's leaves, the largest priority, beta's progress, the pacing
     # credit and the sampling RNG.
     same, node = tmp_path / "same", sorted(n.node_id for n in cluster.worker_nodes)[0]
-    # Where it runs is said again: a checkpoint never says it (issue 28).
+    # Where it runs is said again: a checkpoint never says it.
     result = run_cli(["resume", str(run), "--multiprocessing_backend=ray", address, "--replay_server=True",
                       f"--replay_server_node={node}", f"--environment_max_steps={steps}"], same, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -156,7 +156,7 @@ def test_ctrl_c_saves_the_servers_replay_which_resumes_in_the_server_or_the_lear
     resumed = json.loads((only_run(learner) / "summary.json").read_text())
     assert resumed["environment_steps"] >= steps + 3000 and resumed["training_steps"] > updates
     assert resumed["replay"]["location"] == "learner" and resumed["replay"]["rollout_bytes"] > 0
-    # A checkpoint never says where a run connects (issue 28): the saved --replay_server and
+    # A checkpoint never says where a run connects: the saved --replay_server and
     # --ray_address are not applied to a resume on the local backend, and its log says so.
     result = run_cli(["resume", str(run), "--multiprocessing_backend=python_native", f"--environment_max_steps={steps}"],
                      tmp_path / "local", timeout=120)

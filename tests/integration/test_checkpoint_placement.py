@@ -1,5 +1,5 @@
-"""A checkpoint's saved config never decides where a run connects, computes or writes
-(issue 28): a crafted checkpoint with a valid checksum whose config names a results folder,
+"""A checkpoint's saved config never decides where a run connects, computes or writes:
+a crafted checkpoint with a valid checksum whose config names a results folder,
 the Ray backend and a Ray head is resumed and tested on the local backend, writing where
 the command line says; every other saved option keeps its precedence."""
 import json
@@ -48,9 +48,9 @@ def redirected_run(small_cartpole_run, folder, head, elsewhere):
 
 def test_resume_takes_neither_backend_nor_address_nor_results_folder_from_the_checkpoint(
         small_cartpole_run, tmp_path, head):
-    """Fails on the code before issue 28: the resume took the saved backend and address,
-    probed the socket (a connection) and, finding no Ray there, refused; or, with a Ray
-    head there, would have joined it as a driver."""
+    """Catches a resume that takes the saved backend and address: it probes the socket (a
+    connection) and, finding no Ray there, refuses; or, with a Ray head there, joins it as
+    a driver."""
     elsewhere = tmp_path / "elsewhere"
     run, steps = redirected_run(small_cartpole_run, tmp_path / "source", head, elsewhere)
     results = tmp_path / "results"
@@ -70,9 +70,9 @@ def test_resume_takes_neither_backend_nor_address_nor_results_folder_from_the_ch
 
 
 def test_test_mode_writes_where_the_command_line_says(small_cartpole_run, tmp_path, head):
-    """Fails on the code before issue 28: herd test made its folder in the results folder
-    the checkpoint named. (Where the command line names no --results_dir, herd test writes
-    inside the run it tests, issue 29.)"""
+    """Catches a herd test that makes its folder in the results folder the checkpoint
+    names. (Where the command line names no --results_dir, herd test writes inside the run
+    it tests.)"""
     elsewhere = tmp_path / "elsewhere"
     run, _ = redirected_run(small_cartpole_run, tmp_path / "source", head, elsewhere)
     result = herd_in(tmp_path, ["test", str(run), "--test_episode_count=1", "--render=False"])

@@ -123,7 +123,7 @@ def test_lstm_core_learns_cartpole_with_the_defaults(tmp_path):
     averages of 172.9, 417.0 and 132.4: 3 of 3 pass (14 s for seed 1 alone); this test runs
     seed 1. (With a full budget every one of 10 seeds reached 381 or more, and 9 reached
     475: results/cartpole_lstm_defaults_loaded_*.json.) With the value head reading the
-    value torso beside the value LSTM (issue 26, docs/lstm.md) seed 1 reached 308.1 here
+    value torso beside the value LSTM (docs/lstm.md) seed 1 reached 308.1 here
     (one run, 2026-11-27, load 10-14). Catches a core that does not learn: start states not
     stored or not reset at episode ends, gradients cut through time."""
     summary = learned(tmp_path, ["--env=CartPole-v1", "--use_lstm=True", "--seed=1"], 150_000, timeout=240)

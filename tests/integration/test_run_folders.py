@@ -1,4 +1,4 @@
-"""Run folders say what they are and what made them (issue 29): names from --name, --tag,
+"""Run folders say what they are and what made them: names from --name, --tag,
 the environment, the algorithm and the time; provenance in config.json and summary.json;
 `herd test` writing inside the run it tested."""
 import json

@@ -140,7 +140,7 @@ def test_a_learner_step_trains_the_core_from_a_batch_with_start_states():
 
 
 def test_a_saturated_value_lstm_leaves_the_mlp_value_trainable():
-    """Issue 26's late collapse with --use_lstm on CartPole: values near 10 drove most of
+    """The late collapse with --use_lstm on CartPole (docs/lstm.md): values near 10 drove most of
     the value LSTM's units into saturation (|h| > 0.9: o and tanh(c) both flat), where they
     pass almost no gradient, so the value could not come down when games began to fail.
     The MLP's value head therefore also reads its value torso. Here the value LSTM is
