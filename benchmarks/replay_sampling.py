@@ -203,7 +203,7 @@ def build_and_sample(model, data, score_steps):
     fill(mixer, data)
     feed_queue(mixer, data, 0)
     mixed = mixer.sample()
-        batch, replayed = mixed.data, mixed.replayed
+    batch, replayed = mixed.data, mixed.replayed
     return batch, replayed
 
 

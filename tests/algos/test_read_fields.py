@@ -1,5 +1,5 @@
-"""Actors record only the step fields that the loss and the configured replays read
-: no feature vectors without an elite (custom) replay."""
+"""Actors record only the step fields that the loss and the configured replays read:
+no feature vectors without an elite (custom) replay."""
 from __future__ import annotations
 
 import json
