@@ -16,72 +16,18 @@ server acts on every publish; the host copy serves actors with their own model).
 The host publish stays: it is off the update's critical path."""
 from __future__ import annotations
 
-import threading
 from typing import Callable
 
 import torch
 
 from herd.device_weights import DeviceWeightBoard
 from herd.errors import PublishFailed
+from herd.learner.courier import OneInFlight, failure_line
 
 
-def failure_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())[:200]
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
-class OneInFlight:
-    """A thread that runs one handed job at a time: `offer(job)` hands it over unless one is
-    still running (then False: the caller skips it). A job that raises ends the thread and
-    is kept: the next offer (or `check`) raises PublishFailed in the caller's thread, so a
-    dead thread is never mistaken for a busy one (every later offer skipped, for ever)."""
-
-    def __init__(self, name: str):
-        self.wake = threading.Condition()
-        self.job: Callable[[], object] | None = None
-        self.stopping = False
-        self.failure: BaseException | None = None
-        self.thread = threading.Thread(target=self.run, name=name, daemon=True)
-        self.thread.start()
-
-    def check(self) -> None:
-        if self.failure is not None:
-            raise PublishFailed(f"the weight publisher failed ({failure_line(self.failure)}): the actors would "
-                                "act on frozen weights, so the run stops")
-
-    def offer(self, job: Callable[[], object]) -> bool:
-        with self.wake:
-            self.check()
-            if self.job is not None:
-                return False
-            self.job = job
-            self.wake.notify()
-            return True
-
-    def run(self) -> None:
-        while True:
-            with self.wake:
-                while self.job is None and not self.stopping:
-                    self.wake.wait()
-                if self.job is None:
-                    return
-                job = self.job
-            try:
-                job()
-            except BaseException as err:      # anything: the caller must hear of it, not a silent thread
-                with self.wake:
-                    self.failure = err
-                return
-            with self.wake:
-                self.job = None
-
-    def close(self) -> None:
-        """Waits for the job in flight, then stops the thread. Raises nothing: it runs while a
-        run ends (a finally), where the failure of a last publish no longer matters."""
-        with self.wake:
-            self.stopping = True
-            self.wake.notify()
-        self.thread.join()
+def publish_failed(err: BaseException) -> PublishFailed:
+    return PublishFailed(f"the weight publisher failed ({failure_line(err)}): the actors would act on frozen "
+                         "weights, so the run stops")
 
 
 class WeightPublisher:
@@ -103,7 +49,7 @@ class WeightPublisher:
             numel = sum(p.numel() for p in self.params)
             self.host = torch.empty(numel, dtype=torch.float32, pin_memory=True) if write is not None else None
             self.stream = torch.cuda.Stream(self.device)
-            self.courier = OneInFlight("herd-publisher")
+            self.courier = OneInFlight("herd-publisher", publish_failed)
 
     def __call__(self, version: int) -> None:
         if self.device.type != "cuda":

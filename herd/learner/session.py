@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints, save_checkpoint
+from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints
 from herd.errors import LearnerFailure, ReplayLost, SaveFailed, TrainingDiverged
 from herd.files import write_json
 from herd.learner.distributed import GroupSync, Tally
 from herd.learner.learner import LEARNER_METRICS, Learner
+from herd.learner.saver import BackgroundSaver, host_snapshot, write_checkpoint
 from herd.learner.step_metrics import MetricSums
 from herd.monitor.metrics import EPISODE_COLUMNS, RunMetrics
 from herd.monitor.progress import ProgressLine, format_score
@@ -86,6 +87,7 @@ class TrainingSession:
         self.metrics = metrics      # None in a process that is not the primary one
         self.progress = progress
         self.run_dir = run_dir
+        self.saver = BackgroundSaver(run_dir)       # the periodic checkpoints' writer thread
         self.options = options
         self.counters = Counters()
         self.start_time = time.monotonic()
@@ -213,7 +215,8 @@ class TrainingSession:
             if self.counters.updates % self.options.log_interval == 0:
                 self.write_train_metrics()
             if self.counters.updates % self.options.save_model_period == 0:
-                self.save()
+                self.save_in_background()
+            self.saver.check()                                  # a background write that failed ends the run
         self.show_progress()
         return trained
 
@@ -280,21 +283,19 @@ class TrainingSession:
         return state
 
     def save(self) -> Path | None:
-        """Writes a checkpoint (the primary process only); returns its path. Raises
-        SaveFailed (one line, naming the checkpoint that is kept) when the write fails:
-        save_checkpoint removes its temporary file, so the previous checkpoint is intact."""
+        """Writes a checkpoint now, on this thread, after any still being written in the
+        background (the primary process only); returns its path. Raises SaveFailed (one
+        line, naming the checkpoint that is kept) when a write fails."""
         if not self.options.primary:
             return None
-        try:
-            path = save_checkpoint(self.state_dict(), self.run_dir, self.counters.updates)
-        except OSError as err:
-            kept = list_checkpoints(self.run_dir / CHECKPOINT_DIR)
-            raise SaveFailed(f"cannot write the checkpoint at update {self.counters.updates} "
-                             f"({' '.join(str(err).split())}); "
-                             + (f"the previous checkpoint {kept[0]} is kept" if kept else "no checkpoint was saved")
-                             ) from None
-        log.debug("checkpoint %s", path)
-        return path
+        self.saver.wait()
+        return write_checkpoint(self.state_dict(), self.run_dir, self.counters.updates)
+
+    def save_in_background(self) -> None:
+        """The periodic checkpoint: the state as of this update, snapshotted here and
+        written by the saver's thread (herd/learner/saver.py) while training goes on."""
+        if self.options.primary:
+            self.saver.offer(host_snapshot(self.state_dict()), self.counters.updates)
 
     def load_state_dict(self, state: dict, load_optimizer: bool, fresh_replay: bool = True) -> None:
         """fresh_replay=False: the saved queue (fresh trajectories) is not loaded (see
@@ -384,10 +385,13 @@ class TrainingSession:
             self.attempt(failures, "train.csv", self.write_train_metrics)  # the last row, whatever the log interval
         self.read_metric_sums()                       # the skipped updates, also without metric files
         try:
+            if failed_save is None:
+                self.saver.wait()                     # the periodic one in flight: on disk, or failed
             path = self.save() if failed_save is None else None
         except (SaveFailed, ReplayLost) as err:      # ReplayLost: the replay server died with the replay
             failures.append(str(err))
             log.error("%s", err)
+        self.saver.close()
         if path is None and self.options.primary:
             kept = list_checkpoints(self.run_dir / CHECKPOINT_DIR)
             path = kept[0] if kept else None

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from herd.errors import PublishFailed
-from herd.learner.publisher import OneInFlight, WeightPublisher
+from herd.learner.courier import OneInFlight
+from herd.learner.publisher import WeightPublisher, publish_failed
 
 
 def broken_store(fail_at: int):
@@ -23,7 +24,7 @@ def broken_store(fail_at: int):
 
 
 def test_a_job_that_raises_is_reported_to_the_next_offer_in_one_line():
-    courier = OneInFlight("test-publisher")
+    courier = OneInFlight("test-publisher", publish_failed)
     done = threading.Event()
     assert courier.offer(done.set)
     assert done.wait(10)
