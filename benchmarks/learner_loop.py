@@ -142,7 +142,7 @@ class StubStep:
     def __init__(self, session, pool_of):
         self.session, self.pool_of = session, pool_of
         self.real = session.learner.step
-        self.metrics: dict | None = None
+        self.result = None      # the real update's StepResult
         self.calls = 0
         self.marks: list[tuple] = []
 
@@ -150,13 +150,13 @@ class StubStep:
         pool = self.pool_of()
         return (time.process_time(), pool.actor_cpu, time.perf_counter(), self.calls, self.session.counters.rollouts)
 
-    def __call__(self, batch: dict) -> dict:
+    def __call__(self, batch: dict):
         self.calls += 1
-        if self.metrics is None:
-            self.metrics = self.real(batch)
+        if self.result is None:
+            self.result = self.real(batch)
         if self.calls >= WARMUP_UPDATES:
             self.marks[min(len(self.marks), 1):] = [self.mark()]      # [the warm-up's end, the latest]
-        return self.metrics
+        return self.result
 
 
 def run(batch_size: int, caching: bool, updates: int) -> dict:

@@ -149,9 +149,9 @@ def interleaved(learners: dict, batch, repeats: int, device: torch.device) -> di
             for name, learner in learners.items()}
 
     def update(name):
-        metrics = learners[name].step(batch)
+        result = learners[name].step(batch)
         if sums[name] is not None:
-            sums[name].add(metrics)
+            sums[name].add(result.metrics)
 
     counts = {}
     for name in learners:

@@ -10,6 +10,7 @@ tensor. So on a GPU the whole update can be captured once as a CUDA graph and re
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -45,6 +46,20 @@ def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch
             tensor = tensor.pin_memory()
         tensors[name] = tensor.to(device, non_blocking=pin)
     return tensors
+
+
+class StepResult(NamedTuple):
+    """What one update gives the session, all on the device (nothing read on the host)."""
+    metrics: dict[str, torch.Tensor]        # 0-dim: the loss's, grad_norm, lr (the next update's), skipped
+    priorities: torch.Tensor | None = None  # [B] new priorities for the replays (Ape-X's TD errors), or None
+    stopped: bool = False                   # several learners: the group stopped, this update was not applied
+
+    @classmethod
+    def of(cls, metrics: dict) -> "StepResult":
+        """From the update's metrics, where the loss put its priorities and the group sync
+        its stop."""
+        metrics = dict(metrics)
+        return cls(metrics, metrics.pop("priorities", None), bool(metrics.pop("stopped", False)))
 
 
 class Learner:
@@ -101,20 +116,19 @@ class Learner:
             self.forward = self.model
             return self.model(*args)
 
-    def step(self, batch: dict[str, torch.Tensor]) -> dict:
-        """One update. batch["obs"] is [T+1, B, ...]. Returns metrics as 0-dim device
-        tensors (no host read): the loss's, grad_norm, lr (for the next update) and
-        skipped (1.0 when the update was not applied: a non-finite loss, gradient or
-        resulting weight), "priorities" [B] when the loss gives them, and, with several
-        learners, {"stopped": True} when the group stopped (this update is not applied).
-        On a captured step the tensors are the graph's outputs: read them (or add them
-        to a MetricSums) before the next step overwrites them."""
+    def step(self, batch: dict[str, torch.Tensor]) -> StepResult:
+        """One update. batch["obs"] is [T+1, B, ...]. Returns its StepResult, no host read:
+        the metrics as 0-dim device tensors (skipped is 1.0 when the update was not
+        applied: a non-finite loss, gradient or resulting weight), the priorities where
+        the loss gives them, and whether a group of learners stopped. On a captured step
+        the tensors are the graph's outputs: read them (or add them to a MetricSums)
+        before the next step overwrites them."""
         if self.reuse is None:
-            return self.step_once(batch)
+            return StepResult.of(self.step_once(batch))
         self.loss_fn.begin_batch()          # host side: the target's first sync, outside any graph
         metrics = self.step_once(batch)
         self.loss_fn.end_batch()            # host side: the periodic target sync
-        return metrics
+        return StepResult.of(metrics)
 
     def step_once(self, batch: dict[str, torch.Tensor]) -> dict:
         """One update, replayed from the captured graph where there is one."""

@@ -175,17 +175,16 @@ class TrainingSession:
                 break
             batch, mixed = ready                                # tensors, herd.replay.mixer.MixedBatch
             self.learner.loss_fn.expect_batch(mixed.reuse_key)  # IMPACT: target outputs once per stored batch
-            metrics = self.learner.step(batch)                  # device tensors: nothing read here
+            result = self.learner.step(batch)                   # device tensors: nothing read here
             if self.sync is not None:
                 self.count_received()
-                if metrics.get("stopped"):
+                if result.stopped:
                     break                                       # the group stopped: this batch is not used
-            priorities = metrics.get("priorities")              # [B], from algorithms with prioritized replay
-            if priorities is not None:
+            if result.priorities is not None:                   # [B], from algorithms with prioritized replay
                 # Handed over as a tensor: a replay in device memory takes it there, a host
                 # replay (or the replay server) reads it back (herd/replay/prioritized.py).
-                self.batches.update(mixed.keys, priorities.detach())
-            self.metric_sums.add(metrics)
+                self.batches.update(mixed.keys, result.priorities.detach())
+            self.metric_sums.add(result.metrics)
             # A skipped update (non-finite loss, gradient or weights) changed nothing; they
             # are counted on the device, and the run of them read from an asynchronous copy.
             if self.metric_sums.latest_skip_run() >= self.options.max_bad_updates:

@@ -57,12 +57,12 @@ def test_a_captured_update_skips_a_poisoned_batch_on_the_device():
     assert learner.graph is not None
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
     steps_before = learner.scheduler.last_epoch
-    metrics = learner.step(cuda_batch("mlp", 99, nan_reward=True))
+    metrics = learner.step(cuda_batch("mlp", 99, nan_reward=True)).metrics
     assert float(metrics["skipped"]) == 1.0
     assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
     assert learner.scheduler.last_epoch == steps_before
     # ... and the next clean batch trains again, through the same graph.
-    metrics = learner.step(cuda_batch("mlp", 100))
+    metrics = learner.step(cuda_batch("mlp", 100)).metrics
     assert float(metrics["skipped"]) == 0.0
     assert any(not torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
 

@@ -89,10 +89,10 @@ def run_scenario(rank: int, group, scenario: str, out: str) -> dict | None:
     sync = GroupSync(group, model.parameters(), max_episodes=4)
     if scenario == "identical":
         learner = new_learner(model, "adam", sync.exchange)
-        result["metrics"] = [learner.step(impala_batch(T, B, A, seed=100 * k + rank)) for k in range(K)]
+        result["metrics"] = [learner.step(impala_batch(T, B, A, seed=100 * k + rank)).metrics for k in range(K)]
     elif scenario == "one_update":
         learner = new_learner(model, "sgd", sync.exchange)
-        result["metrics"] = [learner.step(impala_batch(T, B, A, seed=rank))]
+        result["metrics"] = [learner.step(impala_batch(T, B, A, seed=rank)).metrics]
     elif scenario == "counters":
         # 6 episodes on learner 0 with room for 4 per row: two rounds; counters exact.
         sync.pending.add(1000 + rank, stale=bool(rank), episodes=[(float(i), 10 + i) for i in range(6 - 5 * rank)])
@@ -113,11 +113,12 @@ def run_scenario(rank: int, group, scenario: str, out: str) -> dict | None:
         result["tallies"] = [(t.env_steps, t.rollouts, t.episodes) for t in sync.take_received()]
     elif scenario == "nan_on_one":
         learner = new_learner(model, "adam", sync.exchange)
-        result["metrics"] = [learner.step(impala_batch(T, B, A, seed=rank, nan_reward=rank == 1))]
+        result["metrics"] = [learner.step(impala_batch(T, B, A, seed=rank, nan_reward=rank == 1)).metrics]
     elif scenario == "stop_vote":
         if rank == 0:
             learner = new_learner(model, "adam", sync.exchange)
-            result["metrics"] = [learner.step(impala_batch(T, B, A, seed=0))]
+            step = learner.step(impala_batch(T, B, A, seed=0))
+            result["metrics"], result["step_stopped"] = [step.metrics], step.stopped
         else:
             result["applied"] = sync.exchange(with_gradients=False, stop=True)
     elif scenario in ("dies", "hangs"):
@@ -225,7 +226,7 @@ def test_a_non_finite_loss_on_one_learner_skips_the_update_on_both(shared):
 
 def test_a_stop_vote_means_nobody_applies_the_round(shared):
     first, second = shared["stop_vote"]
-    assert first["metrics"][0]["stopped"] == 1.0 and second["applied"] is False
+    assert first["step_stopped"] is True and second["applied"] is False
     for name in first["initial"]:
         assert torch.equal(first["initial"][name], first["final"][name])
 
@@ -259,8 +260,8 @@ def test_a_learner_that_hangs_is_given_up_after_the_timeout(tmp_path):
 def test_one_learner_without_a_group_skips_a_non_finite_loss_as_before():
     model = new_model(seed=0)
     learner, before = new_learner(model, "adam"), params(model)
-    metrics = learner.step(impala_batch(T, B, A, seed=0, nan_reward=True))
-    assert metrics["skipped"] == 1.0 and "stopped" not in metrics
+    result = learner.step(impala_batch(T, B, A, seed=0, nan_reward=True))
+    assert result.metrics["skipped"] == 1.0 and not result.stopped
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     # Adam's moments and step count are as before the update: none was made yet.
     assert all(float(state["step"]) == 0 for state in learner.optimizer.state.values())

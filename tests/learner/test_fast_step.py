@@ -73,9 +73,9 @@ def host_reads(fn) -> int:
 
 def train(learner, data, sums: MetricSums | None = None, read_every: int = 0) -> None:
     for i, batch in enumerate(data, 1):
-        metrics = learner.step(batch)
+        result = learner.step(batch)
         if sums is not None:
-            sums.add(metrics)
+            sums.add(result.metrics)
             if read_every and i % read_every == 0:
                 sums.read()
 

@@ -21,6 +21,7 @@ import herd.learner.batches as batches_module
 import herd.learner.staging as staging_module
 import herd.replay.mixer as mixer_module
 from herd.learner.batches import PrefetchedBatches
+from herd.learner.learner import StepResult
 from herd.plan import prepare
 from herd.training import build_session
 from herd.trajectory import TrajectorySlots
@@ -52,9 +53,9 @@ class KeptBatches:
         self.metrics = {name: torch.zeros(()) for name in names}
         self.frames: list[torch.Tensor] = []
 
-    def __call__(self, batch: dict) -> dict:
+    def __call__(self, batch: dict) -> StepResult:
         self.frames.append(batch["obs"])
-        return self.metrics
+        return StepResult(self.metrics)
 
 
 def session_of(plan, tmp_path, caching: bool, monkeypatch, counter: CopyCounter):

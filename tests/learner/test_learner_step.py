@@ -53,7 +53,7 @@ def test_the_update_is_the_gradient_clipped_to_the_threshold_and_its_norm_is_rep
     norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in gradient.values()])))
     assert norm > 0.05                                       # the 0.05 case really clips
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    metrics = sgd_learner(model, clip).step(batch)
+    metrics = sgd_learner(model, clip).step(batch).metrics
     assert float(metrics["grad_norm"]) == pytest.approx(norm, rel=1e-4)
     scale = min(1.0, clip / norm) if clip > 0 else 1.0
     for name, step in moved(model, before).items():
@@ -77,10 +77,10 @@ def test_a_compile_that_fails_falls_back_to_the_plain_model_once(monkeypatch, ca
     monkeypatch.setattr(torch, "compile", broken_compile)
     batch = impala_batch(T, B, A, seed=4)
     plain, compiled = new_model(), new_model()
-    expected = sgd_learner(plain, 40.0).step(batch)
+    expected = sgd_learner(plain, 40.0).step(batch).metrics
     learner = sgd_learner(compiled, 40.0, compile_model=True)
     with caplog.at_level(logging.WARNING, logger="herd"):
-        metrics = learner.step(batch)
+        metrics = learner.step(batch).metrics
         learner.step(batch)
     assert calls == [1], "the failing compiled forward was tried again"
     warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]

@@ -26,7 +26,7 @@ def test_an_update_that_overflows_the_weights_is_undone():
     # RMSprop's first step is lr * g / (0.1 |g|): 1e39, beyond float32, from a finite lr.
     learner = make_learner(lr=1e38, optimizer="rmsprop")
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
-    metrics = learner.step(impala_batch(T, B, A, OBS, seed=1))
+    metrics = learner.step(impala_batch(T, B, A, OBS, seed=1)).metrics
     assert metrics["skipped"] == 1.0 and torch.isfinite(torch.tensor(metrics["grad_norm"]))
     after = learner.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -39,7 +39,7 @@ def test_an_update_that_overflows_the_weights_is_undone():
 def test_a_normal_update_is_kept():
     learner = make_learner(lr=1e-3)
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
-    metrics = learner.step(impala_batch(T, B, A, OBS, seed=1))
+    metrics = learner.step(impala_batch(T, B, A, OBS, seed=1)).metrics
     assert metrics["skipped"] == 0.0 and learner.scheduler.last_epoch == 1
     after = learner.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)

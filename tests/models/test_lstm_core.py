@@ -133,7 +133,7 @@ def test_a_learner_step_trains_the_core_from_a_batch_with_start_states():
     learner = Learner(model, optimizer, build_scheduler(optimizer, 1e-2, 1e-3, 10),
                       lambda b, out: impala_loss(b, out, ImpalaLossWeights()), grad_clip_norm=40.0)
     before = [model.core.lstm.weight_hh_l0.detach().clone(), model.core.value_lstm.weight_hh_l0.detach().clone()]
-    metrics = learner.step(batch)
+    metrics = learner.step(batch).metrics
     assert metrics["skipped"] == 0.0 and np.isfinite(metrics["loss"])
     assert not torch.equal(before[0], model.core.lstm.weight_hh_l0)
     assert not torch.equal(before[1], model.core.value_lstm.weight_hh_l0)
