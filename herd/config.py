@@ -143,6 +143,7 @@ class ParallelConfig:
     inference_weights_interval: int = opt(1, "inference server: take published weights once they are this many learner updates newer (1: every update)")
     inference_precision: str = opt("auto", "inference server arithmetic: fp32, bf16 (autocast), or auto (bf16 on a GPU with bf16 units, else fp32)", ("auto", "fp32", "bf16"))
     inference_cuda_graphs: bool = opt(False, "inference server on CUDA: replay CUDA graphs captured for padded batch sizes (8, 16, ... rows) instead of launching every kernel; refused on a CPU")
+    synchronous_sampling: bool = opt(False, "local backend: an actor starts its next rollout only after the learner has trained on its last one and published the weights that update made (PPO's synchronous sampling, Sample Factory's async_rl=False): the policy lag stays near 0 at the cost of actors idle during updates; one slot per actor (--shared_queue_size=1, its default then), and a batch's fresh trajectories must fit in the actors' slots")
     actor_double_buffer: bool = opt(False, "with an inference server: each actor keeps two half-batches of its environments in flight, stepping one half while the server acts on the other (Sample Factory's double buffering); needs --envs_per_worker >= 2, --env_batch_size=0 and --shared_queue_size >= 2")
     # --- end inference servers ---
 
@@ -376,7 +377,9 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         cfg.parallel.worker_count = max(1, os.cpu_count() or 1)
     if cfg.parallel.learner_count is None:
         cfg.parallel.learner_count = torchrun_world_size() or 1
-    if queue_unset and cfg.train.passes_per_batch * cfg.train.minibatches_per_pass > 1:
+    if queue_unset and cfg.parallel.synchronous_sampling:
+        cfg.parallel.shared_queue_size = 1      # an actor with a second slot would go on filling it
+    elif queue_unset and cfg.train.passes_per_batch * cfg.train.minibatches_per_pass > 1:
         # Reuse trains on a policy's data many times: keep what waits for the learner near one batch.
         p = cfg.parallel
         two_needed = 0 < p.env_batch_size < p.envs_per_worker or p.actor_double_buffer

@@ -202,6 +202,7 @@ def validate(cfg: Config) -> None:
     validate_learners(cfg, specs)
     validate_reuse(cfg)
     validate_inference(cfg)
+    validate_synchronous(cfg, specs, shares)
 
 
 def validate_inference(cfg: Config) -> None:
@@ -234,6 +235,30 @@ def validate_inference(cfg: Config) -> None:
     if p.shared_queue_size < 2:
         raise ConfigError("--actor_double_buffer needs --shared_queue_size >= 2: one half opens the next slot "
                           "while the other still fills the current one")
+
+
+def validate_synchronous(cfg: Config, specs: list, shares: list) -> None:
+    """--synchronous_sampling: the actors' slots are held until an update trained on them,
+    so a batch's fresh trajectories must fit in them all at once."""
+    p = cfg.parallel
+    if not p.synchronous_sampling:
+        return
+    if p.multiprocessing_backend != "python_native":
+        raise ConfigError("--synchronous_sampling holds the actors' slots until the learner has trained on them: "
+                          "it needs --multiprocessing_backend=python_native")
+    if p.shared_queue_size != 1:
+        raise ConfigError(f"--synchronous_sampling keeps an actor's slot until its rollout is trained on: with "
+                          f"--shared_queue_size={p.shared_queue_size} the actor would go on filling its other slots "
+                          "(leave it unset, or 1)")
+    fresh = sum(share for spec, share in zip(specs, shares) if spec.on_policy)
+    held = p.worker_count * p.envs_per_worker
+    if fresh == 0:
+        raise ConfigError("--synchronous_sampling waits for updates on fresh rollouts: it needs a queue replay "
+                          "in --replay_parameters")
+    if fresh > held:
+        raise ConfigError(f"--synchronous_sampling: a batch takes {fresh} fresh trajectories, more than the actors' "
+                          f"slots hold at once ({held} = worker_count x envs_per_worker), so no "
+                          "update could come")
 
 
 def validate_impact(cfg: Config, specs: list, shares: list) -> None:

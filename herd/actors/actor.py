@@ -89,7 +89,9 @@ def collect_rollouts(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter
     until `stop` is set. A generator, so that a backend can also pull one rollout at a
     time (the Ray actor returns one per call). A policy whose finish_rollout is set
     completes each rollout's fields before it is yielded (Ape-X's initial priorities);
-    the policy refreshes its weights after the rollouts of a step were taken."""
+    the policy refreshes its weights once the rollouts of a step were taken and the next
+    slot is open (with one slot per actor, that is after the learner gave the slot back:
+    under --synchronous_sampling, after it trained on the rollout and published)."""
     finish = policy.finish_rollout
     batch = envs.start()
     writer.observe(batch)
@@ -105,11 +107,11 @@ def collect_rollouts(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter
             if finish is not None:
                 finish(writer.views_of(delivery.slot))
             yield delivery
-        if delivered:
-            policy.refresh()
         # obs[t+1], or obs[0] of the next slot: after the deliveries, since opening a slot
         # may wait for a delivered one to come back (with --shared_queue_size=1).
         writer.observe(batch)
+        if delivered:
+            policy.refresh()
 
 
 def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots, rollouts,

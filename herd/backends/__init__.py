@@ -25,7 +25,8 @@ BACKEND_CHOICES = tuple(BACKENDS) + tuple(NOT_BUILT)
 # name -> (the package it imports, how to install it): an optional extra of pyproject.toml.
 REQUIRES: dict[str, tuple[str, str]] = {"ray": ("ray", "pip install -e '.[ray]'")}
 # name -> the options of ParallelConfig its wiring function takes as keyword arguments.
-BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {"ray": ("ray_address", "actor_cpus", "replay_server",
+BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {"python_native": ("synchronous_sampling",),
+                                                "ray": ("ray_address", "actor_cpus", "replay_server",
                                                         "replay_server_node", "ray_compress_obs")}
 
 

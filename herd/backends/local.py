@@ -87,6 +87,9 @@ class ActorPool:
         self.stop_event = stop_event if stop_event is not None else context.Event()
         self.actors: list[ActorHandle | None] = [None] * count
         self.registry = registry if registry is not None else {}   # "actor-<i>" -> pid, for monitoring
+        # (actor, slot) of rollouts ingested but kept from their actor until an update
+        # trained on them (--synchronous_sampling); a restarted actor's are dropped.
+        self.withheld: list[tuple[int, int]] = []
 
     def owned_slots(self, actor_id: int) -> range:
         return range(actor_id * self.slots_per_actor, (actor_id + 1) * self.slots_per_actor)
@@ -96,6 +99,7 @@ class ActorPool:
             self.start_actor(actor_id, generation=0)
 
     def start_actor(self, actor_id: int, generation: int) -> None:
+        self.withheld = [(other, slot) for other, slot in self.withheld if other != actor_id]   # refilled below
         free = self.context.Queue()
         for slot in self.owned_slots(actor_id):
             self.slots.reset(slot)
@@ -131,12 +135,25 @@ class ActorPool:
 
     def release(self, actor_id: int, slot: int) -> None:
         actor = self.actors[actor_id]
+        if actor.held < 1:
+            # A slot given back twice, or to an actor restarted since (whose slots were
+            # refilled): two writers would share it.
+            raise RuntimeError(f"slot {slot} released to actor {actor_id}, which holds none of its slots")
         if actor.held == self.slots_per_actor:
             # It had no slot to fill: its hang clock starts now, not at its last delivery
             # (a slow learner holding every slot is back-pressure, not a hung actor).
             actor.last_seen = time.monotonic()
         actor.held -= 1
         actor.free.put(slot)
+
+    def withhold(self, actor_id: int, slot: int) -> None:
+        """Keeps an ingested rollout's slot from its actor until release_withheld."""
+        self.withheld.append((actor_id, slot))
+
+    def release_withheld(self) -> None:
+        for actor_id, slot in self.withheld:
+            self.release(actor_id, slot)
+        self.withheld.clear()
 
     def check_health(self) -> None:
         """Restarts dead or hung actors with fresh environments and their slots refilled.
@@ -227,10 +244,13 @@ def host_weight_store(weights: SharedWeights, servers, board: DeviceWeightBoard 
 
 def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, slots_per_actor: int,
                 stop_requested: threading.Event, actor_timeout: float = 60.0, max_restarts: int = 20,
-                inference_device: str | None = None, inference: InferenceSetup | None = None) -> str:
+                inference_device: str | None = None, inference: InferenceSetup | None = None,
+                synchronous_sampling: bool = False) -> str:
     """Runs actors and the learner until the step budget or a stop request; returns why it ended.
     inference_device: run batched inference servers there ("cpu", "cuda") instead of a
-    model in every actor; `inference` says how many and how they batch (default: one)."""
+    model in every actor; `inference` says how many and how they batch (default: one).
+    synchronous_sampling: each rollout's slot goes back to its actor only after an update
+    (which trains on the oldest fresh rollouts first) and the publish of its weights."""
     context = actor_context()          # forked from a server that imported torch already (backends/start.py)
     slots = TrajectorySlots(session.layout, worker_count * slots_per_actor, spec.envs_per_worker)
     weights = SharedWeights(session.learner.model, context)
@@ -253,20 +273,33 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     # With a board, the same side stream also copies them device to device for the servers.
     publish = WeightPublisher(session.learner.model, host_weight_store(weights, servers, board), board=board)
     last_health_check = time.monotonic()
+
+    def train() -> int:
+        trained = session.train_ready_batches(publish)
+        if trained:
+            pool.release_withheld()          # synchronous sampling: the slots of what was trained on
+        return trained
     try:
         while not session.done and not stop_requested.is_set():
             if not session.batches.has_room():
                 # The replay writer is full: train, and leave the actors' slots with us meanwhile.
-                if not session.train_ready_batches(publish):
+                if not train():
                     time.sleep(0.001)
                 continue
-            for rollout in pool.receive(timeout=0.5):
+            # Holding slots, the next update may come from batches prepared in the background:
+            # look for it often rather than waiting on actors that wait for it.
+            for rollout in pool.receive(timeout=0.005 if pool.withheld else 0.5):
                 session.ingest(slots.views(rollout.slot), rollout.version, rollout.steps, rollout.episodes,
                                actor_id=rollout.actor_id)
-                pool.release(rollout.actor_id, rollout.slot)
-                session.train_ready_batches(publish)
+                if synchronous_sampling:
+                    pool.withhold(rollout.actor_id, rollout.slot)
+                else:
+                    pool.release(rollout.actor_id, rollout.slot)
+                train()
                 if session.done or stop_requested.is_set():
                     break
+            if pool.withheld:
+                train()
             if time.monotonic() - last_health_check > 1.0:
                 if servers is not None:
                     servers.check_health()      # a dead server is replaced; its actors wait meanwhile
