@@ -55,7 +55,7 @@ def test_addresses_that_name_a_cluster_pass_the_syntax_check():
     node = "ab" * 28
     served = checked(algorithm="apex", multiprocessing_backend="ray", replay_server="True", replay_server_node=node)
     assert backend_options("ray", served.parallel)["replay_server_node"] == node
-    assert backend_options("python_native", checked().parallel) == {}
+    assert backend_options("python_native", checked().parallel) == {"synchronous_sampling": False}
 
 
 def test_without_ray_the_backend_names_the_install_command(monkeypatch):
