@@ -384,9 +384,7 @@ class TrainingSession:
             self.attempt(failures, "train.csv", self.write_train_metrics)  # the last row, whatever the log interval
         self.read_metric_sums()                       # the skipped updates, also without metric files
         try:
-            if failed_save is None:
-                self.saver.wait()                     # the periodic one in flight: on disk, or failed
-            path = self.save() if failed_save is None else None
+            path = self.save() if failed_save is None else None     # after the periodic one in flight
         except (SaveFailed, ReplayLost) as err:      # ReplayLost: the replay server died with the replay
             failures.append(str(err))
             log.error("%s", err)
