@@ -191,12 +191,7 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
     session = TrainingSession(plan.layout, learner, build_batches(plan, model, device, group.rank if group else 0),
                               EpisodeStats(cfg.stats.avg_buff_size), metrics, progress, run_dir, options)
     session.sync = sync
-    normalizer = observation_normalizer(model)
-    if normalizer is not None:
-        # The learner alone updates the observation statistics, from the raw observations
-        # of every fresh rollout (obs [T+1, E, D]: obs[T] is the next rollout's obs[0]);
-        # they reach the actors with the next weights (herd/models/normalize.py).
-        session.rollout_hooks.append(lambda views: normalizer.update(views["obs"][:-1]))
+    session.observation_stats = observation_normalizer(model)    # None without --normalize_observations
     if plan.checkpoint is not None:
         state = plan.checkpoint
         saved_count = int(state["config"].get("learner_count") or 1)
@@ -285,8 +280,7 @@ def start_evaluator(plan: Plan, session: TrainingSession, run_dir: Path) -> Eval
     evaluator = Evaluator(spec, model, run_dir, every_updates, every_seconds, mp.get_context("spawn"),
                           on_restart=registered)
     registered(evaluator.process.pid)
-    session.summary_extra["evaluator_restarts"] = lambda: evaluator.restarts
-    session.update_hooks.append(lambda updates: evaluator.on_update(model, updates, session.counters.env_steps))
+    session.evaluator = evaluator
     return evaluator
 
 

@@ -38,6 +38,7 @@ from herd.stopping import sigint_blocked
 from herd.errors import ActorFailure
 from herd.backends.inference_servers import InferenceServers
 from herd.inference import ServerOptions
+from herd.learner.loop import Arrival, run_loop
 from herd.learner.publisher import WeightPublisher
 from herd.learner.session import TrainingSession
 from herd.trajectory import TrajectorySlots
@@ -202,6 +203,44 @@ class ActorPool:
             self.close_channels(actor)
 
 
+class LocalRollouts:
+    """The local backend as the learner loop's RolloutSource (herd/learner/loop.py): the
+    rollouts of the pool's actors, read as views into their slots; a slot goes back to its
+    actor once ingested or, with synchronous sampling, once an update trained on it and
+    its weights were published (the actor takes them before it acts again)."""
+
+    def __init__(self, pool: ActorPool, slots: TrajectorySlots, servers: InferenceServers | None,
+                 synchronous: bool = False):
+        self.pool, self.slots, self.servers, self.synchronous = pool, slots, servers, synchronous
+
+    def receive(self, timeout: float) -> list[Arrival]:
+        # Holding slots, the next update may come from batches prepared in the background:
+        # look for it often rather than wait on actors that wait for it.
+        wait_for = min(timeout, 0.005) if self.pool.withheld else timeout
+        return [Arrival(r.actor_id, self.slots.views(r.slot), r.version, r.steps, r.episodes, ticket=r.slot)
+                for r in self.pool.receive(wait_for)]
+
+    def release(self, arrival: Arrival) -> None:
+        if self.synchronous:
+            self.pool.withhold(arrival.actor_id, arrival.ticket)
+        else:
+            self.pool.release(arrival.actor_id, arrival.ticket)
+
+    def after_training(self, trained: int) -> None:
+        if trained:
+            self.pool.release_withheld()        # synchronous sampling: the slots of what was trained on
+
+    def check_health(self) -> None:
+        if self.servers is not None:
+            self.servers.check_health()         # a dead server is replaced; its actors wait meanwhile
+        self.pool.check_health()
+
+    def summary(self) -> dict:
+        """Dead or hung actors (and inference servers) replaced."""
+        servers = {} if self.servers is None else {"inference_server_restarts": self.servers.restarts}
+        return {"actor_restarts": self.pool.restarts, **servers}
+
+
 def device_board(model: torch.nn.Module, inference_device: str, version: int, context) -> DeviceWeightBoard | None:
     """The board a server on the learner's own CUDA device reads the weights from, holding
     the model's weights as `version`; None (the servers pull SharedWeights) elsewhere.
@@ -263,52 +302,17 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
         board = device_board(session.learner.model, inference_device, session.counters.updates, context)
         servers = start_inference_servers(spec, worker_count, board or weights, inference_device, stop_actors,
                                           context, inference or InferenceSetup(), max_restarts, session.processes)
-        session.summary_extra["inference_server_restarts"] = lambda: servers.restarts
     pool = ActorPool(spec, worker_count, slots, slots_per_actor, weights, context, actor_timeout, max_restarts,
                      inference=servers, stop_event=stop_actors, registry=session.processes)
     if not session.done:
         pool.start()
-    session.summary_extra["actor_restarts"] = lambda: pool.restarts   # summary.json: dead or hung actors replaced
     # After every update; on a GPU learner the copy off the device does not block the update.
     # With a board, the same side stream also copies them device to device for the servers.
     publish = WeightPublisher(session.learner.model, host_weight_store(weights, servers, board), board=board)
-    last_health_check = time.monotonic()
-
-    def train() -> int:
-        trained = session.train_ready_batches(publish)
-        if trained:
-            pool.release_withheld()          # synchronous sampling: the slots of what was trained on
-        return trained
     try:
-        while not session.done and not stop_requested.is_set():
-            if not session.batches.has_room():
-                # The replay writer is full: train, and leave the actors' slots with us meanwhile.
-                if not train():
-                    time.sleep(0.001)
-                continue
-            # Holding slots, the next update may come from batches prepared in the background:
-            # look for it often rather than waiting on actors that wait for it.
-            for rollout in pool.receive(timeout=0.005 if pool.withheld else 0.5):
-                session.ingest(slots.views(rollout.slot), rollout.version, rollout.steps, rollout.episodes,
-                               actor_id=rollout.actor_id)
-                if synchronous_sampling:
-                    pool.withhold(rollout.actor_id, rollout.slot)
-                else:
-                    pool.release(rollout.actor_id, rollout.slot)
-                train()
-                if session.done or stop_requested.is_set():
-                    break
-            if pool.withheld:
-                train()
-            if time.monotonic() - last_health_check > 1.0:
-                if servers is not None:
-                    servers.check_health()      # a dead server is replaced; its actors wait meanwhile
-                pool.check_health()
-                last_health_check = time.monotonic()
-                session.show_progress()
+        return run_loop(session, LocalRollouts(pool, slots, servers, synchronous_sampling), publish, stop_requested)
     finally:
         publish.close()
         pool.stop()
         if servers is not None:
             servers.stop()
-    return "stopped" if stop_requested.is_set() else "finished"

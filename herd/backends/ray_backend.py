@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from herd.actors.actor import ActorSpec
 from herd.backends.ray_cluster import check_room, check_server_node, connect, describe_nodes
 from herd.backends.signals import install_stop_signals
 from herd.errors import ConfigError
+from herd.learner.loop import Arrival, run_loop
 from herd.learner.session import TrainingSession
 
 log = logging.getLogger("herd")
@@ -55,7 +55,6 @@ def train_ray(session: TrainingSession, spec: ActorSpec, worker_count: int, slot
     # ray.init replaced the SIGTERM handler (it would exit without saving): ours again, until the end.
     restore_signals = install_stop_signals(stop_requested)
     pool = remote = None
-    read = [0]     # bytes of rollout arrays the learner read (the replay in the learner)
     try:
         reserved = {} if not replay_server or replay_server_node == "learner" else {replay_server_node: SERVER_CPUS}
         for node, cpus in reserved.items():
@@ -70,41 +69,12 @@ def train_ray(session: TrainingSession, spec: ActorSpec, worker_count: int, slot
         pool = RayActorPool(spec, session.layout, worker_count, slots_per_actor, actor_cpus, board, actor_timeout,
                             max_restarts, cluster.driver_node, session.processes, fetch_arrays=not replay_server,
                             compress_obs=ray_compress_obs)
-        session.summary_extra["actor_restarts"] = lambda: pool.restarts
-        session.summary_extra["actor_nodes"] = lambda: dict(pool.nodes)   # node id -> actors started there
-        session.summary_extra["actor_weights_taken"] = lambda: pool.weights_taken    # rollouts with newer weights
-        session.summary_extra["learner_node"] = lambda: cluster.driver_node
-        session.summary_extra["replay"] = lambda: {"location": "learner", "node": cluster.driver_node,
-                                                   "rollout_bytes": read[0]}
         if not session.done:         # a resumed run whose budget is spent: no actor to start and stop
             pool.start()             # the actors start (their first calls queued) while the server starts
+        source = RayRollouts(pool, cluster.driver_node)
         if replay_server:
-            remote = serve_replay(session, replay_server_node, cluster.driver_node)
-        wake = remote.waitables if remote is not None else list
-        last_health_check = time.monotonic()
-        while not session.done and not stop_requested.is_set():
-            if not session.batches.has_room():
-                # The replay writer is full: train; the actors' finished rollouts wait in Ray meanwhile.
-                if not session.train_ready_batches(publish):
-                    time.sleep(0.001)
-                continue
-            for actor_id, rollout, arrays in pool.receive(timeout=0.5, wake=wake()):
-                if remote is None:
-                    read[0] += sum(array.nbytes for array in arrays.values())
-                # arrays: field -> [T(+1), E, ...], or their ref, which the session hands to the server
-                session.ingest(arrays, rollout.version, rollout.steps, rollout.episodes, actor_id=actor_id)
-                del arrays                               # ingest copied what it keeps: Ray may free the object
-                session.train_ready_batches(publish)
-                if pool.actors[actor_id].failed is None:
-                    pool.call(actor_id)                  # one more rollout (with the newest weights)
-                if session.done or stop_requested.is_set():
-                    break
-            if remote is not None:
-                session.train_ready_batches(publish)     # batches answered while no rollout came
-            if time.monotonic() - last_health_check > 1.0:
-                pool.check_health()
-                last_health_check = time.monotonic()
-                session.show_progress()
+            remote = source.remote = serve_replay(session, replay_server_node, cluster.driver_node)
+        return run_loop(session, source, publish, stop_requested)
     finally:
         if pool is not None:
             pool.stop()
@@ -113,7 +83,49 @@ def train_ray(session: TrainingSession, spec: ActorSpec, worker_count: int, slot
             session.use_batches(remote.hand_back(session.options.save_replay))
         restore_signals()
         cluster.shutdown()
-    return "stopped" if stop_requested.is_set() else "finished"
+
+
+class RayRollouts:
+    """The Ray backend as the learner loop's RolloutSource (herd/learner/loop.py): the
+    rollouts of the pool's actors, their arrays fetched here, or (with a replay server)
+    their refs handed on unread; each actor gets its next call once the updates that its
+    rollout made ready are trained, so the call carries the newest weights."""
+
+    def __init__(self, pool, driver_node: str):
+        self.pool, self.driver_node = pool, driver_node
+        self.remote = None          # the replay server's RemoteBatches, when there is one
+        self.bytes_read = 0         # bytes of rollout arrays the learner read (the replay in the learner)
+        self.calls_due: list[int] = []
+
+    def receive(self, timeout: float) -> list[Arrival]:
+        wake = self.remote.waitables() if self.remote is not None else []    # a replay server's answer
+        arrivals = []
+        for actor_id, rollout, arrays in self.pool.receive(timeout=timeout, wake=wake):
+            if self.remote is None:
+                self.bytes_read += sum(array.nbytes for array in arrays.values())
+            # arrays: field -> [T(+1), E, ...], or their ref, which the session hands to the server
+            arrivals.append(Arrival(actor_id, arrays, rollout.version, rollout.steps, rollout.episodes))
+        return arrivals
+
+    def release(self, arrival: Arrival) -> None:
+        arrival.fields = None                   # ingest copied what it keeps: Ray may free the object
+        self.calls_due.append(arrival.actor_id)
+
+    def after_training(self, trained: int) -> None:
+        for actor_id in self.calls_due:
+            if self.pool.actors[actor_id].failed is None:
+                self.pool.call(actor_id)        # one more rollout (with the newest weights)
+        self.calls_due.clear()
+
+    def check_health(self) -> None:
+        self.pool.check_health()
+
+    def summary(self) -> dict:
+        replay = (self.remote.describe() if self.remote is not None else
+                  {"location": "learner", "node": self.driver_node, "rollout_bytes": self.bytes_read})
+        return {"actor_restarts": self.pool.restarts, "actor_nodes": dict(self.pool.nodes),   # node id -> actors
+                "actor_weights_taken": self.pool.weights_taken,     # rollouts acted with newer weights
+                "learner_node": self.driver_node, "replay": replay}
 
 
 def serve_replay(session: TrainingSession, node: str, driver_node: str):
@@ -125,7 +137,6 @@ def serve_replay(session: TrainingSession, node: str, driver_node: str):
                                  held.writes_waiting)
     held.hand_over(remote)
     session.use_batches(remote)
-    session.summary_extra["replay"] = remote.describe
     if remote.place["node"] == driver_node:
         session.processes["replay-server"] = remote.place["pid"]     # the hardware monitor sees this node only
     return remote

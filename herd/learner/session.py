@@ -8,6 +8,7 @@ import os
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,6 +24,11 @@ from herd.monitor.metrics import EPISODE_COLUMNS, RunMetrics
 from herd.monitor.progress import ProgressLine, format_score
 from herd.monitor.stats import EpisodeStats
 from herd.trajectory import TrajectoryLayout
+
+if TYPE_CHECKING:
+    from herd.eval_worker import Evaluator
+    from herd.learner.loop import RolloutSource
+    from herd.models.normalize import ObservationNormalizer
 
 log = logging.getLogger("herd")
 
@@ -105,9 +111,12 @@ class TrainingSession:
         # The run's processes by role (learner, actor-<i>, inference), kept by the backend
         # as it starts and restarts them: what the hardware monitor measures.
         self.processes: dict[str, int] = {"learner": os.getpid()}
-        self.update_hooks: list = []   # fn(updates) after every update (the evaluator's schedule)
-        self.rollout_hooks: list = []  # fn(views) for every rollout ingested (observation statistics)
-        self.summary_extra: dict = {}  # name -> fn() -> value: what other parts add to summary.json
+        # Collaborators, each optional and named. The statistics of observation
+        # normalisation (herd/models/normalize.py), updated from every fresh rollout's raw
+        # observations; they reach the actors with the next weights.
+        self.observation_stats: ObservationNormalizer | None = None
+        self.evaluator: Evaluator | None = None     # herd/eval_worker.py: told of every update
+        self.source: RolloutSource | None = None    # herd/learner/loop.py: its summary goes into summary.json
         # With several learners (herd.learner.distributed): what this one counts waits in
         # sync.pending for the next round, and every learner counts every learner's tally
         # from the round, so counters and statistics are the group's totals everywhere.
@@ -131,8 +140,8 @@ class TrainingSession:
         another process (the Ray backend's replay server), the reference to the rollout
         that its batch source forwards there: this process never reads it (validate()
         refuses the options whose rollout hooks would)."""
-        for hook in self.rollout_hooks:
-            hook(views)
+        if self.observation_stats is not None:
+            self.observation_stats.update(views["obs"][:-1])   # obs [T+1, E, D]: obs[T] is the next rollout's obs[0]
         lag = self.counters.updates - version
         # Too far off-policy to train on; its steps and games still count.
         stale = self.options.max_policy_lag is not None and lag > self.options.max_policy_lag
@@ -208,8 +217,8 @@ class TrainingSession:
                 # after its last pass only.
                 on_update(self.counters.updates)
                 self.publishes += 1
-            for hook in self.update_hooks:
-                hook(self.counters.updates)
+            if self.evaluator is not None:
+                self.evaluator.on_update(self.learner.model, self.counters.updates, self.counters.env_steps)
             trained += 1
             if self.counters.updates % self.options.log_interval == 0:
                 self.write_train_metrics()
@@ -357,7 +366,8 @@ class TrainingSession:
                if self.marked_stats is not None else {}),
             "total_time_s": round(self.elapsed, 2),
             **self.options.description,
-            **{name: value() for name, value in self.summary_extra.items()},
+            **({"evaluator_restarts": self.evaluator.restarts} if self.evaluator is not None else {}),
+            **(self.source.summary() if self.source is not None else {}),
         }
 
     def use_batches(self, batches) -> None:
