@@ -96,8 +96,10 @@ def main() -> None:
         from herd.envs.registry import profile_kind
         flags = dict(arg[2:].split("=", 1) for arg in herd_args[1:] if arg.startswith("--") and "=" in arg)
         flags["environment_max_steps"] = str(DEFAULT_ATARI_STEPS)
-        horizon = resolve(flags, env_kind=profile_kind).train.lr_scheduler_steps
-        herd_args += [f"--environment_max_steps={args.frames // FRAME_SKIP}", f"--lr_scheduler_steps={horizon}"]
+        herd_args.append(f"--environment_max_steps={args.frames // FRAME_SKIP}")
+        if "lr_scheduler_steps" not in flags:       # a horizon given in --extra is kept
+            horizon = resolve(flags, env_kind=profile_kind).train.lr_scheduler_steps
+            herd_args.append(f"--lr_scheduler_steps={horizon}")
     with tempfile.TemporaryDirectory() as tmp:
         run_dir, launch, code = run_herd(herd_args, Path(args.keep or tmp), stop_after=args.minutes * 60,
                                          timeout=args.minutes * 60 + 300)
