@@ -52,6 +52,8 @@ class GeneralConfig:
     load_model_url: Optional[str] = opt(None, "the saved run folder or checkpoint file to load")
     load_optimizer_save: bool = opt(True, "restore optimizer and LR-scheduler state on train_w_load")
     save_model_period: int = opt(1000, "save a checkpoint every N learner updates")
+    save_model_seconds: Optional[float] = opt(None, "also save a checkpoint once this many seconds have passed "
+                                                    "since the last one (unset: by updates only)")
     debug: bool = opt(False, "debug mode: verbose logging")
     seed: Optional[int] = opt(None, "random seed (random when unset; the chosen seed is saved with the run)")
     reproducible: bool = opt(False, "deterministic mode: seeded everything and deterministic torch kernels")

@@ -176,6 +176,7 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
                                       f"minibatches ({reuse.steps} gradient steps)")
     options = SessionOptions(
         max_env_steps=cfg.train.environment_max_steps, save_model_period=cfg.general.save_model_period,
+        save_model_seconds=cfg.general.save_model_seconds,
         log_interval=cfg.stats.verbose_learner_out_int, device=device,
         checkpoint_extra={"config": cfg.to_flat(), "env_spec": env_spec_dict(cfg, plan.env_spec),
                           "model_signature": model_signature(model), "run_dir": str(run_dir)},

@@ -125,6 +125,9 @@ def validate(cfg: Config) -> None:
     t, lo = cfg.train, cfg.loss
     if not t.lr or t.lr <= 0:
         raise ConfigError(f"--lr must be > 0, got {t.lr}")
+    seconds = cfg.general.save_model_seconds
+    if seconds is not None and not 0 < seconds < float("inf"):
+        raise ConfigError(f"--save_model_seconds must be a number of seconds > 0, got {seconds}")
     if t.lr > FLOAT32_MAX:   # the optimizers compute in float32: such an lr is infinite there
         raise ConfigError(f"--lr={t.lr:g} is beyond float32's range (the weights' type): use a learning rate < 1")
     if not t.lr_decay_power > 0:   # 0 would hold lr_end_value from the first update on

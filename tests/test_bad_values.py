@@ -29,6 +29,9 @@ def validated(**options):
     ({"worker_count": "1000"}, "--worker_count=1000 is more actor processes"),
     ({"results_dir": ""}, "--results_dir is empty"),
     ({"results_dir": "  "}, "--results_dir is empty"),
+    ({"save_model_seconds": "0"}, "--save_model_seconds must be a number of seconds > 0"),
+    ({"save_model_seconds": "-3"}, "--save_model_seconds must be a number of seconds > 0"),
+    ({"save_model_seconds": "inf"}, "finite"),
 ])
 def test_bad_value_is_one_line(options, words):
     with pytest.raises(ConfigError) as caught:

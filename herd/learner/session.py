@@ -72,6 +72,7 @@ class SessionOptions:
     # The actor whose games are marked in episodes.csv and averaged on their own (Ape-X: the
     # least exploring one, whose play is closest to the greedy policy); None: no marks.
     least_exploring_actor: int | None = None
+    save_model_seconds: float | None = None                # also a checkpoint when this long since the last
 
     def train_columns(self) -> list[str]:
         marked = ["least_exploring_average"] if self.least_exploring_actor is not None else []
@@ -94,6 +95,7 @@ class TrainingSession:
         self.progress = progress
         self.run_dir = run_dir
         self.saver = BackgroundSaver(run_dir)       # the periodic checkpoints' writer thread
+        self.last_save = time.monotonic()           # the last periodic checkpoint (or the start)
         self.options = options
         self.counters = Counters()
         self.start_time = time.monotonic()
@@ -222,7 +224,7 @@ class TrainingSession:
             trained += 1
             if self.counters.updates % self.options.log_interval == 0:
                 self.write_train_metrics()
-            if self.counters.updates % self.options.save_model_period == 0:
+            if self.checkpoint_due():
                 self.save_in_background()
             self.saver.check()                                  # a background write that failed ends the run
         self.show_progress()
@@ -299,9 +301,17 @@ class TrainingSession:
         self.saver.wait()
         return write_checkpoint(self.state_dict(), self.run_dir, self.counters.updates)
 
+    def checkpoint_due(self) -> bool:
+        """Every save_model_period updates, and (--save_model_seconds) once that long has
+        passed since the last checkpoint of this session."""
+        seconds = self.options.save_model_seconds
+        return (self.counters.updates % self.options.save_model_period == 0
+                or (seconds is not None and time.monotonic() - self.last_save >= seconds))
+
     def save_in_background(self) -> None:
         """The periodic checkpoint: the state as of this update, snapshotted here and
         written by the saver's thread (herd/learner/saver.py) while training goes on."""
+        self.last_save = time.monotonic()
         if self.options.primary:
             self.saver.offer(host_snapshot(self.state_dict()), self.counters.updates)
 

@@ -19,7 +19,7 @@ from herd.inputs import MAX_FILE_BYTES, excerpt, parse_json, quoted, read_bounde
 # configuration; `herd plot` draws them as one mean and band.
 NOT_CONFIGURATION = frozenset((
     "seed", "results_dir", "load_model_url", "continues_from", "op_mode", "name", "tag", "provenance",
-    "picked_for_this_machine", "load_optimizer_save", "save_model_period", "save_replay", "debug", "device",
+    "picked_for_this_machine", "load_optimizer_save", "save_model_period", "save_model_seconds", "save_replay", "debug", "device",
     "actor_inference", "environment_max_steps", "multiprocessing_backend", "actor_timeout", "max_actor_restarts",
     "learner_timeout", "ray_address", "actor_cpus", "replay_server_node", "avg_buff_size", "verbose_worker_out_int",
     "verbose_learner_out_int", "basic_verbose", "worker_verbose", "background_save", "tensorboard",

@@ -24,7 +24,7 @@ ENVS, UNROLL, ROLLOUTS = 2, 8, 12
 def session(tmp_path):
     plan = prepare({"env": "CartPole-v1", "seed": 3, "tensorboard": False, "basic_verbose": False,
                     "envs_per_worker": ENVS, "r_f_steps": UNROLL, "batch_size": 4, "caching": False,
-                    "environment_max_steps": ENVS * UNROLL * ROLLOUTS})
+                    "environment_max_steps": ENVS * UNROLL * ROLLOUTS, "save_model_period": 10**6})
     built = build_session(plan, tmp_path)
     yield built
     built.batches.close()
@@ -91,6 +91,16 @@ def test_a_stop_ends_the_loop_before_it_receives(session):
     source = ScriptedSource(session)
     assert run_loop(session, source, lambda version: None, stop) == "stopped"
     assert source.events == [] and session.counters.rollouts == 0
+
+
+@pytest.mark.parametrize("seconds", [None, 1e-9], ids=["by-updates-only", "on-a-timer"])
+def test_checkpoints_on_a_timer_as_well_as_by_updates(session, seconds):
+    session.options.save_model_seconds = seconds
+    run_loop(session, ScriptedSource(session), lambda version: None, threading.Event())
+    session.saver.wait()
+    written = sorted(p.name for p in (session.run_dir / "checkpoints").glob("ckpt_*.pt"))
+    # No update reaches the period: only the timer writes, in the background, during the run.
+    assert (written != []) == (seconds is not None), written
 
 
 class RecordingPool:
