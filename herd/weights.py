@@ -34,9 +34,12 @@ def copy_parts(flat: torch.Tensor, parts: torch.Tensor | Sequence[torch.Tensor],
     if isinstance(parts, torch.Tensor):
         flat.copy_(parts, non_blocking=non_blocking)
         return
-    views = flat.split([part.numel() for part in parts])
-    torch._foreach_copy_([view.view(part.shape) for view, part in zip(views, parts)], list(parts),
-                         non_blocking=non_blocking)
+    torch._foreach_copy_(flat_views(flat, parts), list(parts), non_blocking=non_blocking)
+
+
+def flat_views(flat: torch.Tensor, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of flat [P], one per part and of its shape, laid end to end."""
+    return [view.view(part.shape) for view, part in zip(flat.split([part.numel() for part in parts]), parts)]
 
 
 class SharedWeights:
@@ -45,6 +48,7 @@ class SharedWeights:
         self.flat = parameters_to_vector(model.parameters()).detach().cpu().clone().share_memory_()
         self._version = context.Value("q", 0, lock=False)
         self._sequence = context.Value("q", 0, lock=False)   # odd while a publish is copying in
+        self.views: tuple[tuple, list[torch.Tensor]] = ((), [])  # (the parts' shapes, flat's views for them)
 
     @property
     def version(self) -> int:
@@ -63,7 +67,13 @@ class SharedWeights:
         learner), or a CPU learner's parameters themselves, copied in with no joined copy
         between (copy_parts)."""
         self._sequence.value += 1
-        copy_parts(self.flat, vector)
+        if isinstance(vector, torch.Tensor):
+            self.flat.copy_(vector)
+        else:
+            shapes = tuple(part.shape for part in vector)
+            if shapes != self.views[0]:         # made once: the same parameters every update
+                self.views = (shapes, flat_views(self.flat, vector))
+            torch._foreach_copy_(self.views[1], list(vector))
         self._version.value = self._version.value + 1 if version is None else version
         self._sequence.value += 1
         return int(self._version.value)

@@ -41,6 +41,10 @@ class WeightPublisher:
         if write is None and board is None:
             raise ValueError("a weight publisher needs somewhere to publish: a host store or a device board")
         self.params = list(model.parameters())
+        with torch.no_grad():
+            # A CPU learner's parameters, copied straight in: no joined [P] between. Detached
+            # once: they share the parameters' memory, which the optimizer updates in place.
+            self.parts = [p.detach() for p in self.params]
         self.write = write
         self.board = board
         self.device = self.params[0].device
@@ -54,12 +58,10 @@ class WeightPublisher:
     def __call__(self, version: int) -> None:
         if self.device.type != "cuda":
             try:
-                with torch.no_grad():
-                    parts = [p.detach() for p in self.params]     # copied straight in: no joined [P] between
                 if self.write is not None:
-                    self.write(parts, version)
+                    self.write(self.parts, version)
                 if self.board is not None:
-                    self.board.publish_vector(parts, version)
+                    self.board.publish_vector(self.parts, version)
             except Exception as err:
                 raise PublishFailed(f"the weights could not be published ({failure_line(err)}): the actors "
                                     "would act on frozen weights, so the run stops") from err

@@ -34,13 +34,15 @@ class MetricSums:
         self.last_run = 0
 
     def add(self, metrics: dict[str, Tensor]) -> None:
-        values = torch.stack([metrics[name].detach().to(torch.float64) for name in self.names])   # [M]
+        with torch.no_grad():       # one stack, one conversion: a few ops whatever the number of metrics
+            values = torch.stack([metrics[name] for name in self.names]).to(torch.float64)   # [M]
         # A skipped update's non-finite loss is not averaged in (its update changed nothing);
         # the skip itself is counted below.
         finite = torch.isfinite(values)
         self.sums += torch.where(finite, values, 0.0)
         self.counts += finite
-        skipped = metrics["skipped"].detach().to(torch.float64)
+        skipped = values[self.names.index("skipped")] if "skipped" in self.names else \
+            metrics["skipped"].detach().to(torch.float64)
         self.skipped += skipped
         self.skip_run.mul_(skipped).add_(skipped)           # +1 on a skip, back to 0 on an update
         torch.maximum(self.longest_skip_run, self.skip_run, out=self.longest_skip_run)

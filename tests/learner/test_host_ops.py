@@ -1,0 +1,87 @@
+"""What the learner's host does around one update, counted (not timed) on a CPU learner:
+the torch ops that train_ready_batches dispatches for one batch of a Pong run, after the first
+(herd/training.py build_session; the batch source direct, so everything runs on this
+thread), with the gradient step replaced by one that returns a real step's metrics
+without computing, and the weights published into SharedWeights as a run does. The
+bound is today's count with a little room: the update's bookkeeping (the batch's
+tensors, the metric sums, the publish) must stay a few dozen ops, whatever the batch
+size. The negative control adds one op per metric and sees the bound fail."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import herd.learner.step_metrics as step_metrics
+from herd.learner.learner import StepResult
+from herd.learner.publisher import WeightPublisher
+from herd.plan import prepare
+from herd.training import build_session
+from herd.trajectory import TrajectorySlots
+from herd.weights import SharedWeights
+
+HOST_OPS_PER_UPDATE = 30      # aten ops dispatched by train_ready_batches for one update, at most
+
+
+class OpCount(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture(scope="module")
+def pong_plan():
+    return prepare({"env": "PongNoFrameskip-v4", "seed": 1, "tensorboard": False, "basic_verbose": False,
+                    "learner_precision": "fp32", "learner_layout": "nchw", "learner_compile": False,
+                    "envs_per_worker": 8, "batch_size": 8, "r_f_steps": 20, "worker_count": 1, "caching": False})
+
+
+def ops_of_one_update(plan, tmp_path, extra_per_metric: int = 0) -> tuple[int, Counter]:
+    session = build_session(plan, tmp_path)
+    metrics = {name: torch.zeros(()) for name in (*session.options.metric_names, "grad_norm", "lr", "skipped")}
+    session.learner.step = lambda batch: StepResult(metrics)
+    if extra_per_metric:
+        real_add = step_metrics.MetricSums.add
+
+        def add(self, values):
+            for value in values.values():
+                for _ in range(extra_per_metric):
+                    value.add(0)        # the injected defect: one more op per metric
+            real_add(self, values)
+        session.metric_sums.add = add.__get__(session.metric_sums)
+    weights = SharedWeights(session.learner.model)
+    publish = WeightPublisher(session.learner.model, weights.publish_vector)
+    slots = TrajectorySlots(plan.layout, 1, 8)
+    for tensor in slots.tensors.values():
+        tensor.zero_()
+    try:
+        session.ingest(slots.views(0), version=0, steps=160, episodes=[])
+        assert session.train_ready_batches(publish) == 1    # the first: what is made once happens here
+        session.ingest(slots.views(0), version=1, steps=160, episodes=[])
+        counting = OpCount()
+        with counting:
+            trained = session.train_ready_batches(publish)
+        assert trained == 1 and weights.version == 2        # the update ran and was published
+    finally:
+        publish.close()
+        session.batches.close()
+        if session.metrics is not None:
+            session.metrics.close()
+    return sum(counting.ops.values()), counting.ops
+
+
+def test_one_update_costs_the_host_a_bounded_number_of_torch_ops(pong_plan, tmp_path):
+    total, ops = ops_of_one_update(pong_plan, tmp_path)
+    assert total <= HOST_OPS_PER_UPDATE, sorted(ops.items())
+
+
+def test_the_bound_sees_one_more_op_per_metric(pong_plan, tmp_path):
+    total, ops = ops_of_one_update(pong_plan, tmp_path, extra_per_metric=1)
+    assert total > HOST_OPS_PER_UPDATE, sorted(ops.items())
