@@ -41,8 +41,7 @@ class MetricSums:
         finite = torch.isfinite(values)
         self.sums += torch.where(finite, values, 0.0)
         self.counts += finite
-        skipped = values[self.names.index("skipped")] if "skipped" in self.names else \
-            metrics["skipped"].detach().to(torch.float64)
+        skipped = metrics["skipped"].detach().to(torch.float64)
         self.skipped += skipped
         self.skip_run.mul_(skipped).add_(skipped)           # +1 on a skip, back to 0 on an update
         torch.maximum(self.longest_skip_run, self.skip_run, out=self.longest_skip_run)
