@@ -27,14 +27,16 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 PUBLISH_DEADLINE_S = 30.0   # a publish is one memcpy (milliseconds): this long odd means its writer died
 
 
-def copy_parts(flat: torch.Tensor, parts: torch.Tensor | Sequence[torch.Tensor], non_blocking: bool = False) -> None:
+def copy_parts(flat: torch.Tensor, parts: torch.Tensor | Sequence[torch.Tensor], non_blocking: bool = False,
+               views: list[torch.Tensor] | None = None) -> None:
     """flat [P] <- parts: a flat vector [P], or tensors whose elements, laid end to end in
     order, make the P (a model's parameters: one copy each, straight into flat, where
-    joining them first would copy every weight twice)."""
+    joining them first would copy every weight twice). views: flat_views(flat, parts),
+    when the caller keeps them from one copy to the next."""
     if isinstance(parts, torch.Tensor):
         flat.copy_(parts, non_blocking=non_blocking)
         return
-    torch._foreach_copy_(flat_views(flat, parts), list(parts), non_blocking=non_blocking)
+    torch._foreach_copy_(flat_views(flat, parts) if views is None else views, list(parts), non_blocking=non_blocking)
 
 
 def flat_views(flat: torch.Tensor, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -67,16 +69,17 @@ class SharedWeights:
         learner), or a CPU learner's parameters themselves, copied in with no joined copy
         between (copy_parts)."""
         self._sequence.value += 1
-        if isinstance(vector, torch.Tensor):
-            self.flat.copy_(vector)
-        else:
-            shapes = tuple(part.shape for part in vector)
-            if shapes != self.views[0]:         # made once: the same parameters every update
-                self.views = (shapes, flat_views(self.flat, vector))
-            torch._foreach_copy_(self.views[1], list(vector))
+        copy_parts(self.flat, vector, views=None if isinstance(vector, torch.Tensor) else self.views_for(vector))
         self._version.value = self._version.value + 1 if version is None else version
         self._sequence.value += 1
         return int(self._version.value)
+
+    def views_for(self, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """flat's views for these parts, made once: a learner publishes the same parameters every update."""
+        shapes = tuple(part.shape for part in parts)
+        if shapes != self.views[0]:
+            self.views = (shapes, flat_views(self.flat, parts))
+        return self.views[1]
 
     def pull(self, model: torch.nn.Module, have_version: int) -> int:
         """Loads the published weights into `model` if they are newer; returns their version."""
