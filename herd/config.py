@@ -231,7 +231,7 @@ class LossConfig:
 # -- continuous control ------------------------------------------------------
 @dataclass
 class ContinuousConfig:
-    normalize_observations: Optional[bool] = opt(None, "normalise vector observations by a running mean and std (updated by the learner from fresh rollouts, carried with the weights, saved in checkpoints; default: on for continuous-action tasks, off otherwise)")
+    normalize_observations: Optional[bool] = opt(None, "normalise observations by a running mean and std: per feature for vector observations, per pixel for Atari frames (nature_cnn, resnet); updated by the learner from fresh rollouts, carried with the weights, saved in checkpoints (default: on for continuous-action tasks, off otherwise)")
     reward_scale: Optional[float] = opt(None, "multiply a vector task's rewards by this for learning (scores stay raw; default: 0.1 for IMPALA on vector tasks, discrete or continuous; 1 for Ape-X)")
     initial_log_std: float = opt(-1.0, "continuous actions: initial log standard deviation of the Gaussian policy, in the [-1, 1] action space the Box bounds are rescaled to")
 # -- end continuous control

@@ -30,10 +30,16 @@ def test_discrete_plans_keep_their_network_arguments(tmp_path):
     assert str(plan.layout.fields()["action"][1]) == "int64"
 
 
+def test_atari_frames_can_be_normalised_per_pixel(tmp_path):
+    plan = prepare({"env": "PongNoFrameskip-v4", "normalize_observations": "True", "results_dir": str(tmp_path)})
+    assert plan.model_kwargs["normalize_observations"] is True and "action_distribution" not in plan.model_kwargs
+
+
 @pytest.mark.parametrize("options, words", [
     ({"env": "Pendulum-v1", "algorithm": "apex"}, ["--algorithm=apex needs discrete actions", "--algorithm=impala"]),
     ({"env": "Pendulum-v1", "actor_inference": "server"}, ["--actor_inference=server", "local"]),
-    ({"env": "PongNoFrameskip-v4", "normalize_observations": "True"}, ["--normalize_observations", "vector"]),
+    ({"env": "MinAtar/Breakout-v1", "normalize_observations": "True"}, ["network minatar_cnn has no observation "
+                                                                        "normaliser", "nature_cnn or resnet"]),
     ({"env": "CartPole-v1", "algorithm": "apex", "normalize_observations": "True"}, ["built for --algorithm=impala"]),
     ({"env": "Pendulum-v1", "learner_count": "2", "worker_count": "2"}, ["--learner_count=2", "one learner"]),
     ({"env": "Pendulum-v1", "reward_scale": "0"}, ["--reward_scale must be a positive number"]),

@@ -23,6 +23,9 @@ NETWORKS = ("auto", "mlp", "nature_cnn", "resnet", "minatar_cnn")
 # smaller frames (MinAtar's 10x10) the small network made for them.
 NATURE_CNN_MIN_SIDE = 36
 IMAGE_NETWORKS = {"nature_cnn": NatureCNN, "resnet": ImpalaResNet, "minatar_cnn": MinAtarCNN}
+# The image networks with a per-pixel FrameNormalizer (MinAtar's frames are 0/1 channels of
+# objects, already as informative as a normaliser would make them).
+FRAME_NORMALIZING_NETWORKS = ("nature_cnn", "resnet")
 
 
 def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int, feature_size: Optional[int],
@@ -39,7 +42,8 @@ def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int
     (herd/models/core.py); such a network also has unroll(obs, CoreInput) -> (out, state).
     action_distribution: "categorical" (num_actions logits) or "gaussian" (continuous actions
     of dimension num_actions: mean and log-std in the logits field, initial_log_std its start);
-    normalize_observations: a running mean/std normaliser of vector observations (both mlp only).
+    normalize_observations: a running mean/std normaliser of vector observations (mlp) or of
+    frames, per pixel (nature_cnn, resnet).
     Every mismatch raises ValueError with one line (the config layer shows it as is)."""
     if head not in HEADS:
         raise ValueError(f"unknown head '{head}' (use one of {', '.join(HEADS)})")
@@ -70,14 +74,18 @@ def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int
         return MLPNet(obs_shape[0], num_actions, tuple(int(h) for h in hidden_sizes), feature_size, use_feature_layer,
                       head=head, core_size=lstm_size, action_distribution=action_distribution,
                       initial_log_std=initial_log_std, normalize_observations=normalize_observations)
-    if action_distribution != "categorical" or normalize_observations:
-        raise ValueError(f"network {network} has discrete actions and no observation normaliser: continuous actions "
-                         "and --normalize_observations need vector observations (network mlp)")
+    if action_distribution != "categorical":
+        raise ValueError(f"network {network} has discrete actions: continuous actions need vector observations "
+                         "(network mlp)")
+    if normalize_observations and network not in FRAME_NORMALIZING_NETWORKS:
+        raise ValueError(f"network {network} has no observation normaliser: --normalize_observations needs "
+                         f"network {' or '.join(('mlp',) + FRAME_NORMALIZING_NETWORKS)}")
     if len(obs_shape) != 3:
         raise ValueError(f"network {network} needs frames [C, H, W], this environment gives shape {obs_shape}")
     cls = IMAGE_NETWORKS[network]
+    extra = dict(normalize_observations=True) if normalize_observations else {}
     return cls(obs_shape[0], num_actions, feature_size, use_feature_layer, frame_hw=obs_shape[1:], head=head,
-               core_size=lstm_size)
+               core_size=lstm_size, **extra)
 
 
 def observation_normalizer(model: nn.Module):

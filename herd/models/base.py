@@ -124,15 +124,19 @@ def flatten_time(obs: Tensor, event_dims: int, name: str) -> tuple[Tensor, int, 
     return obs.reshape(T * B, *obs.shape[2:]), T, B
 
 
-def frames_to_float(frames: Tensor, memory_format: torch.memory_format = torch.contiguous_format) -> Tensor:
+def frames_to_float(frames: Tensor, memory_format: torch.memory_format = torch.contiguous_format,
+                    normalizer: Optional[nn.Module] = None) -> Tensor:
     """Frames stay uint8 (4x smaller in buffers and queues) until here, where they become
     floats in [0, 1]: float32, or straight the autocast dtype (bfloat16) under autocast,
     which the first convolution would cast them to anyway (one pass over the largest
     tensor of the step instead of two; measured 1.3x on a 600-frame forward pass). Float
     frames are taken as already scaled. Division rather than multiplication by 1/255
-    keeps 255 -> exactly 1.0."""
+    keeps 255 -> exactly 1.0. With a normalizer (herd/models/normalize.py FrameNormalizer,
+    --normalize_observations) the frames are normalised per pixel instead."""
     device = frames.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+    if normalizer is not None:
+        return normalizer(frames, dtype, memory_format)
     if frames.dtype == torch.uint8:
         return frames.to(dtype, memory_format=memory_format).div_(255.0)
     return frames.to(torch.float32, memory_format=memory_format)

@@ -1,5 +1,6 @@
 """Convolutional networks for stacked frames: the Nature DQN CNN and the IMPALA ResNet.
-Both take uint8 frames [T, B, C, H, W] and scale them to [0, 1] themselves."""
+Both take uint8 frames [T, B, C, H, W] and scale them to [0, 1] themselves, or normalise
+them per pixel (normalize_observations: herd/models/normalize.py FrameNormalizer)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -10,6 +11,7 @@ from torch import Tensor, nn
 
 from herd.models.base import Heads, ModelOutput, TrainingLayout, flatten_time, frames_to_float, orthogonal, probe_flat_size
 from herd.models.core import CoreInput, LSTMCore, heads_after_core
+from herd.models.normalize import FrameNormalizer
 
 RELU_GAIN = 2 ** 0.5
 
@@ -20,8 +22,11 @@ class NatureCNN(nn.Module, TrainingLayout):
     torso_size = 512
 
     def __init__(self, in_channels: int, num_actions: int, feature_size: Optional[int] = 512,
-                 use_feature_layer: bool = True, frame_hw=(84, 84), head: str = "actor_critic", core_size: int = 0):
+                 use_feature_layer: bool = True, frame_hw=(84, 84), head: str = "actor_critic", core_size: int = 0,
+                 normalize_observations: bool = False):
         super().__init__()
+        # Running per-pixel mean/std (herd/models/normalize.py: who updates it).
+        self.obs_normalizer = FrameNormalizer(frame_hw) if normalize_observations else None
         self.convs = nn.Sequential(
             orthogonal(nn.Conv2d(in_channels, 32, 8, stride=4), RELU_GAIN), nn.ReLU(),
             orthogonal(nn.Conv2d(32, 64, 4, stride=2), RELU_GAIN), nn.ReLU(),
@@ -53,7 +58,7 @@ class NatureCNN(nn.Module, TrainingLayout):
         # learner's GPU time in layout conversions (shared/gpu/README.md), so there too.
         channels_last = self.channels_last_when_training and torch.is_grad_enabled()
         fmt = torch.channels_last if channels_last else torch.contiguous_format
-        return heads_after_core(self.heads, self.core, self.fc(self.convs(frames_to_float(frames, fmt))), T, B, core)
+        return heads_after_core(self.heads, self.core, self.fc(self.convs(frames_to_float(frames, fmt, self.obs_normalizer))), T, B, core)
 
 
 class ResidualBlock(nn.Module):
@@ -80,8 +85,9 @@ class ImpalaResNet(nn.Module, TrainingLayout):
 
     def __init__(self, in_channels: int, num_actions: int, feature_size: Optional[int] = 256,
                  use_feature_layer: bool = True, frame_hw=(84, 84), channels=(16, 32, 32),
-                 head: str = "actor_critic", core_size: int = 0):
+                 head: str = "actor_critic", core_size: int = 0, normalize_observations: bool = False):
         super().__init__()
+        self.obs_normalizer = FrameNormalizer(frame_hw) if normalize_observations else None
         stages, width = [], in_channels
         for out in channels:
             stages += [nn.Conv2d(width, out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
@@ -108,4 +114,4 @@ class ImpalaResNet(nn.Module, TrainingLayout):
         # Where gradients flow, channels_last_when_training decides (a CPU learner times both).
         channels_last = self.channels_last_when_training if torch.is_grad_enabled() else not frames.is_cuda
         fmt = torch.channels_last if channels_last else torch.contiguous_format
-        return heads_after_core(self.heads, self.core, self.fc(self.stages(frames_to_float(frames, fmt))), T, B, core)
+        return heads_after_core(self.heads, self.core, self.fc(self.stages(frames_to_float(frames, fmt, self.obs_normalizer))), T, B, core)

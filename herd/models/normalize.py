@@ -1,4 +1,7 @@
-"""Running observation normalisation for vector tasks: (x - mean) / std, clipped.
+"""Running observation normalisation: (x - mean) / std, clipped; for vector observations
+(ObservationNormalizer, one mean and std per feature) and for stacked frames
+(FrameNormalizer, one mean and std per pixel, as Sample Factory's and rl_games' Atari
+defaults normalise their inputs).
 
 Where the statistics live and who updates them, so that every process agrees:
   - They are part of the model, as frozen parameters (requires_grad=False, like the
@@ -24,6 +27,8 @@ EPSILON = 1e-8       # keeps a constant feature (std 0) finite
 
 
 class ObservationNormalizer(nn.Module):
+    variance_floor = EPSILON
+
     def __init__(self, size: int):
         super().__init__()
         # float32 like every other parameter (SharedWeights holds one flat float32 vector);
@@ -35,7 +40,7 @@ class ObservationNormalizer(nn.Module):
 
     def forward(self, obs: Tensor) -> Tensor:
         """obs [N, D] float -> normalised [N, D]."""
-        return ((obs - self.mean) / torch.sqrt(self.var + EPSILON)).clamp(-CLIP, CLIP)
+        return ((obs - self.mean) / torch.sqrt(self.var + self.variance_floor)).clamp(-CLIP, CLIP)
 
     @torch.no_grad()
     def update(self, obs) -> None:
@@ -56,3 +61,39 @@ class ObservationNormalizer(nn.Module):
         self.mean.copy_(new_mean.to(self.mean.dtype))
         self.var.copy_(new_var.to(self.var.dtype))
         self.count.fill_(total)
+
+
+class FrameNormalizer(ObservationNormalizer):
+    """Stacked frames [N, C, H, W], uint8 or floats in [0, 1], normalised per pixel: one
+    mean and std per (h, w), shared by the C stacked frames (the same pictures, a few steps
+    apart) and gathered from each observation's newest frame only (a quarter of the work).
+    A pixel that never changed (Pong's background) becomes 0; the ball and the paddles
+    stand out by several stds. The variance floor (1e-5, std 0.003 of the [0, 1] range)
+    keeps a pixel that was constant so far from turning one level of change into +-10.
+
+    Computed in float32 and only then cast to the autocast dtype: in bfloat16 a constant
+    pixel minus its mean would not be exactly 0 (two roundings), and the floor would
+    magnify that into a fixed pattern of noise."""
+
+    variance_floor = 1e-5
+
+    def __init__(self, frame_hw: tuple[int, int]):
+        super().__init__(int(frame_hw[0]) * int(frame_hw[1]))
+        self.frame_hw = (int(frame_hw[0]), int(frame_hw[1]))
+
+    def forward(self, frames: Tensor, dtype: torch.dtype = torch.float32,
+                memory_format: torch.memory_format = torch.contiguous_format) -> Tensor:
+        """frames [N, C, H, W] uint8 (or float in [0, 1]) -> normalised [N, C, H, W] in dtype."""
+        x = frames.to(torch.float32, memory_format=memory_format)
+        if frames.dtype == torch.uint8:
+            x = x.div_(255.0)
+        mean = self.mean.view(self.frame_hw)                                    # [H, W]
+        inv_std = torch.rsqrt(self.var + self.variance_floor).view(self.frame_hw)
+        return x.sub_(mean).mul_(inv_std).clamp_(-CLIP, CLIP).to(dtype, memory_format=memory_format)
+
+    @torch.no_grad()
+    def update(self, obs) -> None:
+        """Adds the newest frame of each observation [..., C, H, W] (uint8 numpy or tensor)."""
+        frames = torch.as_tensor(np.asarray(obs))[..., -1, :, :]                # [..., H, W]
+        scale = 255.0 if frames.dtype == torch.uint8 else 1.0
+        super().update(frames.to(torch.float64).div_(scale))

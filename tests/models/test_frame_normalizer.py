@@ -1,0 +1,76 @@
+"""--normalize_observations on frames: a running mean and std per pixel (herd/models/normalize.py
+FrameNormalizer), gathered from real Pong frames, applied inside the image networks."""
+import numpy as np
+import pytest
+import torch
+
+from herd.envs import make_env
+from herd.models import build_model, observation_normalizer
+from herd.models.normalize import CLIP, FrameNormalizer
+
+
+@pytest.fixture(scope="module")
+def pong_frames():
+    """[N, 4, 84, 84] uint8: 200 steps of Pong under random actions."""
+    env = make_env("PongNoFrameskip-v4", seed=3)
+    obs, _ = env.reset(seed=3)
+    frames, rng = [], np.random.default_rng(3)
+    for _ in range(200):
+        obs, _, terminated, truncated, _ = env.step(int(rng.integers(env.action_space.n)))
+        frames.append(np.asarray(obs))
+        if terminated or truncated:
+            obs, _ = env.reset()
+    env.close()
+    return np.stack(frames)
+
+
+def test_statistics_are_per_pixel_of_the_newest_frame(pong_frames):
+    norm = FrameNormalizer((84, 84))
+    norm.update(pong_frames[:120].reshape(60, 2, 4, 84, 84))       # [T, E, C, H, W], as a rollout gives them
+    norm.update(pong_frames[120:])
+    newest = pong_frames[:, -1].reshape(200, -1).astype(np.float64) / 255
+    assert float(norm.count) == 200
+    np.testing.assert_allclose(norm.mean.numpy(), newest.mean(0), atol=1e-6)
+    np.testing.assert_allclose(norm.var.numpy(), newest.var(0), atol=1e-6)
+    # A negative control: statistics of every stacked frame would differ where things move.
+    every = pong_frames.reshape(800, -1).astype(np.float64) / 255
+    assert not np.allclose(norm.mean.numpy(), every.mean(0), atol=1e-6)
+
+
+def test_constant_pixels_become_exactly_zero_and_moving_ones_stand_out(pong_frames):
+    norm = FrameNormalizer((84, 84))
+    norm.update(pong_frames)
+    for dtype in (torch.float32, torch.bfloat16):
+        out = norm(torch.as_tensor(pong_frames[-8:]), dtype)
+        assert out.dtype == dtype and out.shape == (8, 4, 84, 84)
+        constant = (norm.var == 0).view(84, 84)
+        assert constant.any() and (out[:, :, constant] == 0).all()        # the background, in bf16 too
+        assert out.float().abs().max() <= CLIP
+        assert out.float().abs().amax(dim=(1, 2, 3)).min() > 3             # the ball and paddles
+    # Float frames already in [0, 1] normalise as their uint8 originals do.
+    scaled = torch.as_tensor(pong_frames[-8:]).float() / 255
+    torch.testing.assert_close(norm(scaled), norm(torch.as_tensor(pong_frames[-8:])))
+
+
+@pytest.mark.parametrize("network", ["nature_cnn", "resnet"])
+def test_image_networks_normalise_their_input_when_asked(pong_frames, network):
+    torch.manual_seed(0)
+    plain = build_model(network, (4, 84, 84), "uint8", 6, None)
+    torch.manual_seed(0)
+    normed = build_model(network, (4, 84, 84), "uint8", 6, None, normalize_observations=True)
+    assert observation_normalizer(plain) is None
+    stats = observation_normalizer(normed)
+    assert isinstance(stats, FrameNormalizer)
+    assert not any(p.requires_grad for p in stats.parameters())             # the optimizer leaves them alone
+    obs = torch.as_tensor(pong_frames[:6]).view(3, 2, 4, 84, 84)            # [T, B, C, H, W]
+    # Before any data the normaliser is the identity on [0, 1] frames: both networks agree.
+    torch.testing.assert_close(normed(obs).logits, plain(obs).logits)
+    stats.update(pong_frames)
+    assert not torch.allclose(normed(obs).logits, plain(obs).logits)
+    with torch.autocast("cpu", torch.bfloat16):
+        assert torch.isfinite(normed(obs).value.float()).all()
+
+
+def test_minatar_frames_are_refused():
+    with pytest.raises(ValueError, match="minatar_cnn has no observation normaliser"):
+        build_model("minatar_cnn", (4, 10, 10), "float32", 3, None, normalize_observations=True)
