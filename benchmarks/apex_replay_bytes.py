@@ -3,7 +3,7 @@
 Plays PongNoFrameskip-v4 with herd's preprocessing (4 stacked 84x84 grayscale frames)
 and random actions, writes the trajectories (T = r_f_steps, Ape-X's layout) into the
 replay's TrajectoryStorage with and without LZ4, and divides the bytes it holds (plus the
-sum tree's leaves) by the transitions stored. A transition's frames are not copied:
+sampler's priorities) by the transitions stored. A transition's frames are not copied:
 each trajectory keeps its T+1 observations once, per-step LZ4 frames (so a stacked
 observation still repeats 3 of its 4 frames from the previous step; LZ4 sees each step
 alone and cannot remove that repetition).
@@ -56,7 +56,7 @@ def main() -> None:
         storage = TrajectoryStorage(layout, len(trajectories), compress_obs=compress)
         for position, data in enumerate(trajectories):
             storage.write(position, data, 0)
-        tree_bytes = 2 * 8 * transitions           # float64 sum tree: about 2 nodes per leaf
+        tree_bytes = 8 * transitions               # the sampler's float64 priority per leaf
         per = (storage.nbytes() + tree_bytes) / transitions
         results["lz4" if compress else "raw"] = round(per, 1)
         rows.append(["LZ4 per step" if compress else "uncompressed", f"{per:,.0f}",

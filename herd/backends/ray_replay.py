@@ -11,7 +11,7 @@ that actors on many nodes feed one replay and the learner process only trains.
                 fire and forget
 
 What moves off the learner process: reading each rollout out of the object store, writing
-it into the replay (LZ4 packing of frames with --use_replay_compression), the sum-tree
+it into the replay (LZ4 packing of frames with --use_replay_compression), the priority
 updates, drawing and collating batches. What the learner's node still receives: the
 sampled batches (their bytes are counted in summary.json; for Ape-X at a replay ratio >= 1
 they can be more bytes than the rollouts were, since every transition carries its
@@ -50,10 +50,17 @@ from herd.backends.ray_wire import unpack_obs
 from herd.errors import ReplayLost
 from herd.learner.batches import ReplayElsewhere
 from herd.learner.learner import to_tensors
-from herd.replay.prioritized import host_array
 from herd.replay.server import ReplayService
 
 log = logging.getLogger("herd")
+
+
+def host_array(values) -> np.ndarray:
+    """values as a numpy array: a tensor (perhaps on a GPU) is copied to the host, the
+    replay server's side of the wire."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().float().cpu().numpy()
+    return np.asarray(values)
 
 SAMPLES, CONTROL = "samples", "control"     # the writes run in the default group
 SAMPLE_WAIT = 0.5         # seconds a sample call waits for the pacing before it answers empty

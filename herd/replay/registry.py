@@ -9,7 +9,6 @@ from typing import Any, Callable
 from herd.errors import ConfigError
 from herd.inputs import excerpt
 from herd.replay.circular import CircularSampler
-from herd.replay.device_prioritized import DevicePrioritizedSampler
 from herd.replay.device_storage import DeviceTrajectoryStorage
 from herd.replay.distances import DISTANCES
 from herd.replay.elite import (DEFAULT_SCORE_STEPS, ELITE_STRATEGIES, INSERT_STRATEGIES, SAMPLE_STRATEGIES,
@@ -33,7 +32,7 @@ class BuildOptions:
     n_step: int = 1                 # prioritized: transitions carry n-step windows (Ape-X's --n_step)
     # Where every replay keeps its items: None on the host (numpy), or a torch device (the
     # learner's GPU): queue, standard, custom (elite/attentive) and circular replays then use
-    # herd/replay/device_storage.py, prioritized also herd/replay/device_prioritized.py.
+    # herd/replay/device_storage.py, and a prioritized replay's priorities with them.
     storage_device: Any = None
 
 
@@ -157,9 +156,8 @@ def build_prioritized(spec, layout: TrajectoryLayout, o: BuildOptions) -> Transi
     options = dict(steps=layout.unroll_length, alpha=spec.option("alpha", 0.6), beta=spec.option("beta", 0.4),
                    epsilon=spec.option("epsilon", 1e-6),
                    beta_annealing_steps=o.anneal_rounds_base if annealing is None else annealing)
-    # On a GPU learner the priorities live beside the trajectories (device_prioritized.py).
-    sampler = (PrioritizedSampler(spec.capacity, **options) if o.storage_device is None
-               else DevicePrioritizedSampler(spec.capacity, o.storage_device, **options))
+    # On a GPU learner the priorities live beside the trajectories, on its device.
+    sampler = PrioritizedSampler(spec.capacity, device=o.storage_device or "cpu", **options)
     return TransitionReplay("prioritized", off_policy_storage(spec, layout, o), sampler, n_step=o.n_step)
 
 

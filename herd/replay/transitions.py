@@ -20,8 +20,8 @@ never copied per transition. herd/ops/returns.py turns the window into the n-ste
 An episode end inside the window stops it there (done); the learner then bootstraps from
 trunc_value alone (0 for a terminal state).
 
-On a GPU learner the storage is a DeviceTrajectoryStorage and the sampler a
-DevicePrioritizedSampler: device_transition_batch gathers the same fields with torch
+On a GPU learner the storage is a DeviceTrajectoryStorage and the sampler's priorities
+live on its device: device_transition_batch gathers the same fields with torch
 indexing on the device. The sampled leaves come back to the host once per batch ([n]
 int64, with their probabilities): the keys, generations and policy versions are numpy."""
 from __future__ import annotations

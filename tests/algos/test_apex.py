@@ -180,7 +180,7 @@ def test_an_update_after_the_trajectory_was_evicted_is_dropped():
     applied = replay.update(keys, np.full(8, 50.0))
     in_position_1 = int(np.count_nonzero(keys.positions // T == 1))
     assert applied == in_position_1 and replay.stale_updates == 8 - in_position_1
-    tree = replay.sampler.tree.get(np.arange(2 * T))
+    tree = replay.sampler.priorities[: 2 * T].numpy()
     assert np.allclose(tree[:T], (np.arange(1, T + 1) + 1e-6) ** 0.6)          # the newcomer keeps its own
     updated = np.unique(keys.positions[keys.positions // T == 1])
     assert np.allclose(tree[updated], (50.0 + 1e-6) ** 0.6)
