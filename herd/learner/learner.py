@@ -34,14 +34,15 @@ def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch
                pin: bool = False) -> dict[str, torch.Tensor]:
     """numpy batch (field -> [time, B, ...]) to torch on the learner device; with `pin`,
     through pinned memory with a non-blocking copy (GPU learners). Fields already in
-    tensors (replays in device memory) stay where they are."""
+    device tensors (replays in device memory) stay where they are; host tensors (a host
+    replay's transition batches) travel as numpy arrays do."""
     arrays = {**batch, "replayed": replayed}
     tensors = {}
     for name, array in arrays.items():
-        if isinstance(array, torch.Tensor):
+        if isinstance(array, torch.Tensor) and array.device.type != "cpu":
             tensors[name] = array.to(device, non_blocking=True)
             continue
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(array))
         if pin:
             tensor = tensor.pin_memory()
         tensors[name] = tensor.to(device, non_blocking=pin)

@@ -47,6 +47,15 @@ class DeviceTrajectoryStorage:
             tensor[:, position].copy_(torch.as_tensor(np.ascontiguousarray(trajectory[name])), non_blocking=True)
         self.version[position] = version
 
+    def column(self, name: str) -> torch.Tensor:
+        """A stored field [time, capacity, ...]."""
+        return self.tensors[name]
+
+    def obs_at(self, positions: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """The observation of step steps[b] of trajectory positions[b]: [B, ...] (device
+        index tensors [B])."""
+        return self.tensors["obs"][steps, positions]
+
     def read(self, positions: np.ndarray) -> dict[str, torch.Tensor]:
         """field -> [time, B, ...] device tensors for the given positions (a gather on the
         device; the index goes over as [B] int64)."""

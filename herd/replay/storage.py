@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import lz4.frame
 import numpy as np
+import torch
 
 from herd.trajectory import TrajectoryLayout
 
@@ -74,12 +75,21 @@ class TrajectoryStorage:
             batch["obs"] = np.stack([self.unpack_obs(p) for p in positions], axis=1)
         return batch
 
-    def obs_at(self, positions: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    device = torch.device("cpu")
+
+    def column(self, name: str) -> torch.Tensor:
+        """A stored field as a tensor [time, capacity, ...] sharing the array's memory (the
+        observations too, unless they are LZ4-packed: obs_at reads those)."""
+        return torch.from_numpy(self.arrays[name])
+
+    def obs_at(self, positions, steps) -> torch.Tensor:
         """The observation of step steps[b] of trajectory positions[b], for each b: [B, ...]
-        (a transition batch reads one or two steps of many trajectories)."""
+        (a transition batch reads one or two steps of many trajectories); positions and
+        steps [B] int64, numpy or CPU tensors."""
         if not self.compress_obs:
-            return self.arrays["obs"][steps, positions]
-        return np.stack([self.unpack_steps(p, (t,))[0] for p, t in zip(positions.tolist(), steps.tolist())])
+            return self.column("obs")[torch.as_tensor(steps), torch.as_tensor(positions)]
+        return torch.from_numpy(np.stack([self.unpack_steps(p, (t,))[0]
+                                          for p, t in zip(np.asarray(positions).tolist(), np.asarray(steps).tolist())]))
 
     def read_steps(self, positions: np.ndarray, steps: np.ndarray, names: tuple) -> dict[str, np.ndarray]:
         """Only the time steps `steps` [k] of the fields `names`: field -> [k, C, ...] for

@@ -20,10 +20,11 @@ never copied per transition. herd/ops/returns.py turns the window into the n-ste
 An episode end inside the window stops it there (done); the learner then bootstraps from
 trunc_value alone (0 for a terminal state).
 
-On a GPU learner the storage is a DeviceTrajectoryStorage and the sampler's priorities
-live on its device: device_transition_batch gathers the same fields with torch
-indexing on the device. The sampled leaves come back to the host once per batch ([n]
-int64, with their probabilities): the keys, generations and policy versions are numpy."""
+One gather for both storages (transition_batch, torch indexing): on a GPU learner the
+storage is a DeviceTrajectoryStorage and the batch and the sampler's priorities live on its
+device; on a CPU learner the host storage's arrays are indexed as tensors. The sampled
+leaves come back to the host once per batch ([n] int64, with their probabilities): the
+keys, generations and policy versions are numpy."""
 from __future__ import annotations
 
 import numpy as np
@@ -37,39 +38,24 @@ from herd.replay.storage import TrajectoryStorage
 WINDOW_FIELDS = ("reward", "done", "trunc_value")
 
 
-def transition_batch(storage: TrajectoryStorage, positions: np.ndarray, steps: np.ndarray,
-                     n_step: int) -> dict[str, np.ndarray]:
-    """The n-step transitions starting at step steps[b] of stored trajectory positions[b]."""
+def transition_batch(storage: TrajectoryStorage | DeviceTrajectoryStorage, positions: np.ndarray, steps: np.ndarray,
+                     n_step: int) -> dict[str, torch.Tensor]:
+    """The n-step transitions starting at step steps[b] of stored trajectory positions[b]
+    (host [B] int64): tensors on the storage's device, gathered by torch indexing from its
+    [time, capacity, ...] columns (a host storage's numpy arrays seen as tensors, no copy;
+    its observations LZ4-unpacked per step where compressed)."""
     T = storage.unroll_length
-    window = steps[None, :] + np.arange(n_step)[:, None]                   # [n, B]
-    valid = window < T
-    rows = np.minimum(window, T - 1)
-    columns = np.broadcast_to(positions[None, :], rows.shape)
-    batch = {"action": storage.arrays["action"][steps, positions][None], "valid": valid}
-    for name in WINDOW_FIELDS:
-        values = storage.arrays[name][rows, columns]
-        batch[name] = np.where(valid, values, np.zeros((), values.dtype))
-    bootstrap = np.minimum(steps + n_step, T)
-    batch["obs"] = np.stack([storage.obs_at(positions, steps), storage.obs_at(positions, bootstrap)])
-    return batch
-
-
-def device_transition_batch(storage: DeviceTrajectoryStorage, positions: np.ndarray, steps: np.ndarray,
-                            n_step: int) -> dict[str, torch.Tensor]:
-    """transition_batch on the device: the same fields and shapes, device tensors gathered
-    from the storage's [time, capacity, ...] tensors (positions, steps: host [B] int64)."""
-    T, tensors = storage.unroll_length, storage.tensors
     columns = torch.from_numpy(np.asarray(positions, dtype=np.int64)).to(storage.device, non_blocking=True)  # [B]
     starts = torch.from_numpy(np.asarray(steps, dtype=np.int64)).to(storage.device, non_blocking=True)      # [B]
     window = starts[None, :] + torch.arange(n_step, device=storage.device)[:, None]   # [n, B]
     valid = window < T
     rows = window.clamp(max=T - 1)
-    batch = {"action": tensors["action"][starts, columns][None], "valid": valid}
+    batch = {"action": storage.column("action")[starts, columns][None], "valid": valid}
     for name in WINDOW_FIELDS:
-        values = tensors[name][rows, columns.expand_as(rows)]                          # [n, B]
+        values = storage.column(name)[rows, columns.expand_as(rows)]                  # [n, B]
         batch[name] = torch.where(valid, values, torch.zeros((), dtype=values.dtype, device=values.device))
     bootstrap = (starts + n_step).clamp(max=T)
-    batch["obs"] = torch.stack([tensors["obs"][starts, columns], tensors["obs"][bootstrap, columns]])  # [2, B, ...]
+    batch["obs"] = torch.stack([storage.obs_at(columns, starts), storage.obs_at(columns, bootstrap)])  # [2, B, ...]
     return batch
 
 
@@ -99,12 +85,8 @@ class TransitionReplay(Replay):
         positions, steps = np.divmod(leaves, self.storage.unroll_length)
         keys = ReplayKeys(leaves, self.generation[positions].copy())
         weight = self.sampler.importance_weights(probabilities).astype(np.float32)[None]      # [1, n]
-        if isinstance(self.storage, DeviceTrajectoryStorage):
-            batch = device_transition_batch(self.storage, positions, steps, self.n_step)
-            weight = torch.from_numpy(weight).to(self.storage.device, non_blocking=True)
-        else:
-            batch = transition_batch(self.storage, positions, steps, self.n_step)
-        batch["weight"] = weight
+        batch = transition_batch(self.storage, positions, steps, self.n_step)
+        batch["weight"] = torch.from_numpy(weight).to(self.storage.device, non_blocking=True)
         return batch, self.storage.version[positions], keys, probabilities
 
     def update(self, keys: ReplayKeys, values) -> int:

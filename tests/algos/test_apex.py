@@ -167,7 +167,7 @@ def test_transition_batches_read_windows_and_bootstrap_observations(compress):
             assert data["done"][i, b] == (valid and p == 1 and t + i == 1)
     # Priorities 1..T per trajectory with alpha 1: step t is drawn with probability (t+1)/30.
     assert np.allclose(probabilities, (steps + 1) / 30.0)
-    assert data["weight"].max() == pytest.approx(1.0) and np.all(data["weight"] > 0)
+    assert float(data["weight"].max()) == pytest.approx(1.0) and bool((data["weight"] > 0).all())
 
 
 def test_an_update_after_the_trajectory_was_evicted_is_dropped():

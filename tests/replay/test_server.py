@@ -82,7 +82,7 @@ def test_priorities_of_overwritten_trajectories_are_dropped():
     assert service.stats()["stale_priority_updates"] == 0
     service.add_rollout(rollout(2), 2)                              # capacity 6: rollout 0's columns 0-2 go
     column_ids = batch.data["obs"][0, :, 0] // 100                  # [B]: the column each row came from
-    overwritten = int(np.sum(column_ids < E))
+    overwritten = int((column_ids < E).sum())
     assert 0 < overwritten < 8, column_ids                          # seed 0 draws from both rollouts
     assert service.update(batch.keys, np.full(8, 9.0)) == 8 - overwritten
     assert service.stats()["stale_priority_updates"] == overwritten
