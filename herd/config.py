@@ -29,7 +29,7 @@ from herd.inputs import FromFile, check_option_value, excerpt
 from herd.models import NETWORKS
 from herd.placement import refuse_placement, split_placement
 from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, FALLBACKS, MACHINE_PROFILES, PROFILES,
-                           inference_servers_for, machine_profile, slots_for_bounded_lag)
+                           inference_servers_for, machine_profile, samples_synchronously, slots_for_bounded_lag)
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters, passes_per_batch
 from herd.replay.writer import DISCARDING_STRATEGIES
 from herd.validation import parse_eval_interval, transition_items, validate
@@ -145,7 +145,7 @@ class ParallelConfig:
     inference_weights_interval: int = opt(1, "inference server: take published weights once they are this many learner updates newer (1: every update)")
     inference_precision: str = opt("auto", "inference server arithmetic: fp32, bf16 (autocast), or auto (bf16 on a GPU with bf16 units, else fp32)", ("auto", "fp32", "bf16"))
     inference_cuda_graphs: bool = opt(False, "inference server on CUDA: replay CUDA graphs captured for padded batch sizes (8, 16, ... rows) instead of launching every kernel; refused on a CPU")
-    synchronous_sampling: bool = opt(False, "local backend: an actor starts its next rollout only after the learner has trained on its last one and published the weights that update made (PPO's synchronous sampling, Sample Factory's async_rl=False): the policy lag stays near 0 at the cost of actors idle during updates; one slot per actor (--shared_queue_size=1, its default then), and a batch's fresh trajectories must fit in the actors' slots")
+    synchronous_sampling: Optional[bool] = opt(None, "local backend: an actor starts its next rollout only after the learner has trained on its last one and published the weights that update made (PPO's synchronous sampling, Sample Factory's async_rl=False): the policy lag stays near 0 at the cost of actors idle during updates; one slot per actor (--shared_queue_size=1, its default then), and a batch's fresh trajectories must fit in the actors' slots (unset: on for APPO on Atari with the local backend, one learner and one slot's worth of actors (no --env_batch_size, no double buffering), where a stored batch is then one rollout of every environment, as PPO's; off otherwise)")
     actor_double_buffer: bool = opt(False, "with an inference server: each actor keeps two half-batches of its environments in flight, stepping one half while the server acts on the other (Sample Factory's double buffering); needs --envs_per_worker >= 2, --env_batch_size=0 and --shared_queue_size >= 2")
     # --- end inference servers ---
 
@@ -231,7 +231,7 @@ class LossConfig:
 # -- continuous control ------------------------------------------------------
 @dataclass
 class ContinuousConfig:
-    normalize_observations: Optional[bool] = opt(None, "normalise observations by a running mean and std: per feature for vector observations, per pixel for Atari frames (nature_cnn, resnet); updated by the learner from fresh rollouts, carried with the weights, saved in checkpoints (default: on for continuous-action tasks, off otherwise)")
+    normalize_observations: Optional[bool] = opt(None, "normalise observations by a running mean and std: per feature for vector observations, per pixel for Atari frames (nature_cnn, resnet); updated by the learner from fresh rollouts, carried with the weights, saved in checkpoints (default: on for continuous-action tasks and for APPO on Atari, with one learner; off otherwise)")
     reward_scale: Optional[float] = opt(None, "multiply a vector task's rewards by this for learning (scores stay raw; default: 0.1 for IMPALA on vector tasks, discrete or continuous; 1 for Ape-X)")
     initial_log_std: float = opt(-1.0, "continuous actions: initial log standard deviation of the Gaussian policy, in the [-1, 1] action space the Box bounds are rescaled to")
 # -- end continuous control
@@ -370,6 +370,10 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     environment, ALGORITHM_PROFILES), then of the environment's kind (PROFILES)."""
     algorithm_profile = ALGORITHM_PROFILES.get(cfg.general.algorithm, {}).get(kind, {})
     queue_unset = cfg.parallel.shared_queue_size is None
+    batch_unset = cfg.train.batch_size is None
+    learners = cfg.parallel.learner_count or torchrun_world_size() or 1
+    if cfg.continuous.normalize_observations is None and learners > 1:
+        cfg.continuous.normalize_observations = False    # each learner would gather statistics of its own
     for name, value in [*algorithm_profile.items(), *machine_profile(kind, cfg.general.device).items(),
                         *PROFILES[kind].items(), *FALLBACKS.items()]:
         section = getattr(cfg, FIELD_SECTION[name])
@@ -379,6 +383,15 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         cfg.parallel.worker_count = max(1, os.cpu_count() or 1)
     if cfg.parallel.learner_count is None:
         cfg.parallel.learner_count = torchrun_world_size() or 1
+    if cfg.parallel.synchronous_sampling is None:
+        p = cfg.parallel
+        needs_two_slots = 0 < p.env_batch_size < p.envs_per_worker or p.actor_double_buffer
+        p.synchronous_sampling = (samples_synchronously(cfg.general.algorithm, kind, p.multiprocessing_backend)
+                                  and p.learner_count == 1 and not needs_two_slots)
+    if batch_unset and cfg.parallel.synchronous_sampling and cfg.train.passes_per_batch * cfg.train.minibatches_per_pass > 1:
+        # Reuse with synchronous sampling: a stored batch is one rollout of every environment,
+        # as PPO's (2 actors x 4 games x 128 steps on 2 cores; docs/appo.md, Defaults).
+        cfg.train.batch_size = cfg.parallel.worker_count * cfg.parallel.envs_per_worker
     if queue_unset and cfg.parallel.synchronous_sampling:
         cfg.parallel.shared_queue_size = 1      # an actor with a second slot would go on filling it
     elif queue_unset and cfg.train.passes_per_batch * cfg.train.minibatches_per_pass > 1:

@@ -99,19 +99,34 @@ IMPACT_PROFILE: dict[str, Any] = dict(replay_parameters=CIRCULAR, target_update_
 # APPO (herd/losses/appo.py): PPO's reuse on the V-trace path, with PPO's published Atari
 # settings where herd has the same knob (CleanRL's ppo_atari, Sample Factory's APPO on
 # Atari): 4 passes of 4 minibatches over each stored batch, clip 0.1, lambda 0.95,
-# advantages normalised, Adam at 2.5e-4 with a gradient clip of 0.5 that acts; a stored
-# batch of 64 x 16 = 1,024 steps (PPO's 8 x 128), so 16 gradient steps per 1,024 agent steps.
-# The target network is the learner as each stored batch arrives (PPO's old policy).
+# advantages normalised, Adam at 2.5e-4 with a gradient clip of 0.5 that acts. The target
+# network is the learner as each stored batch arrives (PPO's old policy).
+# On Atari, Sample Factory's shape, measured (docs/benchmarks.md, APPO on Pong): frames
+# normalised per pixel and returns by their running scale, 128-step rollouts sampled
+# synchronously (samples_synchronously), each stored batch one rollout of every game
+# (herd/config.py apply_profile: 2 actors x 4 games on 2 cores, 1,024 steps). On Pong the
+# normalisations took the 100-game average from -20.3 to +4 at 1.2M frames.
 APPO_PROFILE: dict[str, Any] = dict(
     passes_per_batch=4, minibatches_per_pass=4, vtrace_lambda=0.95, clip_param=0.1, normalize_advantages=True,
     gradient_clip_by_norm_threshold=0.5, target_update_period=1, optimizer="adam", replay_parameters=QUEUE_ONLY,
     use_policy_cloning_loss=False, use_value_cloning_loss=False)
 APPO_KINDS: dict[str, dict[str, Any]] = {
-    "atari": dict(lr=0.00025, batch_size=64, r_f_steps=16),
+    "atari": dict(lr=0.00025, r_f_steps=128, envs_per_worker=4, normalize_observations=True,
+                  normalize_returns=True),
     "minatar": dict(batch_size=32),
     "vector": dict(batch_size=32),
     "continuous": dict(batch_size=32),
 }
+
+# (algorithm, environment kind) whose actors sample synchronously by default (Sample
+# Factory's async_rl=False for its Atari APPO): the local backend only, which builds it.
+SYNCHRONOUS_BY_DEFAULT = {("appo", "atari")}
+
+
+def samples_synchronously(algorithm: str, kind: str, backend: str) -> bool:
+    """--synchronous_sampling's default."""
+    return (algorithm, kind) in SYNCHRONOUS_BY_DEFAULT and backend == "python_native"
+
 
 def slots_for_bounded_lag(batch_size: int, worker_count: int, envs_per_worker: int, fewest: int = 1) -> int:
     """--shared_queue_size for an algorithm that reuses each batch (APPO): the actors' slots

@@ -30,6 +30,17 @@ def test_discrete_plans_keep_their_network_arguments(tmp_path):
     assert str(plan.layout.fields()["action"][1]) == "int64"
 
 
+def test_several_learners_leave_normalisation_off_unless_asked(tmp_path):
+    """Each learner would gather statistics of its own: with --learner_count=2 the default
+    is off (asked for, it is refused, below)."""
+    for env in ("Pendulum-v1", "PongNoFrameskip-v4"):
+        options = {"env": env, "learner_count": "2", "worker_count": "2", "results_dir": str(tmp_path)}
+        if env.startswith("Pong"):
+            options["algorithm"] = "appo"
+        assert not prepare(options).cfg.continuous.normalize_observations
+    assert prepare({"env": "Pendulum-v1", "results_dir": str(tmp_path)}).cfg.continuous.normalize_observations
+
+
 def test_atari_frames_can_be_normalised_per_pixel(tmp_path):
     plan = prepare({"env": "PongNoFrameskip-v4", "normalize_observations": "True", "results_dir": str(tmp_path)})
     assert plan.model_kwargs["normalize_observations"] is True and "action_distribution" not in plan.model_kwargs
@@ -41,7 +52,8 @@ def test_atari_frames_can_be_normalised_per_pixel(tmp_path):
     ({"env": "MinAtar/Breakout-v1", "normalize_observations": "True"}, ["network minatar_cnn has no observation "
                                                                         "normaliser", "nature_cnn or resnet"]),
     ({"env": "CartPole-v1", "algorithm": "apex", "normalize_observations": "True"}, ["built for --algorithm=impala"]),
-    ({"env": "Pendulum-v1", "learner_count": "2", "worker_count": "2"}, ["--learner_count=2", "one learner"]),
+    ({"env": "Pendulum-v1", "learner_count": "2", "worker_count": "2", "normalize_observations": "True"},
+     ["--learner_count=2", "one learner"]),
     ({"env": "Pendulum-v1", "reward_scale": "0"}, ["--reward_scale must be a positive number"]),
     ({"env": "PongNoFrameskip-v4", "reward_scale": "0.5"}, ["--reward_scale applies to vector tasks"]),
     ({"env": "Pendulum-v1", "use_lstm": "True", "replay_parameters":

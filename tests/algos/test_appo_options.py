@@ -35,13 +35,38 @@ def test_atari_appo_trains_a_stored_batch_of_1024_steps_in_16_steps_of_256():
     assert t.lr == 0.00025
 
 
+@pytest.mark.parametrize("workers, given, batch", [(2, {}, 8), (16, {}, 64), (3, {}, 12), (4, {"batch_size": "8"}, 8)])
+def test_atari_appo_samples_synchronously_one_rollout_of_every_game_per_batch(workers, given, batch):
+    """Sample Factory's Atari shape (herd/profiles.py): 128-step rollouts of 4 games per
+    actor, sampled synchronously, a stored batch of one rollout of every game unless
+    --batch_size says otherwise, frames and returns normalised."""
+    cfg = resolve({"env": "PongNoFrameskip-v4", "algorithm": "appo", "device": "cpu", "worker_count": str(workers),
+                   **given}, env_kind=profile_kind)
+    assert cfg.parallel.synchronous_sampling and cfg.parallel.shared_queue_size == 1
+    assert (cfg.train.batch_size, cfg.train.r_f_steps, cfg.parallel.envs_per_worker) == (batch, 128, 4)
+    assert cfg.continuous.normalize_observations and cfg.loss.normalize_returns
+
+
+def test_synchronous_sampling_is_appos_on_atari_with_the_local_backend_only():
+    ray = resolve({"env": "PongNoFrameskip-v4", "algorithm": "appo", "device": "cpu",
+                   "multiprocessing_backend": "ray"}, env_kind=profile_kind)
+    assert not ray.parallel.synchronous_sampling and ray.train.batch_size == 8     # the machine's, not 2 x 4
+    impala = resolve({"env": "PongNoFrameskip-v4", "device": "cpu"}, env_kind=profile_kind)
+    assert not impala.parallel.synchronous_sampling and not impala.continuous.normalize_observations
+    assert not config(algorithm="appo").parallel.synchronous_sampling                # CartPole
+    asked = resolve({"env": "PongNoFrameskip-v4", "algorithm": "appo", "device": "cpu",
+                     "synchronous_sampling": "False"}, env_kind=profile_kind)
+    assert not asked.parallel.synchronous_sampling                                  # the command line wins
+
+
 @pytest.mark.parametrize("workers, envs, batch, slots",
                          [(2, 8, 64, 5), (16, 8, 64, 1), (1, 4, 64, 17), (2, 8, 8, 1), (2, 8, 16, 2)])
 def test_the_actors_slots_hold_about_one_batch_so_the_policy_lag_stays_small(workers, envs, batch, slots):
-    """slots x workers x envs trajectories can wait for the learner: one batch and a round,
-    or one round where a round holds more than a batch."""
+    """Sampling asynchronously, slots x workers x envs trajectories can wait for the
+    learner: one batch and a round, or one round where a round holds more than a batch."""
     cfg = resolve({"env": "PongNoFrameskip-v4", "algorithm": "appo", "device": "cpu", "worker_count": str(workers),
-                   "envs_per_worker": str(envs), "batch_size": str(batch)}, env_kind=profile_kind)
+                   "envs_per_worker": str(envs), "batch_size": str(batch), "synchronous_sampling": "False"},
+                  env_kind=profile_kind)
     assert cfg.parallel.shared_queue_size == slots
     per_round = workers * envs
     assert slots * per_round >= batch and (slots == 1 or (slots - 1) * per_round < batch + per_round)
@@ -51,7 +76,8 @@ def test_the_actors_slots_hold_about_one_batch_so_the_policy_lag_stays_small(wor
 def test_actors_that_need_two_slots_get_two(option):
     name, value = option.split("=")
     cfg = resolve({"env": "PongNoFrameskip-v4", "algorithm": "appo", "device": "cpu", "worker_count": "2",
-                   "envs_per_worker": "8", "batch_size": "8", name: value}, env_kind=profile_kind)
+                   "envs_per_worker": "8", "batch_size": "8", "synchronous_sampling": "False", name: value},
+                  env_kind=profile_kind)
     assert cfg.parallel.shared_queue_size == 2
     given = resolve({"env": "PongNoFrameskip-v4", "algorithm": "appo", "device": "cpu", "shared_queue_size": "9"},
                     env_kind=profile_kind)
