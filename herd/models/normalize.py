@@ -44,15 +44,19 @@ class ObservationNormalizer(nn.Module):
 
     @torch.no_grad()
     def update(self, obs) -> None:
-        """Adds a batch of raw observations [..., D] (numpy or tensor) to the statistics
-        (Chan et al.'s parallel merge of two means and variances)."""
-        batch = torch.as_tensor(np.asarray(obs), dtype=torch.float64, device=self.mean.device).reshape(-1, self.mean.shape[0])
-        n = batch.shape[0]
-        if n == 0:
-            return
-        count = float(self.count)
-        mean, var = self.mean.double(), self.var.double()
-        batch_mean, batch_var = batch.mean(0), batch.var(0, unbiased=False)
+        """Adds a batch of raw observations [..., D] (numpy or a CPU tensor) to the
+        statistics: its moments on the host in float64, merged on the statistics' device."""
+        batch = torch.as_tensor(np.asarray(obs), dtype=torch.float64).reshape(-1, self.mean.shape[0])   # [N, D]
+        if batch.shape[0]:
+            self.merge(batch.shape[0], batch.mean(0), batch.var(0, unbiased=False))
+
+    @torch.no_grad()
+    def merge(self, n: int, batch_mean: Tensor, batch_var: Tensor) -> None:
+        """Chan et al.'s parallel merge of the statistics with n observations' mean and
+        (biased) variance [D], all in float64 and on the statistics' device: no host read."""
+        device = self.mean.device
+        batch_mean, batch_var = batch_mean.to(device, torch.float64), batch_var.to(device, torch.float64)
+        count, mean, var = self.count.double(), self.mean.double(), self.var.double()
         total = count + n
         delta = batch_mean - mean
         new_mean = mean + delta * (n / total)
@@ -60,7 +64,7 @@ class ObservationNormalizer(nn.Module):
         new_var = (var * count + batch_var * n + delta.pow(2) * (count * n / total)) / total
         self.mean.copy_(new_mean.to(self.mean.dtype))
         self.var.copy_(new_var.to(self.var.dtype))
-        self.count.fill_(total)
+        self.count.copy_(total.to(self.count.dtype))
 
 
 class FrameNormalizer(ObservationNormalizer):
@@ -93,7 +97,24 @@ class FrameNormalizer(ObservationNormalizer):
 
     @torch.no_grad()
     def update(self, obs) -> None:
-        """Adds the newest frame of each observation [..., C, H, W] (uint8 numpy or tensor)."""
+        """Adds the newest frame of each observation [..., C, H, W] (uint8 numpy or a CPU
+        tensor). Its per-pixel moments come from exact integer sums of the uint8 levels, so
+        a pixel that never changed gets exactly its value as mean and 0 as variance (and
+        normalises to exactly 0); merged in float64 on the statistics' device, so a GPU
+        learner receives [H * W] numbers, not the frames. Float frames (in [0, 1]) take
+        float64 moments."""
         frames = torch.as_tensor(np.asarray(obs))[..., -1, :, :]                # [..., H, W]
-        scale = 255.0 if frames.dtype == torch.uint8 else 1.0
-        super().update(frames.to(torch.float64).div_(scale))
+        batch = frames.reshape(-1, self.mean.shape[0])                         # [N, H * W]
+        n = batch.shape[0]
+        if n == 0:
+            return
+        if batch.dtype != torch.uint8:
+            batch = batch.to(torch.float64)
+            self.merge(n, batch.mean(0), batch.var(0, unbiased=False))
+            return
+        levels = batch.to(torch.int32)
+        total = levels.sum(0, dtype=torch.int64).double()                     # exact
+        squares = (levels * levels).sum(0, dtype=torch.int64).double()        # exact below 2^53
+        mean = total / n
+        var = (squares / n - mean * mean).clamp_(min=0.0)
+        self.merge(n, mean / 255.0, var / 255.0 ** 2)
