@@ -231,7 +231,7 @@ class LossConfig:
 # -- continuous control ------------------------------------------------------
 @dataclass
 class ContinuousConfig:
-    normalize_observations: Optional[bool] = opt(None, "normalise observations by a running mean and std: per feature for vector observations, per pixel for Atari frames (nature_cnn, resnet); updated by the learner from fresh rollouts, carried with the weights, saved in checkpoints (default: on for continuous-action tasks and for APPO on Atari, with one learner; off otherwise)")
+    normalize_observations: Optional[bool] = opt(None, "normalise observations by a running mean and std: per feature for vector observations, per pixel for Atari frames (nature_cnn, resnet); updated by the learner from fresh rollouts, carried with the weights, saved in checkpoints (default: on for continuous-action tasks and for Atari frames (not Ape-X), with one learner; off otherwise)")
     reward_scale: Optional[float] = opt(None, "multiply a vector task's rewards by this for learning (scores stay raw; default: 0.1 for IMPALA on vector tasks, discrete or continuous; 1 for Ape-X)")
     initial_log_std: float = opt(-1.0, "continuous actions: initial log standard deviation of the Gaussian policy, in the [-1, 1] action space the Box bounds are rescaled to")
 # -- end continuous control
@@ -372,8 +372,9 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     queue_unset = cfg.parallel.shared_queue_size is None
     batch_unset = cfg.train.batch_size is None
     learners = cfg.parallel.learner_count or torchrun_world_size() or 1
-    if cfg.continuous.normalize_observations is None and learners > 1:
-        cfg.continuous.normalize_observations = False    # each learner would gather statistics of its own
+    if cfg.continuous.normalize_observations is None and (learners > 1 or cfg.network.network == "minatar_cnn"):
+        # Each learner would gather statistics of its own; MinAtar's network has no normaliser.
+        cfg.continuous.normalize_observations = False
     for name, value in [*algorithm_profile.items(), *machine_profile(kind, cfg.general.device).items(),
                         *PROFILES[kind].items(), *FALLBACKS.items()]:
         section = getattr(cfg, FIELD_SECTION[name])

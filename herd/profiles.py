@@ -39,7 +39,12 @@ PROFILES: dict[str, dict[str, Any]] = {
     "atari": dict(
         optimizer="rmsprop", rmsprop_eps=1e-5, environment_max_steps=15_000_000, clip_rewards=True,
         feature_out_layer_size=512, lstm_size=256, learner_precision="auto", shared_queue_size=16, caching=True,
-        use_replay_compression=True, normalize_observations=False, reward_scale=1.0,
+        use_replay_compression=True, reward_scale=1.0,
+        # Frames normalised per pixel (herd/models/normalize.py FrameNormalizer), as Sample
+        # Factory's and rl_games' Atari defaults normalise their inputs: on Pong (2-core
+        # Xeon) IMPALA's 100-game average at 2.35M frames went from -20.3 to +1.1, APPO's at
+        # 1.2M frames from -20.3 to +4 (docs/benchmarks.md).
+        normalize_observations=True,
     ),
     "vector": dict(
         SMALL_INPUTS, environment_max_steps=500_000, envs_per_worker=16, replay_parameters=QUEUE_ONLY,
@@ -102,7 +107,7 @@ IMPACT_PROFILE: dict[str, Any] = dict(replay_parameters=CIRCULAR, target_update_
 # advantages normalised, Adam at 2.5e-4 with a gradient clip of 0.5 that acts. The target
 # network is the learner as each stored batch arrives (PPO's old policy).
 # On Atari, Sample Factory's shape, measured (docs/benchmarks.md, APPO on Pong): frames
-# normalised per pixel and returns by their running scale, 128-step rollouts sampled
+# normalised per pixel (as every Atari run) and returns by their running scale, 128-step rollouts sampled
 # synchronously (samples_synchronously), each stored batch one rollout of every game
 # (herd/config.py apply_profile: 2 actors x 4 games on 2 cores, 1,024 steps). On Pong the
 # normalisations took the 100-game average from -20.3 to +4 at 1.2M frames.
@@ -111,8 +116,7 @@ APPO_PROFILE: dict[str, Any] = dict(
     gradient_clip_by_norm_threshold=0.5, target_update_period=1, optimizer="adam", replay_parameters=QUEUE_ONLY,
     use_policy_cloning_loss=False, use_value_cloning_loss=False)
 APPO_KINDS: dict[str, dict[str, Any]] = {
-    "atari": dict(lr=0.00025, r_f_steps=128, envs_per_worker=4, normalize_observations=True,
-                  normalize_returns=True),
+    "atari": dict(lr=0.00025, r_f_steps=128, envs_per_worker=4, normalize_returns=True),
     "minatar": dict(batch_size=32),
     "vector": dict(batch_size=32),
     "continuous": dict(batch_size=32),
@@ -155,6 +159,7 @@ ALGORITHM_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         # every 2500 updates, a replay ratio near 1; batch 128 instead of 512 on a CPU.
         "atari": dict(
             lr=0.0001, optimizer="adam", batch_size=128, r_f_steps=20, target_update_period=2500, replay_ratio=1.0,
+            normalize_observations=False,     # its target network would normalise with older statistics
             replay_parameters='[{"type": "prioritized", "capacity": 5000, "sample_ratio": 1, "alpha": 0.6, '
                               '"beta": 0.4}]',
         ),

@@ -41,9 +41,13 @@ def test_several_learners_leave_normalisation_off_unless_asked(tmp_path):
     assert prepare({"env": "Pendulum-v1", "results_dir": str(tmp_path)}).cfg.continuous.normalize_observations
 
 
-def test_atari_frames_can_be_normalised_per_pixel(tmp_path):
-    plan = prepare({"env": "PongNoFrameskip-v4", "normalize_observations": "True", "results_dir": str(tmp_path)})
-    assert plan.model_kwargs["normalize_observations"] is True and "action_distribution" not in plan.model_kwargs
+def test_atari_frames_are_normalised_per_pixel_by_default_but_for_ape_x(tmp_path):
+    for algorithm in ("impala", "impact", "appo"):
+        plan = prepare({"env": "PongNoFrameskip-v4", "algorithm": algorithm, "results_dir": str(tmp_path)})
+        assert plan.model_kwargs["normalize_observations"] is True and "action_distribution" not in plan.model_kwargs
+    for options in ({"algorithm": "apex"}, {"normalize_observations": "False"}, {"network": "minatar_cnn"}):
+        plan = prepare({"env": "PongNoFrameskip-v4", "results_dir": str(tmp_path), **options})
+        assert "normalize_observations" not in plan.model_kwargs, options
 
 
 @pytest.mark.parametrize("options, words", [

@@ -52,7 +52,7 @@ def test_synchronous_sampling_is_appos_on_atari_with_the_local_backend_only():
                    "multiprocessing_backend": "ray"}, env_kind=profile_kind)
     assert not ray.parallel.synchronous_sampling and ray.train.batch_size == 8     # the machine's, not 2 x 4
     impala = resolve({"env": "PongNoFrameskip-v4", "device": "cpu"}, env_kind=profile_kind)
-    assert not impala.parallel.synchronous_sampling and not impala.continuous.normalize_observations
+    assert not impala.parallel.synchronous_sampling
     assert not config(algorithm="appo").parallel.synchronous_sampling                # CartPole
     asked = resolve({"env": "PongNoFrameskip-v4", "algorithm": "appo", "device": "cpu",
                      "synchronous_sampling": "False"}, env_kind=profile_kind)

@@ -165,7 +165,9 @@ def test_an_explicit_layout_on_a_network_without_one_is_refused(tmp_path):
 def test_every_candidate_computes_the_same_update(tmp_path, network):
     """One update from the same weights on the same synthetic batch, under each candidate:
     fp32 in either layout equal to float32 rounding; bf16 the same direction and size
-    (RMSprop's first step divides by |gradient|, so bf16 rounding of small gradients shows)."""
+    (RMSprop's first step divides by |gradient|, so bf16 rounding of small gradients shows).
+    The frames go through the per-pixel normaliser (an Atari default): float32 rounding
+    then moves a few of two million weights by up to 2e-6, against steps of up to 6e-3."""
     plan = pong_plan(tmp_path, network=network)
     torch.manual_seed(0)
     model = build_model(**plan.model_kwargs)
@@ -179,7 +181,7 @@ def test_every_candidate_computes_the_same_update(tmp_path, network):
         moves[config] = torch.cat([p.detach().flatten() for p in learner.model.parameters()]) - before
     reference = moves[FP32_CL]
     assert reference.norm() > 0
-    torch.testing.assert_close(moves[FP32_NCHW], reference, rtol=1e-3, atol=1e-6)
+    torch.testing.assert_close(moves[FP32_NCHW], reference, rtol=1e-3, atol=1e-5)
     for config in (BF16_CL, BF16_NCHW):
         assert torch.nn.functional.cosine_similarity(moves[config], reference, dim=0) > 0.95
         assert 0.9 < moves[config].norm() / reference.norm() < 1.1
