@@ -42,8 +42,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         use_replay_compression=True, reward_scale=1.0,
         # Frames normalised per pixel (herd/models/normalize.py FrameNormalizer), as Sample
         # Factory's and rl_games' Atari defaults normalise their inputs: on Pong (2-core
-        # Xeon) IMPALA's 100-game average at 2.35M frames went from -20.3 to +1.1, APPO's at
-        # 1.2M frames from -20.3 to +4 (docs/benchmarks.md).
+        # Xeon) IMPALA's 100-game average reached 10 at 2.8M frames instead of 8.9M, APPO's
+        # stood at +13.9 at 1.5M frames instead of -19.6 (docs/benchmarks.md).
         normalize_observations=True,
     ),
     "vector": dict(
@@ -110,7 +110,8 @@ IMPACT_PROFILE: dict[str, Any] = dict(replay_parameters=CIRCULAR, target_update_
 # normalised per pixel (as every Atari run) and returns by their running scale, 128-step rollouts sampled
 # synchronously (samples_synchronously), each stored batch one rollout of every game
 # (herd/config.py apply_profile: 2 actors x 4 games on 2 cores, 1,024 steps). On Pong the
-# normalisations took the 100-game average from -20.3 to +4 at 1.2M frames.
+# normalisations took the 100-game average at 1.5M frames from -19.6 to +13.9 (18 at 2.8M
+# frames; 20 not reached within 5M).
 APPO_PROFILE: dict[str, Any] = dict(
     passes_per_batch=4, minibatches_per_pass=4, vtrace_lambda=0.95, clip_param=0.1, normalize_advantages=True,
     gradient_clip_by_norm_threshold=0.5, target_update_period=1, optimizer="adam", replay_parameters=QUEUE_ONLY,
