@@ -42,8 +42,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         use_replay_compression=True, reward_scale=1.0,
         # Frames normalised per pixel (herd/models/normalize.py FrameNormalizer), as Sample
         # Factory's and rl_games' Atari defaults normalise their inputs: on Pong (2-core
-        # Xeon) IMPALA's 100-game average reached 10 at 2.8M frames instead of 8.9M, APPO's
-        # stood at +13.9 at 1.5M frames instead of -19.6 (docs/benchmarks.md).
+        # Xeon) IMPALA's 100-game average reached 10 at 2.8M frames instead of 8.9M, and
+        # with no flag 18 at 13 minutes instead of not within 35 (docs/benchmarks.md).
         normalize_observations=True,
     ),
     "vector": dict(
