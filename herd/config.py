@@ -458,6 +458,7 @@ def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
         names.append("learner_thread_count")        # from the cores and the precision
     if cfg.train.passes_per_batch * cfg.train.minibatches_per_pass > 1:
         names.append("shared_queue_size")           # from the actors and envs: a bounded policy lag
+        names.append("synchronous_sampling")        # from the backend, the learners and the actors' slots
     if kind == "atari":
         names.append("learner_compile")             # long Atari runs (apply_profile)
     if device.type == "cuda":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from herd.config import ConfigError, resolve
+from herd.config import ConfigError, machine_picks, resolve
 from herd.envs.registry import profile_kind
 
 
@@ -45,6 +45,7 @@ def test_atari_appo_samples_synchronously_one_rollout_of_every_game_per_batch(wo
     assert cfg.parallel.synchronous_sampling and cfg.parallel.shared_queue_size == 1
     assert (cfg.train.batch_size, cfg.train.r_f_steps, cfg.parallel.envs_per_worker) == (batch, 128, 4)
     assert cfg.continuous.normalize_observations and cfg.loss.normalize_returns
+    assert machine_picks(cfg, "atari", set())["options"]["synchronous_sampling"] is True   # the log says so
 
 
 def test_synchronous_sampling_is_appos_on_atari_with_the_local_backend_only():
