@@ -22,45 +22,14 @@ def with_leaves(leaves: np.ndarray, capacity: int, steps: int, filled: int, **op
     return sampler
 
 
-def test_draws_follow_the_priorities_and_never_a_zero_leaf():
-    """64,000 draws (2,000 stratified batches of 32, seed 0) over 40 leaves: 24 with
-    priorities spread over two decades, 4 zeros among them and 12 empty positions (zero).
-    Pearson's X^2 of the counts against n * P(i), over the 20 positive leaves (19 degrees
-    of freedom), must stay below 19 + 6 * sqrt(2 * 19) ~ 56 (the mean plus six standard
-    deviations of a chi-square; stratification only makes it smaller); a sampler drawing
-    uniformly gives X^2 in the tens of thousands. A zero leaf must never be drawn."""
-    rng = np.random.default_rng(0)
-    leaves = np.zeros(40)
-    leaves[:24] = rng.uniform(0.1, 10.0, size=24)
-    leaves[[0, 7, 13, 23]] = 0.0                                 # the first, inner ones and the last filled
-    sampler = with_leaves(leaves, capacity=10, steps=4, filled=6)
-    counts = np.zeros(40, dtype=np.int64)
-    draw_rng = np.random.default_rng(0)
-    for _ in range(2000):
-        drawn, probabilities = sampler.sample(32, draw_rng)
-        np.add.at(counts, drawn, 1)
-        np.testing.assert_allclose(probabilities, leaves[drawn] / leaves.sum())
-    assert counts[leaves == 0].sum() == 0
-    positive = leaves > 0
-    expected = counts.sum() * leaves[positive] / leaves.sum()
-    chi_square = float(((counts[positive] - expected) ** 2 / expected).sum())
-    assert chi_square < 19 + 6 * np.sqrt(2 * 19), chi_square
-
-
-def test_draws_across_blocks_skip_empty_blocks_and_zero_leaves():
-    """300 leaves over five blocks of the two-level tree (herd/replay/prioritized.py BLOCK =
-    64): the second block all zero, zeros inside the others, the last block part padding.
-    64,000 draws: no zero leaf, and the counts pass the chi-square test above (degrees of
-    freedom: the positive leaves less one). Catches a leaf found in the wrong block (the
-    mass before a block not subtracted, or a block found with its neighbour's prefix)."""
-    from herd.replay.prioritized import BLOCK
-    rng = np.random.default_rng(1)
-    leaves = rng.uniform(0.1, 10.0, size=300)
-    leaves[BLOCK:2 * BLOCK] = 0.0
-    leaves[rng.choice(300, 30, replace=False)] = 0.0
-    sampler = with_leaves(leaves, capacity=100, steps=3, filled=100)
-    counts = np.zeros(300, dtype=np.int64)
-    draw_rng = np.random.default_rng(2)
+def assert_drawn_as_the_priorities(sampler: PrioritizedSampler, leaves: np.ndarray, seed: int) -> None:
+    """64,000 draws (2,000 stratified batches of 32): each probability is the leaf's share,
+    no zero leaf is drawn, and Pearson's X^2 of the counts against n * P(i) over the k
+    positive leaves stays below dof + 6 sqrt(2 dof), dof = k - 1 (the mean plus six
+    standard deviations of a chi-square; stratification only makes it smaller). A sampler
+    drawing uniformly gives X^2 in the tens of thousands."""
+    counts = np.zeros(len(leaves), dtype=np.int64)
+    draw_rng = np.random.default_rng(seed)
     for _ in range(2000):
         drawn, probabilities = sampler.sample(32, draw_rng)
         np.add.at(counts, drawn, 1)
@@ -71,6 +40,29 @@ def test_draws_across_blocks_skip_empty_blocks_and_zero_leaves():
     expected = counts.sum() * leaves[positive] / leaves.sum()
     chi_square = float(((counts[positive] - expected) ** 2 / expected).sum())
     assert chi_square < dof + 6 * np.sqrt(2 * dof), chi_square
+
+
+def test_draws_follow_the_priorities_and_never_a_zero_leaf():
+    """40 leaves in one block: 24 with priorities spread over two decades, 4 zeros among
+    them and 12 empty positions (zero)."""
+    rng = np.random.default_rng(0)
+    leaves = np.zeros(40)
+    leaves[:24] = rng.uniform(0.1, 10.0, size=24)
+    leaves[[0, 7, 13, 23]] = 0.0                                 # the first, inner ones and the last filled
+    assert_drawn_as_the_priorities(with_leaves(leaves, capacity=10, steps=4, filled=6), leaves, seed=0)
+
+
+def test_draws_across_blocks_skip_empty_blocks_and_zero_leaves():
+    """300 leaves over five blocks of the two-level tree (herd/replay/prioritized.py BLOCK =
+    64): the second block all zero, zeros inside the others, the last block part padding.
+    Catches a leaf found in the wrong block (the mass before a block not subtracted, or a
+    block found with its neighbour's prefix)."""
+    from herd.replay.prioritized import BLOCK
+    rng = np.random.default_rng(1)
+    leaves = rng.uniform(0.1, 10.0, size=300)
+    leaves[BLOCK:2 * BLOCK] = 0.0
+    leaves[rng.choice(300, 30, replace=False)] = 0.0
+    assert_drawn_as_the_priorities(with_leaves(leaves, capacity=100, steps=3, filled=100), leaves, seed=2)
 
 
 class EdgeRng:
