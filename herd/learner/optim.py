@@ -41,9 +41,9 @@ class GuardedStep:
          bounded, |update| <= lr * MAX_RATIO whatever the gradients (RMSprop:
          1 / sqrt(1 - alpha); Adam: see its class), so ||p|| + lr * MAX_RATIO, a bound of
          every new |p|, decides it on two scalars before anything moves;
-      2. the gradients are zeroed where the step is not applied (masked_fill_: a NaN times
-         0 would still be NaN), the state's decay factors become 1 and the learning rate
-         0: a skipped step leaves weights and state exactly as they were.
+      2. the gradients are zeroed where the step is not applied (their non-finite entries
+         first: a NaN times 0 would still be NaN), the state's decay factors become 1 and
+         the learning rate 0: a skipped step leaves weights and state exactly as they were.
     """
     # _scratch's buffers and the parameters (their ids) they were made for; none before the
     # first step.
@@ -117,10 +117,26 @@ class GuardedStep:
         """(applied, the gradients, zeroed unless applied)."""
         applied = ok & torch.isfinite(_norm(params) + lr * max_ratio)
         grads = [p.grad for p in params]
-        skip = ~applied
+        # Non-finite entries to 0 (a NaN times 0 would still be NaN), then all of them
+        # times the flag: two cheap passes, where masked_fill_ with a 0-dim mask took as
+        # long as both on a CPU.
         for grad in grads:
-            grad.masked_fill_(skip, 0.0)
+            torch.nan_to_num_(grad, nan=0.0, posinf=0.0, neginf=0.0)
+        torch._foreach_mul_(grads, applied.to(grads[0].dtype))
         return applied, grads
+
+    def _square_roots(self, params: list[Tensor], squares: list[Tensor]) -> list[Tensor]:
+        """sqrt(squares) into the scratch buffers. On a CPU one pass per tensor (aten runs
+        a foreach op tensor by tensor anyway, and a copy then sqrt_ would be two passes);
+        on a GPU two foreach kernels for all of them."""
+        roots = self._scratch(params)
+        if roots[0].device.type == "cpu":
+            for square, root in zip(squares, roots):
+                torch.sqrt(square, out=root)
+        else:
+            torch._foreach_copy_(roots, squares)
+            torch._foreach_sqrt_(roots)
+        return roots
 
 
 class GuardedRMSprop(GuardedStep):
@@ -148,9 +164,7 @@ class GuardedRMSprop(GuardedStep):
         torch._foreach_addcmul_(squares, grads, grads, value=1.0 - alpha)
         # p += g / denominator, with denominator = -(sqrt(square_avg) + eps) / lr: a skipped
         # step divides 0 by -inf.
-        denominators = self._scratch(params)
-        torch._foreach_copy_(denominators, squares)
-        torch._foreach_sqrt_(denominators)
+        denominators = self._square_roots(params, squares)
         torch._foreach_add_(denominators, group["eps"])
         torch._foreach_div_(denominators, -(lr * applied))
         torch._foreach_addcdiv_(params, grads, denominators)
@@ -195,9 +209,7 @@ class GuardedAdam(GuardedStep):
         t = steps[0].clamp(min=1)
         bias1 = 1 - beta1 ** t
         bias2_sqrt = (1 - beta2 ** t).sqrt()
-        denominators = self._scratch(params)
-        torch._foreach_copy_(denominators, squares)
-        torch._foreach_sqrt_(denominators)
+        denominators = self._square_roots(params, squares)
         torch._foreach_div_(denominators, bias2_sqrt)
         torch._foreach_add_(denominators, group["eps"])
         torch._foreach_div_(denominators, -(lr * applied) / bias1)

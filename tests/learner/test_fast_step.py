@@ -178,8 +178,9 @@ def test_the_optimizers_run_foreach_kernels():
     """The optimizers' arithmetic is called as foreach ops (one kernel for all parameters
     on a GPU), not as a Python loop of per-parameter addcdiv/addcmul/lerp as torch's
     single-tensor path runs. (Recorded at the Python level: on a CPU, aten itself runs a
-    foreach op tensor by tensor.)"""
-    for name, foreach in (("rmsprop", {"_foreach_addcmul_", "_foreach_addcdiv_", "_foreach_sqrt_"}),
+    foreach op tensor by tensor, and the square roots are taken tensor by tensor into
+    their buffers, herd/learner/optim.py _square_roots.)"""
+    for name, foreach in (("rmsprop", {"_foreach_addcmul_", "_foreach_addcdiv_", "_foreach_div_"}),
                           ("adam", {"_foreach_lerp_", "_foreach_addcmul_", "_foreach_addcdiv_"})):
         learner = fast(ImpalaLossWeights(), name)
         data = batches(2)

@@ -44,3 +44,34 @@ def test_a_normal_update_is_kept():
     after = learner.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert all(torch.isfinite(v).all() for v in after.values())
+
+
+def test_a_skipped_step_with_non_finite_gradients_changes_nothing():
+    """Gradients holding NaN and inf (a loss that overflowed) with ok False: each optimizer
+    leaves its weights and state bit for bit as they were, and its next step equals the
+    step of a twin that never saw the bad one."""
+    for name in ("rmsprop", "adam"):
+        torch.manual_seed(0)
+        weights = [torch.randn(3, 4), torch.randn(5)]
+        twins = [[w.clone() for w in weights] for _ in range(2)]
+        optimizers = [build_optimizer(name, params, 1e-2, 0.01) for params in twins]
+        lr = torch.tensor(1e-2)
+
+        def step(optimizer, params, grads, ok):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            return optimizer.step(torch.tensor(ok), lr)
+
+        good = [torch.randn(3, 4), torch.randn(5)]
+        for optimizer, params in zip(optimizers, twins):
+            step(optimizer, params, good, True)
+        before = [p.clone() for p in twins[0]]
+        state_before = {i: {k: v.clone() for k, v in s.items()} for i, s in enumerate(optimizers[0].state.values())}
+        bad = [torch.full((3, 4), float("nan")), torch.tensor([1.0, float("inf"), -float("inf"), 2.0, 0.5])]
+        assert not bool(step(optimizers[0], twins[0], bad, False)), name
+        assert all(torch.equal(b, p) for b, p in zip(before, twins[0])), name
+        for i, s in enumerate(optimizers[0].state.values()):
+            assert all(torch.equal(state_before[i][k], v) for k, v in s.items()), (name, i)
+        for optimizer, params in zip(optimizers, twins):
+            step(optimizer, params, good, True)
+        assert all(torch.equal(a, b) for a, b in zip(*twins)), name
