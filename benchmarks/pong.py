@@ -2,11 +2,10 @@
 launch and emulator frames, until it reaches the target (20 by default) or time runs out.
 
 Meant for a GPU machine (the README's headline): `python benchmarks/pong.py --minutes 5`
-runs `herd train` with the configuration below (the batched inference server on the GPU,
-the C++ vector env backend, one actor per core). `--extra` adds or overrides herd flags.
-On a CPU-only machine fewer frames per second arrive, and learning is limited by the
-number of updates, not frames: there herd's Atari defaults take batches of 8 (the machine
-profile in herd/config.py). `--defaults` runs exactly what a user gets with no flag:
+runs `herd train` with herd's Atari defaults (herd/profiles.py) and the actors laid out as
+below (the batched inference server on the GPU, the C++ vector env backend, one actor per
+core). `--extra` adds or overrides herd flags. `--defaults` runs exactly what a user gets
+with no flag:
   python benchmarks/pong.py --defaults --minutes 40 --tag _defaults
 `--frames N` ends the run after N emulator frames (agent steps x 4) with the learning-rate
 schedule of a default-length run, so that a run measured in frames learns as the default
@@ -35,12 +34,10 @@ DEFAULT_ATARI_STEPS = 15_000_000     # herd/profiles.py PROFILES["atari"]: a def
 
 
 def gpu_config(workers: int) -> list[str]:
-    """On-policy IMPALA as in the paper's Pong runs, sized for one GPU and `workers` cores."""
+    """herd's Atari defaults for learning (herd/profiles.py), with the actors laid out for
+    one GPU and `workers` cores: the C++ vector env backend in env batches of 4."""
     return ["--env=PongNoFrameskip-v4", "--device=auto", "--actor_inference=auto", "--env_backend=ale_vector",
-            f"--worker_count={workers}", "--envs_per_worker=8", "--env_batch_size=4", "--env_threads=1",
-            "--batch_size=32", "--r_f_steps=20", "--optimizer=rmsprop", "--lr=0.0006", "--entropy_loss_weight=0.01",
-            '--replay_parameters=[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
-            "--lr_scheduler_steps=100000", "--learner_compile=True"]
+            f"--worker_count={workers}", "--envs_per_worker=8", "--env_batch_size=4", "--env_threads=1"]
 
 
 def curve(episodes: list[dict], launch: float, window: int = 100) -> list[dict]:
@@ -88,8 +85,8 @@ def main() -> None:
     if args.defaults:
         herd_args = ["train", "--env=PongNoFrameskip-v4", "--basic_verbose=False", *shlex.split(args.extra)]
     else:
-        herd_args = ["train", *gpu_config(args.workers), "--environment_max_steps=100000000", "--basic_verbose=False",
-                     "--tensorboard=False", *shlex.split(args.extra)]
+        herd_args = ["train", *gpu_config(args.workers), "--basic_verbose=False", "--tensorboard=False",
+                     *shlex.split(args.extra)]
     if args.frames is not None:
         # The schedule of a default-length run (its decay horizon in updates), cut at --frames.
         from herd.config import resolve

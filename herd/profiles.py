@@ -45,6 +45,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         # Xeon) IMPALA's 100-game average reached 10 at 2.8M frames instead of 8.9M, and
         # with no flag 18 at 13 minutes instead of not within 35 (docs/benchmarks.md).
         normalize_observations=True,
+        # The entropy bonus a tenth of the seed's 0.01: herd's losses are means and its
+        # V-trace advantages on Pong's clipped rewards are small (no normalisation), so at
+        # 0.01 the bonus outweighed the policy gradient and the policy stayed near uniform
+        # (entropy 1.65 of ln 6 = 1.79 at a 100-game average of 18); at 0.001 IMPALA's
+        # average ... (docs/benchmarks.md, "The entropy bonus on Atari"). APPO normalises
+        # its advantages and keeps PPO's 0.01 (APPO_PROFILE).
+        entropy_loss_weight=0.001,
     ),
     "vector": dict(
         SMALL_INPUTS, environment_max_steps=500_000, envs_per_worker=16, replay_parameters=QUEUE_ONLY,
@@ -77,15 +84,17 @@ PROFILES: dict[str, dict[str, Any]] = {
 # Defaults that depend on the machine a run finds, per environment kind and learner device
 # ("cpu" or "cuda"), applied after the algorithm's profile and before the kind's.
 # Atari: on-policy IMPALA (the queue only: every frame trained on once, as in the IMPALA
-# paper's Pong runs) with unrolls of 20 and RMSprop at 0.0006. A CPU learner is what limits
-# learning (README, Pong learning: with 32 trajectories per batch 12 minutes on 2 cores were
-# not enough to start), so a CPU gets batches of 8, which learned Pong to 19 in 40 minutes on
-# 2 cores; a GPU learner takes 32. The learning rate decays over the whole run (15M steps:
-# about 94,000 updates of 8 x 20 steps). Precision, threads and compiling are picked in
-# apply_profile from the same hardware.
-ATARI_ON_POLICY = dict(r_f_steps=20, lr=0.0006, envs_per_worker=8, replay_parameters=QUEUE_ONLY)
+# paper's Pong runs) with unrolls of 20 and RMSprop at 0.0006, in batches of 8 on either
+# learner device. A CPU learner is what limits learning there (README, Pong learning: with
+# 32 trajectories per batch 12 minutes on 2 cores were not enough to start); a GPU learner
+# has the updates to spare, and there too batches of 8 need fewer frames: on one H100 in
+# 175 s Pong's average reached -8.4 on 7.5M frames with 8 and -20.2 on 7.7M with 32
+# (docs/benchmarks.md, Pong on a GPU). The learning rate decays over the whole run (15M
+# steps: about 94,000 updates of 8 x 20 steps). Precision, threads, compiling and capture
+# are picked in apply_profile from the hardware.
+ATARI_ON_POLICY = dict(r_f_steps=20, lr=0.0006, envs_per_worker=8, replay_parameters=QUEUE_ONLY, batch_size=8)
 MACHINE_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
-    "atari": {"cpu": dict(ATARI_ON_POLICY, batch_size=8), "cuda": dict(ATARI_ON_POLICY, batch_size=32)},
+    "atari": {"cpu": ATARI_ON_POLICY, "cuda": ATARI_ON_POLICY},
 }
 # A run this long (environment steps) compiles its Atari learner by default: compiling costs
 # 20-40 s at the start; over the channels-last learner it gains nothing at batch 8 and up
@@ -115,7 +124,7 @@ IMPACT_PROFILE: dict[str, Any] = dict(replay_parameters=CIRCULAR, target_update_
 APPO_PROFILE: dict[str, Any] = dict(
     passes_per_batch=4, minibatches_per_pass=4, vtrace_lambda=0.95, clip_param=0.1, normalize_advantages=True,
     gradient_clip_by_norm_threshold=0.5, target_update_period=1, optimizer="adam", replay_parameters=QUEUE_ONLY,
-    use_policy_cloning_loss=False, use_value_cloning_loss=False)
+    use_policy_cloning_loss=False, use_value_cloning_loss=False, entropy_loss_weight=0.01)
 APPO_KINDS: dict[str, dict[str, Any]] = {
     "atari": dict(lr=0.00025, r_f_steps=128, envs_per_worker=4, normalize_returns=True),
     "minatar": dict(batch_size=32),
@@ -150,7 +159,7 @@ def slots_for_bounded_lag(batch_size: int, worker_count: int, envs_per_worker: i
 # What an option left unset takes when no profile above names it.
 FALLBACKS: dict[str, Any] = dict(
     passes_per_batch=1, minibatches_per_pass=1, vtrace_lambda=1.0, clip_param=0.4, gradient_clip_by_norm_threshold=40.0,
-    normalize_advantages=False, value_clip=0.0, normalize_returns=False)
+    normalize_advantages=False, value_clip=0.0, normalize_returns=False, entropy_loss_weight=0.01)
 
 ALGORITHM_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "impact": {kind: dict(IMPACT_PROFILE) for kind in ("atari", "vector", "continuous", "minatar")},
