@@ -90,9 +90,9 @@ PROFILES: dict[str, dict[str, Any]] = {
 # 32 trajectories per batch 12 minutes on 2 cores were not enough to start); a GPU learner
 # has the updates to spare, and there too batches of 8 need fewer frames: on one H100 in
 # 175 s Pong's average reached -8.4 on 7.5M frames with 8 and -20.2 on 7.7M with 32
-# (docs/benchmarks.md, Pong on a GPU). The learning rate decays over the whole run (15M
-# steps: about 94,000 updates of 8 x 20 steps). Precision, threads, compiling and capture
-# are picked in apply_profile from the hardware.
+# (herd 3e1816f; docs/benchmarks.md, "The entropy bonus on Atari"). The learning rate
+# decays over the whole run (15M steps: about 94,000 updates of 8 x 20 steps). Precision,
+# threads, compiling and capture are picked in apply_profile from the hardware.
 ATARI_ON_POLICY = dict(r_f_steps=20, lr=0.0006, envs_per_worker=8, replay_parameters=QUEUE_ONLY, batch_size=8)
 MACHINE_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "atari": {"cpu": ATARI_ON_POLICY, "cuda": ATARI_ON_POLICY},
