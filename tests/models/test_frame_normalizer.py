@@ -37,6 +37,23 @@ def test_statistics_are_per_pixel_of_the_newest_frame(pong_frames):
     assert not np.allclose(norm.mean.numpy(), every.mean(0), atol=1e-6)
 
 
+def test_uint8_moments_are_exact_past_float32s_integer_range():
+    """600 frames of bright levels: their sum of squares (about 3e7) is beyond float32's
+    exact integers (2^24), so the sums are taken 256 rows at a time; the statistics equal
+    those of exact int64 sums bit for bit."""
+    frames = torch.randint(200, 256, (300, 2, 4, 6, 5), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(0))   # [T, E, C, H, W]
+    norm = FrameNormalizer((6, 5))
+    norm.update(frames)
+    levels = frames[..., -1, :, :].reshape(600, 30).to(torch.int64)
+    total, squares = levels.sum(0).double(), (levels * levels).sum(0).double()
+    mean = total / 600
+    expected = FrameNormalizer((6, 5))
+    expected.merge(600, mean / 255.0, (squares / 600 - mean * mean).clamp(min=0.0) / 255.0 ** 2)
+    assert torch.equal(norm.mean, expected.mean) and torch.equal(norm.var, expected.var)
+    assert float(norm.count) == 600
+
+
 def test_constant_pixels_become_exactly_zero_and_moving_ones_stand_out(pong_frames):
     norm = FrameNormalizer((84, 84))
     norm.update(pong_frames)
