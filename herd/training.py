@@ -58,10 +58,12 @@ log = logging.getLogger("herd")
 TIMED_ALGORITHMS = ("impala", "impact", "appo")
 
 
-def build_mixer(plan: Plan, model: torch.nn.Module | None, device: torch.device, rank: int = 0) -> ReplayMixer:
+def build_mixer(plan: Plan, model: torch.nn.Module | None, device: torch.device, rank: int = 0,
+                local: bool = False) -> ReplayMixer:
     """The replays of --replay_parameters and their mixer; with several learners, learner
     `rank`'s own, drawing its 1/N of every batch. model: what elite/attentive replays
-    score with (None where no replay needs it: a replay server's prioritized replay)."""
+    score with (None where no replay needs it: a replay server's prioritized replay).
+    local: the batches go to a learner in this process (build_batches), not over a wire."""
     cfg, r = plan.cfg, plan.cfg.replay
     specs = cfg.replays
     shares = batch_shares(specs, cfg.train.batch_size // cfg.parallel.learner_count)
@@ -72,15 +74,24 @@ def build_mixer(plan: Plan, model: torch.nn.Module | None, device: torch.device,
     if storage_device is not None and specs:
         log.info("replays: %s keep their trajectories in %s memory (uncompressed uint8 frames; "
                  "--use_replay_compression applies to host replays)", ", ".join(sorted({s.type for s in specs})), device)
+    # A CPU learner in this process trains the queue's batches in place when the queue is the
+    # only replay (herd/replay/mixer.py `lends`); the queue makes room for the batches lent at
+    # once: the one in training, those kept ready and those a worker is preparing.
+    lends = local and device.type == "cpu" and len(specs) == 1 and specs[0].type == "queue"
+    lent = 0
+    if lends:
+        lent = r.cache_output_buffer_size + r.caching_threads * r.cache_sample_size + 1 if r.caching else 1
     replays = [build_replay(spec, plan.layout, share, cfg.parallel.envs_per_worker, compress=r.use_replay_compression,
                             compression_level=r.lz4_compression_level, anneal_rounds_base=cfg.train.lr_scheduler_steps,
-                            seed=seed + index, n_step=cfg.train.n_step, storage_device=storage_device)
+                            seed=seed + index, n_step=cfg.train.n_step, storage_device=storage_device,
+                            lent_batches=lent)
                for index, (spec, share) in enumerate(zip(specs, shares))]
     if model is not None:
         for replay in replays:
             # Elite/attentive replays score with the learner's model, in the learner's precision.
             replay.attach_model(model, device, bf16=cfg.train.learner_precision == "bf16")
-    return ReplayMixer(replays, shares, r.training_fill_in_factor, seed=seed, replay_ratio=cfg.train.replay_ratio)
+    return ReplayMixer(replays, shares, r.training_fill_in_factor, seed=seed, replay_ratio=cfg.train.replay_ratio,
+                       lends=lends)
 
 
 def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device, rank: int = 0):
@@ -94,7 +105,7 @@ def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device, rank
         light = Plan(**{**plan.__dict__, "checkpoint": None})
         return ReplayElsewhere(partial(build_mixer, light, None, torch.device("cpu")),
                                requests_ahead=r.cache_output_buffer_size, writes_waiting=r.replay_writer_queue_size)
-    mixer = build_mixer(plan, model, device, rank)
+    mixer = build_mixer(plan, model, device, rank, local=True)
     if r.caching:
         return PrefetchedBatches(mixer, device, r.caching_threads, r.cache_sample_size, r.cache_output_buffer_size,
                                  r.replay_writer_queue_size, r.discarding_strategy)

@@ -165,6 +165,9 @@ class RemoteBatches:
             self.send_priorities()
         return len(values)
 
+    def give_back(self, mixed) -> None:
+        pass                # the server's batches come as copies: nothing is lent
+
     def send_priorities(self) -> None:
         if self.priorities:
             self.updates.append(self.server.updates.remote(self.priorities))

@@ -7,9 +7,13 @@ in a Ray actor instead: herd/backends/ray_replay.py's RemoteBatches, the same pr
 Every source takes rollouts with `put_rollout(views, version)` (field -> [time, E, ...];
 `put(trajectories, version)` takes them one environment column at a time), hands out
 ready batches with `next_ready()` -> (tensors, MixedBatch) or None when none is ready yet,
-and passes the learner's new per-column values (priorities) back to the replays with
+passes the learner's new per-column values (priorities) back to the replays with
 `update(keys, values)`: a batch prepared ahead may have been partly overwritten since,
-and the replays' keys make sure such values are dropped, not misapplied."""
+and the replays' keys make sure such values are dropped, not misapplied; and takes each
+batch back with `give_back(mixed)` once the learner's step has read it. On a CPU learner
+whose only replay is the on-policy queue, batches are lent (herd/replay/mixer.py `lends`,
+herd/training.py build_mixer): the step reads the observations where the queue wrote
+them, and the queue keeps those positions from new rollouts until they are given back."""
 from __future__ import annotations
 
 import logging
@@ -58,6 +62,9 @@ class DirectBatches:
 
     def update(self, keys: list, values) -> int:
         return self.mixer.update(keys, values)
+
+    def give_back(self, mixed) -> None:
+        self.mixer.give_back(mixed)
 
     def replay_state(self) -> dict:
         return self.mixer.state_dict()
@@ -167,6 +174,13 @@ class PrefetchedBatches:
         with self.lock:
             return self.mixer.update(keys, values)
 
+    def give_back(self, mixed) -> None:
+        """Also wakes a worker: rollouts waiting for the room may be written now."""
+        if mixed.lent:
+            with self.lock:
+                self.mixer.give_back(mixed)
+            self.writer.poke()
+
     def replay_nbytes(self) -> int:
         """An estimate, read without the lock (a figure for the hardware monitor)."""
         return self.mixer.nbytes()
@@ -222,6 +236,9 @@ class ReplayElsewhere:
 
     def update(self, keys: list, values) -> int:
         return 0
+
+    def give_back(self, mixed) -> None:
+        pass
 
     def replay_state(self) -> dict | None:
         """The loaded (or last fetched) state; None when there is none (a run stopped before

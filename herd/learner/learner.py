@@ -35,14 +35,21 @@ def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch
     """numpy batch (field -> [time, B, ...]) to torch on the learner device; with `pin`,
     through pinned memory with a non-blocking copy (GPU learners). Fields already in
     device tensors (replays in device memory) stay where they are; host tensors (a host
-    replay's transition batches) travel as numpy arrays do."""
+    replay's transition batches) travel as numpy arrays do. The observations of a batch the
+    on-policy queue lent (herd/replay/mixer.py) are a view strided in time: on a CPU they
+    stay one, read in place by the model (herd/models/base.py frames_of)."""
     arrays = {**batch, "replayed": replayed}
     tensors = {}
     for name, array in arrays.items():
         if isinstance(array, torch.Tensor) and array.device.type != "cpu":
             tensors[name] = array.to(device, non_blocking=True)
             continue
-        tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(array))
+        if isinstance(array, torch.Tensor):
+            tensor = array
+        elif name == "obs" and not pin:
+            tensor = torch.from_numpy(array)      # a view stays one: the model reads strided frames in place
+        else:
+            tensor = torch.from_numpy(np.ascontiguousarray(array))
         if pin:
             tensor = tensor.pin_memory()
         tensors[name] = tensor.to(device, non_blocking=pin)

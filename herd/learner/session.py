@@ -183,10 +183,14 @@ class TrainingSession:
             if self.sync is not None and self.done:
                 # Every learner knows the budget is spent after the same round and stops
                 # there; one more step would wait for learners that have left.
+                self.batches.give_back(ready[1])
                 break
             batch, mixed = ready                                # tensors, herd.replay.mixer.MixedBatch
             self.learner.loss_fn.expect_batch(mixed.reuse_key)  # IMPACT: target outputs once per stored batch
             result = self.learner.step(batch)                   # device tensors: nothing read here
+            # A lent batch (a CPU learner's, read in place: herd/learner/batches.py) goes back
+            # to the queue; the CPU step is done with it when step() returns.
+            self.batches.give_back(mixed)
             if self.sync is not None:
                 self.count_received()
                 if result.stopped:

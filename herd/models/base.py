@@ -142,6 +142,29 @@ def frames_to_float(frames: Tensor, memory_format: torch.memory_format = torch.c
     return frames.to(torch.float32, memory_format=memory_format)
 
 
+def frames_of(obs: Tensor, name: str, memory_format: torch.memory_format = torch.contiguous_format,
+              normalizer: Optional[nn.Module] = None) -> tuple[Tensor, int, int]:
+    """[T, B, C, H, W] frames -> (the network's input [T*B, C, H, W] as frames_to_float
+    makes it, T, B). Frames strided in time (a batch the on-policy queue lent in place,
+    herd/replay/storage.py lend) cannot be flattened without copying every frame: they are
+    converted straight into [T*B, ...] floats instead, in the pass the conversion makes
+    anyway, with the same numbers."""
+    if obs.dim() != 5:
+        flatten_time(obs, 3, name)          # its one-line error
+    T, B = obs.shape[0], obs.shape[1]
+    if obs.dtype != torch.uint8 or T == 1 or obs.stride(0) == B * obs.stride(1):
+        frames, _, _ = flatten_time(obs, 3, name)                  # a view
+        return frames_to_float(frames, memory_format, normalizer), T, B
+    device = obs.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+    out = torch.empty((T * B, *obs.shape[2:]), dtype=torch.float32 if normalizer is not None else dtype,
+                      device=obs.device, memory_format=memory_format)
+    out.view(obs.shape).copy_(obs).div_(255.0)                     # floats in [0, 1], as frames_to_float's
+    if normalizer is not None:
+        return normalizer(out, dtype, memory_format), T, B         # in place on `out`, then cast
+    return out, T, B
+
+
 def probe_flat_size(body: nn.Module, in_channels: int, frame_hw: tuple, name: str) -> int:
     """Flattened size of `body` on one [in_channels, *frame_hw] frame, so that any resolution
     works without hand-computed sizes; frames too small for the strides fail here, clearly."""

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from herd.models.base import Heads, ModelOutput, TrainingLayout, flatten_time, frames_to_float, orthogonal, probe_flat_size
+from herd.models.base import Heads, ModelOutput, TrainingLayout, frames_of, orthogonal, probe_flat_size
 from herd.models.core import CoreInput, LSTMCore, heads_after_core
 from herd.models.normalize import FrameNormalizer
 
@@ -53,12 +53,12 @@ class NatureCNN(nn.Module, TrainingLayout):
 
     def unroll(self, obs: Tensor, core: Optional[CoreInput] = None) -> tuple[ModelOutput, Optional[Tensor]]:
         """forward, plus the LSTM state after the last step [2, L, B, H] (None without a core)."""
-        frames, T, B = flatten_time(obs, 3, "NatureCNN")
         # On a GPU, cudnn's fast bf16 convolutions are NHWC: NCHW input cost 28% of an H100
         # learner's GPU time in layout conversions (shared/gpu/README.md), so there too.
         channels_last = self.channels_last_when_training and torch.is_grad_enabled()
         fmt = torch.channels_last if channels_last else torch.contiguous_format
-        return heads_after_core(self.heads, self.core, self.fc(self.convs(frames_to_float(frames, fmt, self.obs_normalizer))), T, B, core)
+        frames, T, B = frames_of(obs, "NatureCNN", fmt, self.obs_normalizer)     # [T*B, C, H, W] floats
+        return heads_after_core(self.heads, self.core, self.fc(self.convs(frames)), T, B, core)
 
 
 class ResidualBlock(nn.Module):
@@ -105,13 +105,13 @@ class ImpalaResNet(nn.Module, TrainingLayout):
 
     def unroll(self, obs: Tensor, core: Optional[CoreInput] = None) -> tuple[ModelOutput, Optional[Tensor]]:
         """forward, plus the LSTM state after the last step [2, L, B, H] (None without a core)."""
-        frames, T, B = flatten_time(obs, 3, "ImpalaResNet")
         # On CPU, channels-last activations run this network about 2x faster (measured, 1
         # thread: 13 -> 7 ms at B=4, 550 -> 220 ms at B=110). Only the input is converted;
         # the weights stay contiguous because weight sync flattens them with view(-1).
         # Flatten reads logical (C, H, W) order, so the result does not depend on the format.
         # On a GPU, channels-last where gradients flow (cudnn's bf16 convolutions are NHWC).
         # Where gradients flow, channels_last_when_training decides (a CPU learner times both).
-        channels_last = self.channels_last_when_training if torch.is_grad_enabled() else not frames.is_cuda
+        channels_last = self.channels_last_when_training if torch.is_grad_enabled() else not obs.is_cuda
         fmt = torch.channels_last if channels_last else torch.contiguous_format
-        return heads_after_core(self.heads, self.core, self.fc(self.stages(frames_to_float(frames, fmt, self.obs_normalizer))), T, B, core)
+        frames, T, B = frames_of(obs, "ImpalaResNet", fmt, self.obs_normalizer)  # [T*B, C, H, W] floats
+        return heads_after_core(self.heads, self.core, self.fc(self.stages(frames)), T, B, core)

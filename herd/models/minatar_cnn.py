@@ -11,7 +11,7 @@ from typing import Optional
 
 from torch import Tensor, nn
 
-from herd.models.base import Heads, ModelOutput, flatten_time, frames_to_float, orthogonal, probe_flat_size
+from herd.models.base import Heads, ModelOutput, frames_of, orthogonal, probe_flat_size
 from herd.models.core import CoreInput, LSTMCore, heads_after_core
 
 RELU_GAIN = 2 ** 0.5
@@ -39,5 +39,5 @@ class MinAtarCNN(nn.Module):
 
     def unroll(self, obs: Tensor, core: Optional[CoreInput] = None) -> tuple[ModelOutput, Optional[Tensor]]:
         """forward, plus the LSTM state after the last step [2, L, B, H] (None without a core)."""
-        frames, T, B = flatten_time(obs, 3, "MinAtarCNN")
-        return heads_after_core(self.heads, self.core, self.fc(self.convs(frames_to_float(frames))), T, B, core)
+        frames, T, B = frames_of(obs, "MinAtarCNN")                             # [T*B, C, H, W] floats
+        return heads_after_core(self.heads, self.core, self.fc(self.convs(frames)), T, B, core)

@@ -62,6 +62,12 @@ class DeviceTrajectoryStorage:
         index = torch.as_tensor(np.asarray(positions, dtype=np.int64)).to(self.device, non_blocking=True)
         return {name: tensor.index_select(1, index) for name, tensor in self.tensors.items()}
 
+    def lend(self, positions: np.ndarray) -> None:
+        """Never lends (see TrajectoryStorage.lend): a GPU step reads its batch after the host
+        has moved on, so positions given back when the host returns from the step could be
+        written before that read. A device learner's copy is the gather into its step."""
+        return None
+
     def read_steps(self, positions: np.ndarray, steps: np.ndarray, names: tuple) -> dict[str, torch.Tensor]:
         """TrajectoryStorage.read_steps on the device: only the time steps `steps` [k] of the
         fields `names`, field -> [k, C, ...] device tensors for positions [C] (what elite

@@ -38,6 +38,9 @@ class MixedBatch:
     # False while a batch will be served again: the learner publishes its weights once per
     # batch, after its last pass (IMPACT), not after every pass.
     last_pass: bool = True
+    # The observations are a view lent by the queue (ReplayMixer.lends): give_back(keys)
+    # once the learner's step has read them.
+    lent: bool = False
 
 
 def concat_columns(parts: list) -> "np.ndarray | torch.Tensor":
@@ -55,7 +58,11 @@ def concat_columns(parts: list) -> "np.ndarray | torch.Tensor":
 
 class ReplayMixer:
     def __init__(self, replays: list[Replay], shares: list[int], fill_in_factor: float, seed: int,
-                 replay_ratio: float | None = None):
+                 replay_ratio: float | None = None, lends: bool = False):
+        """lends: the batches go to a learner in this process that reads them on the host
+        and gives each back after its step (herd/learner/batches.py): where the queue is
+        the only replay, a batch's observations are then read in place (the queue lends
+        them), the one copy being the queue's write."""
         self.replays = replays
         self.shares = shares
         self.batch_size = sum(shares)
@@ -69,6 +76,7 @@ class ReplayMixer:
         self.batch_cost = self.batch_size if replay_ratio is None else max(1, round(self.batch_size / replay_ratio))
         self.credit = 0  # fresh items not yet paid for by a batch (no-queue pacing)
         self.rng = np.random.default_rng(seed)
+        self.lends = lends
 
     def add(self, trajectory: dict[str, np.ndarray], version: int) -> None:
         for replay in self.replays:
@@ -97,11 +105,14 @@ class ReplayMixer:
 
     def sample(self) -> MixedBatch:
         parts, replayed, versions, probabilities, keys, passes = [], [], [], [], [], []
-        column = 0
+        column, lent = 0, False
         for index, (replay, share) in enumerate(zip(self.replays, self.shares)):
             if share == 0:
                 continue
-            data, version, replay_keys, chance = replay.sample(share, self.rng)
+            if self.lends and replay.on_policy and len(self.replays) == 1:
+                data, version, replay_keys, chance, lent = replay.lend(share, self.rng)
+            else:
+                data, version, replay_keys, chance = replay.sample(share, self.rng)
             parts.append(data)
             replayed.append(np.full(share, not replay.on_policy))
             versions.append(version)
@@ -117,7 +128,14 @@ class ReplayMixer:
         reusable = len(passes) == len(keys)       # no fresh or re-drawn column in this batch
         reuse_key = tuple((index, p.slot, p.generation) for index, p in passes) if reusable else None
         return MixedBatch(batch, np.concatenate(replayed), np.concatenate(versions), np.concatenate(probabilities),
-                          keys, reuse_key=reuse_key, last_pass=all(p.last for _, p in passes))
+                          keys, reuse_key=reuse_key, last_pass=all(p.last for _, p in passes), lent=lent)
+
+    def give_back(self, mixed: MixedBatch) -> None:
+        """The learner's step has read a batch whose observations were lent: their
+        positions may be written again."""
+        if mixed.lent:
+            for index, _, replay_keys in mixed.keys:
+                self.replays[index].give_back(replay_keys)
 
     def update(self, keys: list, values: np.ndarray) -> int:
         """values [B] for the columns of a batch that sample() returned with `keys`; items

@@ -34,6 +34,9 @@ class BuildOptions:
     # learner's GPU): queue, standard, custom (elite/attentive) and circular replays then use
     # herd/replay/device_storage.py, and a prioritized replay's priorities with them.
     storage_device: Any = None
+    # queue: batches it may have lent at once (read in place by a CPU learner, herd/replay/
+    # mixer.py `lends`: the one being trained and those prepared ahead), kept from new writes.
+    lent_batches: int = 0
 
 
 @dataclass(frozen=True)
@@ -44,9 +47,10 @@ class ReplayKind:
 
 
 def build_queue(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
-    # Room for one batch share plus one actor rollout, so fresh trajectories are never
-    # overwritten before the learner used them; never compressed (each is read once, soon).
-    capacity = max(spec.capacity, o.share + o.rollout_size)
+    # Room for the batches lent, one batch share and one actor rollout, so fresh trajectories
+    # are never overwritten before the learner used them and a rollout never waits for a
+    # lent batch to come back; never compressed (each is read once, soon).
+    capacity = max(spec.capacity, o.share * (o.lent_batches + 1) + o.rollout_size)
     storage = (TrajectoryStorage(layout, capacity) if o.storage_device is None
                else DeviceTrajectoryStorage(layout, capacity, o.storage_device))
     return Replay("queue", storage, FifoSampler(capacity), on_policy=True)

@@ -78,6 +78,25 @@ class Replay:
         keys = ReplayKeys(positions, self.generation[positions].copy())
         return self.storage.read(positions), self.storage.version[positions], keys, probabilities
 
+    def lend(self, n: int, rng: np.random.Generator) -> tuple[dict, np.ndarray, ReplayKeys, np.ndarray, bool]:
+        """sample(n, rng) with the observations lent where the sampler and the storage can
+        (the on-policy queue in host memory, a batch that is one run of positions): a view
+        the learner's step reads in place, its positions kept from new writes until
+        give_back(keys). The last element says whether they were lent."""
+        positions, probabilities = self.sampler.sample(n, rng)
+        keys = ReplayKeys(positions, self.generation[positions].copy())
+        data = self.storage.lend(positions) if self.sampler.lends else None
+        lent = data is not None
+        if lent:
+            self.sampler.lend(positions)
+        else:
+            data = self.storage.read(positions)
+        return data, self.storage.version[positions], keys, probabilities, lent
+
+    def give_back(self, keys: ReplayKeys) -> None:
+        """The learner has finished with a batch from lend(): its positions may be written."""
+        self.sampler.give_back(keys.positions)
+
     def batch_pass(self, keys: ReplayKeys) -> BatchPass | None:
         """For a sampler that serves whole stored batches several times (the circular
         buffer: its `served` is set), which batch the last sample() gave (its `keys`)

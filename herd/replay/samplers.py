@@ -14,13 +14,18 @@ every sampler implements (and tests/replay/test_sampler_protocol.py checks):
                                          samplers without any accept and ignore them
     state_dict() / load_state_dict()
 
-and two members with defaults on `Sampler`, the base class every sampler derives from,
-which a sampler that serves whole stored batches several times (circular.py) overrides:
+and members with defaults on `Sampler`, the base class every sampler derives from, which
+a sampler that serves whole stored batches several times (circular.py) or lends what it
+samples (the FIFO queue) overrides:
 
     room(capacity) -> int                how many trajectories can be added before an unused one
                                          is overwritten (default: the positions not available)
     served                               (slot, whether it was the last pass) of the batch the
                                          last sample() served; None (the default): not such a sampler
+    lends                                whether sampled positions can be lent: read in place by
+                                         the learner's step (a view, no copy) and kept from being
+                                         overwritten until given back (default False)
+    lend(positions) / give_back(positions)
 
 The prioritized sampler (prioritized.py) can also give each trajectory several items (one
 per transition, for Ape-X): its sample() and update() then speak of those items, and
@@ -36,6 +41,13 @@ import numpy as np
 class Sampler:
     """The base of every sampler: the protocol's members that have a default."""
     served: tuple[int, bool] | None = None
+    lends = False
+
+    def lend(self, positions: np.ndarray) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not lend its positions")
+
+    def give_back(self, positions: np.ndarray) -> None:
+        """Positions lent by lend() are no longer read; for the others nothing to do."""
 
     def available(self) -> int:
         raise NotImplementedError
@@ -69,13 +81,21 @@ class RingPositions:
 
 class FifoSampler(Sampler):
     """The on-policy queue: each trajectory is sampled once, oldest first. When more
-    arrive than wait unused, the oldest unused one is overwritten and forgotten."""
+    arrive than wait unused, the oldest unused one is overwritten and forgotten. A batch
+    it lends (the learner reads it in place) keeps its positions from being written until
+    it is given back: room() stops before them."""
+
+    lends = True
 
     def __init__(self, capacity: int):
         self.ring = RingPositions(capacity)
         self.pending: deque[int] = deque()
+        self.lent: set[int] = set()
 
     def add(self) -> int:
+        if self.ring.next in self.lent:
+            raise RuntimeError(f"queue position {self.ring.next} is lent to a batch in training: the caller "
+                               "must wait for room()")
         position = self.ring.advance()
         if len(self.pending) == self.ring.capacity:
             self.pending.popleft()  # the overwritten trajectory can no longer be sampled
@@ -84,6 +104,17 @@ class FifoSampler(Sampler):
 
     def available(self) -> int:
         return len(self.pending)
+
+    def room(self, capacity: int) -> int:
+        """Adds before the oldest unused or lent position would be written over."""
+        kept = [*self.lent, *([self.pending[0]] if self.pending else [])]
+        return min(((position - self.ring.next) % capacity for position in kept), default=capacity)
+
+    def lend(self, positions: np.ndarray) -> None:
+        self.lent.update(int(p) for p in positions)
+
+    def give_back(self, positions: np.ndarray) -> None:
+        self.lent.difference_update(int(p) for p in positions)
 
     def stored(self) -> int:
         return self.ring.filled

@@ -75,6 +75,19 @@ class TrajectoryStorage:
             batch["obs"] = np.stack([self.unpack_obs(p) for p in positions], axis=1)
         return batch
 
+    def lend(self, positions: np.ndarray) -> dict[str, np.ndarray] | None:
+        """read(positions) with the observations as a view into the storage, no copy, when
+        the positions are one ascending run (the on-policy queue's batches are): obs
+        [T+1, B, ...] strided in time, valid until the positions are written again (the
+        queue's sampler keeps them from that until they are given back). None when the
+        positions are not such a run or the observations are LZ4-packed."""
+        start = int(positions[0]) if len(positions) else 0
+        if self.compress_obs or not np.array_equal(positions, np.arange(start, start + len(positions))):
+            return None
+        batch = {name: np.take(array, positions, axis=1) for name, array in self.arrays.items() if name != "obs"}
+        batch["obs"] = self.arrays["obs"][:, start:start + len(positions)]
+        return batch
+
     device = torch.device("cpu")
 
     def column(self, name: str) -> torch.Tensor:

@@ -2,10 +2,9 @@
 step, counted (not timed) on a CPU learner: the bytes of frames copied, per trajectory,
 by numpy and torch (tests/copy_counting.py), through the real session, batch sources and
 replays of a Pong run (herd/training.py build_session) with the step replaced by one that
-keeps the batches it is given. The counts are today's: lowering them
-is the point of the trajectory store that docs/architecture.md describes; COPIES_TODAY
-names the target. The negative controls inject one more copy and see the count, and its check,
-move."""
+keeps the batches it is given. The target is one copy: the queue's write out of the slot;
+the step reads the batch where the queue holds it (lent, herd/replay/mixer.py). The
+negative controls inject one more copy and see the count, and its check, move."""
 from __future__ import annotations
 
 import threading
@@ -28,12 +27,11 @@ from herd.trajectory import TrajectorySlots
 
 ROLLOUTS = 2          # of 8 environments each: one batch of 8 each (Pong's CPU batch)
 ENVS = 8
-# Copies of each frame between the slot and the step on a CPU learner today. The target
-# is one (a gather straight from the store into the step's inputs).
-COPIES_TODAY = {
-    True: 2,     # prepared ahead (Pong's default): the replay's write (straight out of the slot
-                 # while no worker holds the mixer), its read (np.take, time-major)
-    False: 2,    # direct: the replay's write, its read
+# Copies of each frame between the slot and the step on a CPU learner.
+COPIES = {
+    True: 1,     # prepared ahead (Pong's default): the queue's write, straight out of the slot
+                 # while no worker holds the mixer; the batch is lent to the step in place
+    False: 1,    # direct: the queue's write
 }
 
 
@@ -111,7 +109,7 @@ def copies_per_trajectory(plan, tmp_path, caching: bool, monkeypatch) -> tuple[f
 
 
 def check_copies(caching: bool, copies: float, by_op: dict) -> None:
-    assert copies == COPIES_TODAY[caching], sorted(by_op.items())
+    assert copies == COPIES[caching], sorted(by_op.items())
 
 
 @pytest.mark.parametrize("caching", [True, False], ids=["prepared-ahead", "direct"])
@@ -125,7 +123,7 @@ def test_one_more_numpy_copy_is_counted(pong_plan, tmp_path, monkeypatch):
     join = mixer_module.concat_columns
     monkeypatch.setattr(mixer_module, "concat_columns", lambda parts: np.copy(join(parts)))
     copies, by_op = copies_per_trajectory(pong_plan, tmp_path, False, monkeypatch)
-    assert copies == COPIES_TODAY[False] + 1, by_op
+    assert copies == COPIES[False] + 1, by_op
     with pytest.raises(AssertionError):
         check_copies(False, copies, by_op)
 
@@ -142,7 +140,7 @@ def test_one_more_torch_copy_is_counted(pong_plan, tmp_path, caching, monkeypatc
         return {**tensors, "obs": tensors["obs"].clone()}
     monkeypatch.setattr(module, "to_tensors", cloned)
     copies, by_op = copies_per_trajectory(pong_plan, tmp_path, caching, monkeypatch)
-    assert copies == COPIES_TODAY[caching] + 1, by_op
+    assert copies == COPIES[caching] + 1, by_op
     with pytest.raises(AssertionError):
         check_copies(caching, copies, by_op)
 
@@ -163,4 +161,4 @@ def test_a_busy_mixer_costs_one_copy_more(pong_plan, tmp_path, monkeypatch):
         thread.join()
     monkeypatch.setattr(PrefetchedBatches, "put", put_while_busy)
     copies, by_op = copies_per_trajectory(pong_plan, tmp_path, True, monkeypatch)
-    assert copies == COPIES_TODAY[True] + 1, by_op
+    assert copies == COPIES[True] + 1, by_op
