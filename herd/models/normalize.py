@@ -103,8 +103,10 @@ class FrameNormalizer(ObservationNormalizer):
         """Adds the newest frame of each observation [..., C, H, W] (uint8 numpy or a CPU
         tensor). Its per-pixel moments come from exact sums of the uint8 levels, so a pixel
         that never changed gets exactly its value as mean and 0 as variance (and normalises
-        to exactly 0); merged in float64 on the statistics' device, so a GPU learner
-        receives [H * W] numbers, not the frames. Float frames (in [0, 1]) take float64
+        to exactly 0). The sums are taken on the statistics' device: a GPU learner sends
+        it the newest frames (a quarter of the observations, uint8) and sums there, which
+        costs its host a copy instead of the sums (the learner process's host time is the
+        GPU box's limit); merged there in float64. Float frames (in [0, 1]) take float64
         moments."""
         frames = torch.as_tensor(np.asarray(obs))[..., -1, :, :]                # [..., H, W]
         batch = frames.reshape(-1, self.mean.shape[0])                         # [N, H * W]
@@ -115,7 +117,8 @@ class FrameNormalizer(ObservationNormalizer):
             batch = batch.to(torch.float64)
             self.merge(n, batch.mean(0), batch.var(0, unbiased=False))
             return
-        total, squares = torch.zeros(2, batch.shape[1], dtype=torch.float64)
+        batch = batch.to(self.mean.device)
+        total, squares = torch.zeros(2, batch.shape[1], dtype=torch.float64, device=batch.device)
         for start in range(0, n, EXACT_FLOAT32_ROWS):
             levels = batch[start:start + EXACT_FLOAT32_ROWS].to(torch.float32)  # [<=256, H * W]
             total += levels.sum(0)

@@ -54,6 +54,18 @@ def test_uint8_moments_are_exact_past_float32s_integer_range():
     assert float(norm.count) == 600
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_learners_statistics_are_summed_on_its_device_and_equal_the_hosts(pong_frames):
+    """On a GPU the newest frames go to the device and are summed there: the same
+    statistics, bit for bit, as on the host (every partial sum is an exact integer)."""
+    host, device = FrameNormalizer((84, 84)), FrameNormalizer((84, 84)).cuda()
+    for part in (pong_frames[:120].reshape(60, 2, 4, 84, 84), pong_frames[120:], np.tile(pong_frames, (2, 1, 1, 1))):
+        host.update(part)
+        device.update(part)
+    for name in ("count", "mean", "var"):
+        assert torch.equal(getattr(device, name).cpu(), getattr(host, name)), name
+
+
 def test_constant_pixels_become_exactly_zero_and_moving_ones_stand_out(pong_frames):
     norm = FrameNormalizer((84, 84))
     norm.update(pong_frames)
