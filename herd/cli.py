@@ -32,7 +32,7 @@ class OneLineParser(argparse.ArgumentParser):
 def default_text(f: dataclasses.Field) -> str:
     """' [default: ...]' as a run gets it: from the field, or per environment kind where a
     profile sets it (so --help can never disagree with what runs)."""
-    from herd.profiles import ALGORITHM_PROFILES, MACHINE_PROFILES, PROFILES
+    from herd.profiles import ALGORITHM_PROFILES, GAME_PROFILES, MACHINE_PROFILES, PROFILES
     per_kind = {KIND_NAMES[kind]: values[f.name] for kind, values in PROFILES.items() if f.name in values}
     for kind, devices in MACHINE_PROFILES.items():      # the defaults that depend on the machine
         per_kind.update({f"{KIND_NAMES[kind]} {DEVICE_NAMES[device]}": values[f.name]
@@ -45,6 +45,9 @@ def default_text(f: dataclasses.Field) -> str:
         if own:
             text += (f" [--algorithm={algorithm}: "
                      + "; ".join(f"{KIND_NAMES[kind]} {value}" for kind, value in own.items()) + "]")
+    for (algorithm, env_id), values in GAME_PROFILES.items():
+        if f.name in values:
+            text += f" [--algorithm={algorithm} on {env_id}: {values[f.name]}]"
     return text
 
 

@@ -29,7 +29,8 @@ from herd.inputs import FromFile, check_option_value, excerpt
 from herd.models import NETWORKS
 from herd.placement import refuse_placement, split_placement
 from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, FALLBACKS, MACHINE_PROFILES, PROFILES,
-                           inference_servers_for, machine_profile, samples_synchronously, slots_for_bounded_lag)
+                           game_profile, inference_servers_for, machine_profile, samples_synchronously,
+                           slots_for_bounded_lag)
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters, passes_per_batch
 from herd.replay.writer import DISCARDING_STRATEGIES
 from herd.validation import parse_eval_interval, transition_items, validate
@@ -366,8 +367,9 @@ def check_option(name: Any, value: Any) -> None:
 # ---------------------------------------------------------------------------- validation
 
 def apply_profile(cfg: Config, kind: str) -> Config:
-    """Fills the fields left at None with the defaults of the algorithm (for this kind of
-    environment, ALGORITHM_PROFILES), then of the environment's kind (PROFILES)."""
+    """Fills the fields left at None with the defaults of the algorithm on this game
+    (GAME_PROFILES), of the algorithm (for this kind of environment, ALGORITHM_PROFILES),
+    then of the environment's kind (PROFILES)."""
     algorithm_profile = ALGORITHM_PROFILES.get(cfg.general.algorithm, {}).get(kind, {})
     queue_unset = cfg.parallel.shared_queue_size is None
     batch_unset = cfg.train.batch_size is None
@@ -375,8 +377,9 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     if cfg.continuous.normalize_observations is None and (learners > 1 or cfg.network.network == "minatar_cnn"):
         # Each learner would gather statistics of its own; MinAtar's network has no normaliser.
         cfg.continuous.normalize_observations = False
-    for name, value in [*algorithm_profile.items(), *machine_profile(kind, cfg.general.device).items(),
-                        *PROFILES[kind].items(), *FALLBACKS.items()]:
+    for name, value in [*game_profile(cfg.general.algorithm, cfg.env.env).items(), *algorithm_profile.items(),
+                        *machine_profile(kind, cfg.general.device).items(), *PROFILES[kind].items(),
+                        *FALLBACKS.items()]:
         section = getattr(cfg, FIELD_SECTION[name])
         if getattr(section, name) is None:
             setattr(section, name, value)

@@ -40,8 +40,8 @@ def test_atari_defaults_depend_on_the_learner_device_and_say_what_was_picked():
     assert (cpu.train.learner_compile, cpu.train.learner_capture) == (True, False)
     assert (gpu.train.learner_compile, gpu.train.learner_capture, gpu.train.learner_thread_count) == (False, True, 1)
     for cfg in (cpu, gpu):
-        # The learning rate decays over the whole 15M-step run.
-        assert cfg.train.lr_scheduler_steps == -(-15_000_000 // (cfg.train.batch_size * 20))
+        # The learning rate decays over the whole run: Pong's is 2M steps (GAME_PROFILES).
+        assert cfg.train.lr_scheduler_steps == -(-2_000_000 // (cfg.train.batch_size * 20))
     picks = machine_picks(cpu, "atari", given={"env", "device", "lr"})
     assert picks["hardware"]["device"] == "cpu" and picks["hardware"]["cpu_cores"] >= 1
     assert picks["options"]["batch_size"] == 8 and "lr" not in picks["options"]
@@ -71,6 +71,20 @@ def test_the_entropy_bonus_per_kind_and_algorithm_and_the_command_line_wins():
         assert entropy(env=env) == 0.01, env
     assert entropy(env="PongNoFrameskip-v4", entropy_loss_weight="0.01") == 0.01
     assert entropy(env="CartPole-v1", entropy_loss_weight="0") == 0.0
+
+
+def test_pongs_impala_run_is_8m_frames_with_the_rate_decayed_over_it():
+    """IMPALA on Pong runs 2M agent steps (8M frames), its learning rate decaying to its
+    end over them (herd/profiles.py GAME_PROFILES says why); every other game, algorithm
+    and a given length keep the Atari run of 15M steps, whose rate decays over it."""
+    def length(**options):
+        cfg = resolve(options, env_kind=kind_of)
+        return cfg.train.environment_max_steps, cfg.train.lr_scheduler_steps
+    assert length(env="PongNoFrameskip-v4") == (2_000_000, 12_500)          # batches of 8 x 20 steps
+    assert length(env="PongNoFrameskip-v4", device="cuda") == (2_000_000, 12_500)
+    assert length(env="BreakoutNoFrameskip-v4") == (15_000_000, 93_750)
+    assert length(env="PongNoFrameskip-v4", algorithm="impact")[0] == 15_000_000
+    assert length(env="PongNoFrameskip-v4", environment_max_steps="4000000") == (4_000_000, 25_000)
 
 
 def test_herd_subcommand_and_dashed_flags():
