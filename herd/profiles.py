@@ -161,7 +161,7 @@ def slots_for_bounded_lag(batch_size: int, worker_count: int, envs_per_worker: i
 # the run's length, which is also the span over which the learning rate decays to its end
 # (--lr_scheduler_steps unset). On Pong, IMPALA with the learning rate decayed over the
 # first 8M frames (2M agent steps) reached a 100-game average of 20 at 7.0M frames, winning
-# 60 of its last 100 games 21-0; with the Atari-wide 60M-frame run (the rate still at 0.9 of
+# 60 of its last 100 games 21-0; with the Atari-wide 60M-frame run (the rate still at 0.87 of
 # its start at 8M frames) the same configuration stayed at 18-19.8, losing every game's
 # opening rally (docs/benchmarks.md, "The learning rate's decay on Pong").
 GAME_PROFILES: dict[tuple[str, str], dict[str, Any]] = {
