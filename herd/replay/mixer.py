@@ -60,9 +60,10 @@ class ReplayMixer:
     def __init__(self, replays: list[Replay], shares: list[int], fill_in_factor: float, seed: int,
                  replay_ratio: float | None = None, lends: bool = False):
         """lends: the batches go to a learner in this process that reads them on the host
-        and gives each back after its step (herd/learner/batches.py): where the queue is
-        the only replay, a batch's observations are then read in place (the queue lends
-        them), the one copy being the queue's write."""
+        and gives each back after its step (herd/learner/batches.py): a replay that can
+        lends them (the on-policy queue: the observations read in place, the one copy
+        being the queue's write; herd/training.py build_mixer asks it where the queue is
+        the only replay); the others read copies as ever."""
         self.replays = replays
         self.shares = shares
         self.batch_size = sum(shares)
@@ -109,8 +110,9 @@ class ReplayMixer:
         for index, (replay, share) in enumerate(zip(self.replays, self.shares)):
             if share == 0:
                 continue
-            if self.lends and replay.on_policy and len(self.replays) == 1:
-                data, version, replay_keys, chance, lent = replay.lend(share, self.rng)
+            if self.lends:
+                data, version, replay_keys, chance, replay_lent = replay.lend(share, self.rng)
+                lent = lent or replay_lent
             else:
                 data, version, replay_keys, chance = replay.sample(share, self.rng)
             parts.append(data)

@@ -83,9 +83,11 @@ class Replay:
         (the on-policy queue in host memory, a batch that is one run of positions): a view
         the learner's step reads in place, its positions kept from new writes until
         give_back(keys). The last element says whether they were lent."""
+        if not self.sampler.lends:
+            return (*self.sample(n, rng), False)            # a subclass's own sample(): transitions
         positions, probabilities = self.sampler.sample(n, rng)
         keys = ReplayKeys(positions, self.generation[positions].copy())
-        data = self.storage.lend(positions) if self.sampler.lends else None
+        data = self.storage.lend(positions)
         lent = data is not None
         if lent:
             self.sampler.lend(positions)

@@ -86,6 +86,22 @@ def test_without_lending_a_batch_is_a_copy_and_holds_nothing():
     assert mixer.replays[0].room() == mixer.replays[0].storage.capacity
 
 
+def test_with_another_replay_the_queues_share_is_still_given_back():
+    """A lending mixer over the queue and a uniform replay: the joined batch is a copy, but
+    the queue's positions were lent, and the batch says so, so that give_back frees them
+    (a flag taken from the last replay alone would leave them held for good)."""
+    standard = parse_replay_parameters('[{"type": "standard", "capacity": 8, "sample_ratio": 1}]')[0]
+    mixer = ReplayMixer([build_replay(QUEUE, LAYOUT, SHARE, E, lent_batches=1), build_replay(standard, LAYOUT, 2, E)],
+                        [SHARE, 2], 0.0, seed=0, lends=True)
+    for mark in range(SHARE // E):
+        add_rollout(mixer, mark)
+    batch = mixer.sample()
+    queue = mixer.replays[0].sampler
+    assert batch.lent and queue.lent and marks(batch.data["obs"])[:SHARE] == [0, 1, 10, 11]
+    mixer.give_back(batch)
+    assert not queue.lent
+
+
 def test_a_batch_that_wraps_around_the_ring_is_read_as_a_copy():
     """Positions that are not one ascending run cannot be a view: read as a copy, and not
     kept from writes (nothing would give them back)."""
