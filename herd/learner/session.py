@@ -143,7 +143,7 @@ class TrainingSession:
         that its batch source forwards there: this process never reads it (validate()
         refuses the options whose rollout hooks would)."""
         if self.observation_stats is not None:
-            self.observation_stats.update(views["obs"][:-1])   # obs [T+1, E, D]: obs[T] is the next rollout's obs[0]
+            self.observation_stats.update_from_rollout(views["obs"])     # obs [T+1, E, ...]
         lag = self.counters.updates - version
         # Too far off-policy to train on; its steps and games still count.
         stale = self.options.max_policy_lag is not None and lag > self.options.max_policy_lag

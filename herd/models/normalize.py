@@ -31,6 +31,7 @@ EXACT_FLOAT32_ROWS = 256
 
 class ObservationNormalizer(nn.Module):
     variance_floor = EPSILON
+    rollout_stride = 1      # update_from_rollout counts every rollout_stride-th step
 
     def __init__(self, size: int):
         super().__init__()
@@ -52,6 +53,11 @@ class ObservationNormalizer(nn.Module):
         batch = torch.as_tensor(np.asarray(obs), dtype=torch.float64).reshape(-1, self.mean.shape[0])   # [N, D]
         if batch.shape[0]:
             self.merge(batch.shape[0], batch.mean(0), batch.var(0, unbiased=False))
+
+    def update_from_rollout(self, obs) -> None:
+        """A fresh rollout's observations [T+1, E, ...] (obs[T] is the next rollout's
+        obs[0], counted there) -> update() with every rollout_stride-th step of them."""
+        self.update(obs[:-1:self.rollout_stride])
 
     @torch.no_grad()
     def merge(self, n: int, batch_mean: Tensor, batch_var: Tensor) -> None:
@@ -83,6 +89,10 @@ class FrameNormalizer(ObservationNormalizer):
     magnify that into a fixed pattern of noise."""
 
     variance_floor = 1e-5
+    # A rollout's frames update the statistics from every 4th step: per-pixel moments over
+    # millions of frames need no more, and the sums over every frame were two thirds of a
+    # CPU learner loop's host time per Pong trajectory (benchmarks/learner_loop.py).
+    rollout_stride = 4
 
     def __init__(self, frame_hw: tuple[int, int]):
         super().__init__(int(frame_hw[0]) * int(frame_hw[1]))

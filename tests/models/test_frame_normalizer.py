@@ -37,6 +37,21 @@ def test_statistics_are_per_pixel_of_the_newest_frame(pong_frames):
     assert not np.allclose(norm.mean.numpy(), every.mean(0), atol=1e-6)
 
 
+def test_a_rollout_counts_the_newest_frame_of_every_fourth_step(pong_frames):
+    rollout = pong_frames[:84].reshape(21, 4, 4, 84, 84)          # [T+1, E, C, H, W]
+    norm = FrameNormalizer((84, 84))
+    norm.update_from_rollout(rollout)
+    counted = rollout[0:20:4, :, -1].reshape(20, -1).astype(np.float64) / 255   # steps 0, 4, ..., 16
+    assert float(norm.count) == 20
+    np.testing.assert_allclose(norm.mean.numpy(), counted.mean(0), atol=1e-6)
+    np.testing.assert_allclose(norm.var.numpy(), counted.var(0), atol=1e-6)
+    # obs[T] is the next rollout's first: never counted here. Vector observations count every step.
+    vectors = observation_normalizer(build_model(network="mlp", obs_shape=(3,), obs_dtype="float32", num_actions=2, feature_size=None,
+                                                 normalize_observations=True))
+    vectors.update_from_rollout(np.ones((21, 4, 3), np.float32))
+    assert float(vectors.count) == 80
+
+
 def test_uint8_moments_are_exact_past_float32s_integer_range():
     """600 frames of bright levels: their sum of squares (about 3e7) is beyond float32's
     exact integers (2^24), so the sums are taken 256 rows at a time; the statistics equal
