@@ -93,6 +93,12 @@ def env_columns(views: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     return [{name: view[:, e] for name, view in views.items()} for e in range(envs)]
 
 
+def stack_columns(trajectories: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """env_columns' inverse: trajectories, field -> [time, ...], as one rollout, field ->
+    [time, n, ...] (a copy)."""
+    return {name: np.stack([t[name] for t in trajectories], axis=1) for name in trajectories[0]}
+
+
 def torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
 

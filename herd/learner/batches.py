@@ -4,8 +4,9 @@ hide behind the learner's step. (With the Ray backend's --replay_server the repl
 in a Ray actor instead: herd/backends/ray_replay.py's RemoteBatches, the same protocol;
 `ReplayElsewhere` below stands in for it until the backend has started it.)
 
-Every source takes rollouts with `put_rollout(views, version)` (field -> [time, E, ...];
-`put(trajectories, version)` takes them one environment column at a time), hands out
+Every source takes rollouts with `put_rollout(views, version)` (field -> [time, E, ...],
+written with one copy per field where the replays allow; `put(trajectories, version)`
+takes a list of environment columns, field -> [time, ...], as one rollout), hands out
 ready batches with `next_ready()` -> (tensors, MixedBatch) or None when none is ready yet,
 passes the learner's new per-column values (priorities) back to the replays with
 `update(keys, values)`: a batch prepared ahead may have been partly overwritten since,
@@ -28,7 +29,7 @@ from herd.learner.learner import to_tensors
 from herd.learner.staging import Staging
 from herd.replay.mixer import ReplayMixer
 from herd.replay.writer import WriterQueue
-from herd.trajectory import env_columns
+from herd.trajectory import stack_columns
 
 log = logging.getLogger("herd")
 
@@ -44,12 +45,11 @@ class DirectBatches:
         return not self.mixer.lagging()
 
     def put_rollout(self, views: dict, version: int) -> None:
-        self.put(env_columns(views), version)
+        """Writes into the replays now (one copy, out of the slot)."""
+        self.mixer.add_rollout(views, version)
 
     def put(self, trajectories: list, version: int) -> None:
-        """Writes into the replays now (one copy, out of the slot)."""
-        for trajectory in trajectories:
-            self.mixer.add(trajectory, version)
+        self.put_rollout(stack_columns(trajectories), version)
 
     def next_ready(self):
         """(tensors, MixedBatch) or None."""
@@ -109,20 +109,20 @@ class PrefetchedBatches:
         lock: a count one write old is close enough.)"""
         return self.writer.has_room() and not self.mixer.lagging()
 
-    def put_rollout(self, views: dict, version: int) -> None:
-        self.put(env_columns(views), version)
-
     def put(self, trajectories: list, version: int) -> None:
+        self.put_rollout(stack_columns(trajectories), version)
+
+    def put_rollout(self, views: dict, version: int) -> None:
+        """views: field -> [time, E, ...], the slot's (copied before this returns)."""
         if self.error is not None:
             raise RuntimeError("batch preparation failed") from self.error
         # Straight into the replays where that needs no waiting: the mixer free (a worker
         # is not sampling), nothing queued before these (order kept) and room for them.
         if self.lock.acquire(blocking=False):
             try:
-                written = self.writer.peek() is None and self.mixer.can_add(len(trajectories))
+                written = self.writer.peek() is None and self.mixer.can_add(views["action"].shape[1])
                 if written:
-                    for trajectory in trajectories:
-                        self.mixer.add(trajectory, version)
+                    self.mixer.add_rollout(views, version)
             finally:
                 self.lock.release()
             if written:
@@ -130,8 +130,7 @@ class PrefetchedBatches:
                 return
         # Else copied now, for a worker to write: the slot goes back to its actor as soon as
         # this returns.
-        copies = [{name: array.copy() for name, array in trajectory.items()} for trajectory in trajectories]
-        self.writer.offer((copies, version))
+        self.writer.offer(({name: array.copy() for name, array in views.items()}, version))
 
     def work(self) -> None:
         try:
@@ -140,10 +139,9 @@ class PrefetchedBatches:
                 prepared = []
                 with self.lock:
                     # Write what waits, as long as no unused fresh trajectory gets overwritten.
-                    while (item := self.writer.peek()) is not None and self.mixer.can_add(len(item[0])):
-                        trajectories, version = self.writer.pop()
-                        for trajectory in trajectories:
-                            self.mixer.add(trajectory, version)
+                    while (item := self.writer.peek()) is not None and self.mixer.can_add(item[0]["action"].shape[1]):
+                        rollout, version = self.writer.pop()
+                        self.mixer.add_rollout(rollout, version)
                     while len(prepared) < self.per_round and not self.ready.full() and self.mixer.ready():
                         prepared.append(self.mixer.sample())
                 if not prepared and self.writer.peek() is not None:

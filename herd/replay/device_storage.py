@@ -47,6 +47,14 @@ class DeviceTrajectoryStorage:
             tensor[:, position].copy_(torch.as_tensor(np.ascontiguousarray(trajectory[name])), non_blocking=True)
         self.version[position] = version
 
+    def write_run(self, start: int, rollout: dict[str, np.ndarray], version: int) -> None:
+        """rollout: field -> [time, n, ...] host arrays, into positions start .. start + n - 1:
+        one copy per field."""
+        n = rollout["action"].shape[1]
+        for name, tensor in self.tensors.items():
+            tensor[:, start:start + n].copy_(torch.as_tensor(np.ascontiguousarray(rollout[name])), non_blocking=True)
+        self.version[start:start + n] = version
+
     def column(self, name: str) -> torch.Tensor:
         """A stored field [time, capacity, ...]."""
         return self.tensors[name]

@@ -84,6 +84,12 @@ class ReplayMixer:
             replay.add(trajectory, version)
         self.credit += self.items_per_add
 
+    def add_rollout(self, rollout: dict[str, np.ndarray], version: int) -> None:
+        """A rollout's n trajectories, field -> [time, n, ...] (Replay.add_rollout)."""
+        for replay in self.replays:
+            replay.add_rollout(rollout, version)
+        self.credit += self.items_per_add * rollout["action"].shape[1]
+
     def warmed_up(self) -> bool:
         """Every off-policy replay holds its fill-in share."""
         return all(r.available() >= target for r, target in zip(self.replays, self.fill_targets) if not r.on_policy)

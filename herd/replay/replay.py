@@ -15,6 +15,7 @@ import torch
 
 from herd.replay.elite import EliteSampler, model_scorers
 from herd.replay.storage import TrajectoryStorage
+from herd.trajectory import env_columns
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,26 @@ class Replay:
         position = self.sampler.add()
         self.storage.write(position, trajectory, version)
         self.generation[position] += 1
+
+    def add_rollout(self, rollout: dict[str, np.ndarray], version: int) -> None:
+        """A rollout's trajectories, field -> [time, n, ...], added in order. A ring-order
+        sampler's n positions are taken first and, where they are one ascending run (all
+        but where the ring wraps), written with one copy per field; otherwise each
+        trajectory is added on its own (elite's add scores what is stored)."""
+        n = rollout["action"].shape[1]
+        if self.sampler.ring_order:
+            positions = np.array([self.sampler.add() for _ in range(n)], dtype=np.int64)
+            start = int(positions[0])
+            if np.array_equal(positions, np.arange(start, start + n)):
+                self.storage.write_run(start, rollout, version)
+                self.generation[positions] += 1
+                return
+            for e, position in enumerate(positions.tolist()):
+                self.storage.write(position, {name: array[:, e] for name, array in rollout.items()}, version)
+                self.generation[position] += 1
+            return
+        for trajectory in env_columns(rollout):
+            self.add(trajectory, version)
 
     def available(self) -> int:
         return self.sampler.available()

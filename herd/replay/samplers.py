@@ -26,6 +26,9 @@ samples (the FIFO queue) overrides:
                                          the learner's step (a view, no copy) and kept from being
                                          overwritten until given back (default False)
     lend(positions) / give_back(positions)
+    ring_order                           whether add() hands out ring positions and looks at nothing
+                                         stored: a rollout's n adds may then be taken before its n
+                                         trajectories are written, as one block (default False)
 
 The prioritized sampler (prioritized.py) can also give each trajectory several items (one
 per transition, for Ape-X): its sample() and update() then speak of those items, and
@@ -42,6 +45,7 @@ class Sampler:
     """The base of every sampler: the protocol's members that have a default."""
     served: tuple[int, bool] | None = None
     lends = False
+    ring_order = False
 
     def lend(self, positions: np.ndarray) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not lend its positions")
@@ -86,6 +90,7 @@ class FifoSampler(Sampler):
     it is given back: room() stops before them."""
 
     lends = True
+    ring_order = True
 
     def __init__(self, capacity: int):
         self.ring = RingPositions(capacity)
@@ -137,6 +142,8 @@ class FifoSampler(Sampler):
 class UniformSampler(Sampler):
     """Standard experience replay: a ring buffer sampled uniformly (without replacement
     within one batch share when enough trajectories are stored)."""
+
+    ring_order = True
 
     def __init__(self, capacity: int):
         self.ring = RingPositions(capacity)

@@ -29,7 +29,6 @@ import time
 import numpy as np
 
 from herd.replay.mixer import MixedBatch, ReplayMixer
-from herd.trajectory import env_columns
 
 
 class ReplayService:
@@ -45,11 +44,9 @@ class ReplayService:
     def add_rollout(self, views: dict[str, np.ndarray], version: int) -> int:
         """views: field -> [time, E, ...] (read-only is fine: the storage copies). Returns
         the transitions (steps) added."""
-        columns = env_columns(views)
-        steps = views["action"].shape[0] * len(columns)
+        steps = views["action"].shape[0] * views["action"].shape[1]
         with self.changed:
-            for trajectory in columns:
-                self.mixer.add(trajectory, version)
+            self.mixer.add_rollout(views, version)
             self.rollouts += 1
             self.transitions += steps
             self.rollout_bytes += sum(array.nbytes for array in views.values())

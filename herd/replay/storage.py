@@ -48,6 +48,17 @@ class TrajectoryStorage:
             self.packed_obs[position], self.offsets[position] = self.pack(trajectory["obs"])
         self.version[position] = version
 
+    def write_run(self, start: int, rollout: dict[str, np.ndarray], version: int) -> None:
+        """rollout: field -> [time, n, ...], its n trajectories into positions start ..
+        start + n - 1 (inside the capacity): one copy per field, not one per trajectory."""
+        n = rollout["action"].shape[1]
+        for name, array in self.arrays.items():
+            array[:, start:start + n] = rollout[name]
+        if self.compress_obs:
+            for e in range(n):
+                self.packed_obs[start + e], self.offsets[start + e] = self.pack(rollout["obs"][:, e])
+        self.version[start:start + n] = version
+
     def pack(self, obs: np.ndarray) -> tuple[bytes, np.ndarray]:
         """obs [T+1, ...] -> (the steps' LZ4 frames back to back, offsets [T+2])."""
         obs = np.ascontiguousarray(obs, dtype=self.obs_dtype)

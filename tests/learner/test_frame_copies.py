@@ -150,15 +150,15 @@ def test_a_busy_mixer_costs_one_copy_more(pong_plan, tmp_path, monkeypatch):
     out of its slot and written later (the slot goes back to its actor at once): one copy
     more, and the frames still reach the step intact (checked in copies_per_trajectory).
     Catches a put that waits for the mixer, or drops the rollout, when it is busy."""
-    real_put = PrefetchedBatches.put
+    real_put = PrefetchedBatches.put_rollout
 
-    def put_while_busy(self, trajectories, version):
+    def put_while_busy(self, views, version):
         with self.lock:                           # as a batch thread sampling would
             finished = threading.Event()
-            thread = threading.Thread(target=lambda: (real_put(self, trajectories, version), finished.set()))
+            thread = threading.Thread(target=lambda: (real_put(self, views, version), finished.set()))
             thread.start()
             assert finished.wait(10), "put waited for the mixer"
         thread.join()
-    monkeypatch.setattr(PrefetchedBatches, "put", put_while_busy)
+    monkeypatch.setattr(PrefetchedBatches, "put_rollout", put_while_busy)
     copies, by_op = copies_per_trajectory(pong_plan, tmp_path, True, monkeypatch)
     assert copies == COPIES[True] + 1, by_op
