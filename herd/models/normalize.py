@@ -113,26 +113,37 @@ class FrameNormalizer(ObservationNormalizer):
         """Adds the newest frame of each observation [..., C, H, W] (uint8 numpy or a CPU
         tensor). Its per-pixel moments come from exact sums of the uint8 levels, so a pixel
         that never changed gets exactly its value as mean and 0 as variance (and normalises
-        to exactly 0). The sums are taken on the statistics' device: a GPU learner sends
-        it the newest frames (a quarter of the observations, uint8) and sums there, which
-        costs its host a copy instead of the sums (the learner process's host time is the
-        GPU box's limit); merged there in float64. Float frames (in [0, 1]) take float64
-        moments."""
-        frames = torch.as_tensor(np.asarray(obs))[..., -1, :, :]                # [..., H, W]
+        to exactly 0). The sums are taken where the statistics live: on a CPU learner in
+        numpy, in the loop's own thread (torch would split these small sums over its
+        intra-op threads, and with the actors on the other cores each sum then waits for a
+        descheduled thread: 4x slower on 2 busy cores); a GPU learner sends the newest frames
+        (a quarter of the observations, uint8) to its device and sums there, which costs its
+        host a copy instead of the sums (the learner process's host time is the GPU box's
+        limit). Merged on the statistics' device in float64. Float frames (in [0, 1]) take
+        float64 moments."""
+        frames = np.asarray(obs)[..., -1, :, :]                                # [..., H, W]
         batch = frames.reshape(-1, self.mean.shape[0])                         # [N, H * W]
         n = batch.shape[0]
         if n == 0:
             return
-        if batch.dtype != torch.uint8:
-            batch = batch.to(torch.float64)
+        if batch.dtype != np.uint8:
+            batch = torch.as_tensor(batch, dtype=torch.float64)
             self.merge(n, batch.mean(0), batch.var(0, unbiased=False))
             return
-        batch = batch.to(self.mean.device)
-        total, squares = torch.zeros(2, batch.shape[1], dtype=torch.float64, device=batch.device)
-        for start in range(0, n, EXACT_FLOAT32_ROWS):
-            levels = batch[start:start + EXACT_FLOAT32_ROWS].to(torch.float32)  # [<=256, H * W]
-            total += levels.sum(0)
-            squares += levels.square_().sum(0)
+        if self.mean.device.type == "cpu":
+            total, squares = np.zeros((2, batch.shape[1]), dtype=np.float64)
+            for start in range(0, n, EXACT_FLOAT32_ROWS):
+                levels = batch[start:start + EXACT_FLOAT32_ROWS].astype(np.float32)   # [<=256, H * W]
+                total += levels.sum(0)
+                squares += np.square(levels, out=levels).sum(0)
+            total, squares = torch.from_numpy(total), torch.from_numpy(squares)
+        else:
+            levels_on_device = torch.as_tensor(batch).to(self.mean.device)
+            total, squares = torch.zeros(2, batch.shape[1], dtype=torch.float64, device=self.mean.device)
+            for start in range(0, n, EXACT_FLOAT32_ROWS):
+                levels = levels_on_device[start:start + EXACT_FLOAT32_ROWS].to(torch.float32)   # [<=256, H * W]
+                total += levels.sum(0)
+                squares += levels.square_().sum(0)
         mean = total / n
         var = (squares / n - mean * mean).clamp_(min=0.0)
         self.merge(n, mean / 255.0, var / 255.0 ** 2)
