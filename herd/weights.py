@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.multiprocessing as mp
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
@@ -51,6 +52,7 @@ class SharedWeights:
         self._version = context.Value("q", 0, lock=False)
         self._sequence = context.Value("q", 0, lock=False)   # odd while a publish is copying in
         self.views: tuple[tuple, list[torch.Tensor]] = ((), [])  # (the parts' shapes, flat's views for them)
+        self.host_views: tuple[tuple, list[np.ndarray]] = ((), [])   # the same as numpy arrays
 
     @property
     def version(self) -> int:
@@ -63,13 +65,23 @@ class SharedWeights:
             vector = parameters_to_vector(model.parameters()).detach().cpu()  # off the GPU first
         return self.publish_vector(vector, version)
 
-    def publish_vector(self, vector: torch.Tensor | Sequence[torch.Tensor], version: int | None = None) -> int:
+    def publish_vector(self, vector: torch.Tensor | Sequence[torch.Tensor] | Sequence[np.ndarray],
+                       version: int | None = None) -> int:
         """publish() from parameters already on the host: the flat vector [P]
         (herd/learner/publisher.py copies a GPU's off the device without blocking the
         learner), or a CPU learner's parameters themselves, copied in with no joined copy
-        between (copy_parts)."""
+        between (copy_parts). Given as numpy arrays (a CPU learner's publisher), they are
+        copied by numpy in this thread: torch would split each large copy over its intra-op
+        threads, and with the actors busy on the other cores those threads wait for one
+        another (the Nature CNN's 7.8 MB: 3.2 ms against 1.8 ms on 2 busy cores)."""
         self._sequence.value += 1
-        copy_parts(self.flat, vector, views=None if isinstance(vector, torch.Tensor) else self.views_for(vector))
+        if isinstance(vector, torch.Tensor):
+            copy_parts(self.flat, vector)
+        elif isinstance(vector[0], np.ndarray):
+            for view, part in zip(self.host_views_for(vector), vector):
+                np.copyto(view, part)
+        else:
+            copy_parts(self.flat, vector, views=self.views_for(vector))
         self._version.value = self._version.value + 1 if version is None else version
         self._sequence.value += 1
         return int(self._version.value)
@@ -80,6 +92,18 @@ class SharedWeights:
         if shapes != self.views[0]:
             self.views = (shapes, flat_views(self.flat, parts))
         return self.views[1]
+
+    def __getstate__(self) -> dict:
+        """A child process gets the shared memory, not the cached numpy views (copies once pickled)."""
+        return {**self.__dict__, "host_views": ((), [])}
+
+    def host_views_for(self, parts: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """views_for() as numpy arrays, made once."""
+        shapes = tuple(part.shape for part in parts)
+        if shapes != self.host_views[0]:
+            self.host_views = (shapes, [view.numpy() for view in flat_views(self.flat, [torch.from_numpy(part)
+                                                                                      for part in parts])])
+        return self.host_views[1]
 
     def pull(self, model: torch.nn.Module, have_version: int) -> int:
         """Loads the published weights into `model` if they are newer; returns their version."""

@@ -45,6 +45,10 @@ class WeightPublisher:
             # A CPU learner's parameters, copied straight in: no joined [P] between. Detached
             # once: they share the parameters' memory, which the optimizer updates in place.
             self.parts = [p.detach() for p in self.params]
+        # The same memory as numpy arrays for the host store (SharedWeights copies those
+        # with numpy, in this thread); float32 parameters on the host only.
+        on_host = all(p.device.type == "cpu" and p.dtype == torch.float32 for p in self.params)
+        self.host_parts = [part.numpy() for part in self.parts] if on_host else self.parts
         self.write = write
         self.board = board
         self.device = self.params[0].device
@@ -59,7 +63,7 @@ class WeightPublisher:
         if self.device.type != "cuda":
             try:
                 if self.write is not None:
-                    self.write(self.parts, version)
+                    self.write(self.host_parts, version)
                 if self.board is not None:
                     self.board.publish_vector(self.parts, version)
             except Exception as err:
