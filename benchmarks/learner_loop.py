@@ -4,7 +4,7 @@ when the gradient step costs nothing.
 The loop is the local backend's own (herd/backends/local.py, train_local) over a session
 built the way a Pong run builds it (herd/plan.py prepare, herd/training.py build_session:
 the queue replay, the mixer, the batch source with its preparing thread, the metric sums,
-train.csv) with the real TrajectorySlots in shared memory, the real pipes and free-slot
+train.csv) with the real TrajectorySlots in shared memory, the real pipes and FreeSlots
 queues of ActorPool, SharedWeights and the WeightPublisher. Two things are not real:
 
     the actors     InProcessActors below owns the pipes and queues but no process: when
@@ -36,13 +36,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from common import print_table, record
 
 import herd.backends.local as local
 from herd.actors.actor import Rollout
 from herd.plan import prepare
+from herd.trajectory import FreeSlots
 from herd.training import actor_spec, build_session
 
 GOAL_PER_UPDATE_MS = 0.5
@@ -82,7 +82,7 @@ def fill_like_pong(slots, actions: int, seed: int = 0) -> None:
 
 
 class InProcessActors(local.ActorPool):
-    """ActorPool's pipes and free-slot queues with no actor processes behind them: a slot
+    """ActorPool's pipes and FreeSlots with no actor processes behind them: a slot
     released to an actor is "filled" at once (its data stays) and delivered on the next
     receive. actor_cpu: CPU seconds this process spent in the actors' part."""
 
@@ -91,12 +91,12 @@ class InProcessActors(local.ActorPool):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.senders: dict[int, object] = {}
-        self.released = [0] * self.count          # slots in an actor's free queue, not yet taken
+        self.released = [0] * self.count          # slots in an actor's FreeSlots, not yet taken
         self.actor_cpu = 0.0
         fill_like_pong(self.slots, self.actions)
 
     def start_actor(self, actor_id: int, generation: int) -> None:
-        free = self.context.Queue()
+        free = FreeSlots(self.context)
         for slot in self.owned_slots(actor_id):
             free.put(slot)
         receiver, sender = self.context.Pipe(duplex=False)
@@ -110,7 +110,7 @@ class InProcessActors(local.ActorPool):
         steps = self.spec.unroll_length * self.spec.envs_per_worker
         for actor_id, actor in enumerate(self.actors):
             while self.released[actor_id]:
-                slot = actor.free.get(timeout=5.0)     # the feeder thread's put may be on its way
+                slot = actor.free.get(timeout=5.0)
                 self.released[actor_id] -= 1
                 self.senders[actor_id].send(Rollout(slot, actor_id, self.weights.version, steps, []))
         self.actor_cpu += time.thread_time() - start

@@ -28,6 +28,7 @@ sentinels, and passed between processes by index.
 """
 from __future__ import annotations
 
+import queue
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,3 +129,28 @@ class TrajectorySlots:
         """Refills a slot with sentinels, so a half-written slot can never pass as data."""
         for name, tensor in self.tensors.items():
             tensor[slot].fill_(self.layout.sentinel(name))
+
+
+class FreeSlots:
+    """One actor's free slot indices, from the learner (put) to the actor (get): a one-way
+    pipe, each index one write of 4 bytes. (An mp.Queue's put pickles into a buffer and
+    wakes a feeder thread that writes it: several times the learner's host time per
+    rollout.) Both ends travel to the actor; the learner's copy of the read end keeps the
+    pipe open, so a put to a dead actor is lost, never an error (its slots are refilled when
+    it is restarted, into a new FreeSlots)."""
+
+    def __init__(self, context):
+        self.reader, self.writer = context.Pipe(duplex=False)
+
+    def put(self, slot: int) -> None:
+        self.writer.send_bytes(int(slot).to_bytes(4, "little"))
+
+    def get(self, timeout: float) -> int:
+        """The next free index; queue.Empty after `timeout` seconds without one."""
+        if not self.reader.poll(timeout):
+            raise queue.Empty
+        return int.from_bytes(self.reader.recv_bytes(), "little")
+
+    def close(self) -> None:
+        self.writer.close()
+        self.reader.close()

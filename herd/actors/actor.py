@@ -116,7 +116,7 @@ def collect_rollouts(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter
 
 def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots, rollouts,
               weights: SharedWeights, stop, inference: InferenceRoute | None = None) -> None:
-    """Process entry point. `free_slots`: this actor's queue of slot indices it may fill;
+    """Process entry point. `free_slots`: this actor's FreeSlots, the indices it may fill;
     `rollouts`: the write end of this actor's pipe to the learner; `stop`: an Event;
     `inference`: this actor's place at a batched inference server (None: act with a local model)."""
     # Ctrl+C reaches the whole process group: the main process alone decides how to stop.

@@ -4,7 +4,7 @@
 
     actor i (process) --slot index, own pipe--> TrainingSession (replays, learner)
         ^                                              |
-        +---- free slot index (actor i's own queue) <--+
+        +---- free slot index (actor i's own pipe) <---+
         +---- versioned weights (SharedWeights) <------ publish after each update
 
 and, with `inference_device` set, batched inference servers between actors and weights
@@ -18,7 +18,7 @@ On the learner's own CUDA device the servers take the weights device to device
 (herd/device_weights.py: the learner's two-slot board, shared as a CUDA IPC handle);
 elsewhere they pull SharedWeights, which actors acting with their own model always do.
 
-Each actor has its own pipe and queue, so an actor killed mid-write (kill -9, a crashed
+Each actor has its own two pipes, so an actor killed mid-write (kill -9, a crashed
 env) can only break its own channels: the pool replaces them with the actor."""
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from herd.inference import ServerOptions
 from herd.learner.loop import Arrival, run_loop
 from herd.learner.publisher import WeightPublisher
 from herd.learner.session import TrainingSession
-from herd.trajectory import TrajectorySlots
+from herd.trajectory import FreeSlots, TrajectorySlots
 from herd.weights import SharedWeights
 
 log = logging.getLogger("herd")
@@ -64,7 +64,7 @@ START_GRACE = 60.0
 @dataclass
 class ActorHandle:
     process: object
-    free: object            # queue of slot indices this actor may fill
+    free: FreeSlots         # the slot indices this actor may fill
     receiver: object        # read end of its rollout pipe
     last_seen: float        # when it last delivered a rollout, started, or got a slot back while it had none
     delivered: bool = False  # any rollout yet: until then START_GRACE applies
@@ -101,7 +101,7 @@ class ActorPool:
 
     def start_actor(self, actor_id: int, generation: int) -> None:
         self.withheld = [(other, slot) for other, slot in self.withheld if other != actor_id]   # refilled below
-        free = self.context.Queue()
+        free = FreeSlots(self.context)
         for slot in self.owned_slots(actor_id):
             self.slots.reset(slot)
             free.put(slot)
@@ -184,7 +184,6 @@ class ActorPool:
     @staticmethod
     def close_channels(actor: ActorHandle) -> None:
         actor.receiver.close()
-        actor.free.cancel_join_thread()
         actor.free.close()
 
     def stop(self, timeout: float = 5.0) -> None:
