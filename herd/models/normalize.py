@@ -114,9 +114,9 @@ class FrameNormalizer(ObservationNormalizer):
         tensor). Its per-pixel moments come from exact sums of the uint8 levels, so a pixel
         that never changed gets exactly its value as mean and 0 as variance (and normalises
         to exactly 0). The sums are taken where the statistics live: on a CPU learner in
-        numpy, in the loop's own thread (torch would split these small sums over its
-        intra-op threads, and with the actors on the other cores each sum then waits for a
-        descheduled thread: 4x slower on 2 busy cores); a GPU learner sends the newest frames
+        numpy, in the loop's own thread (an fp32 CPU learner runs torch with one thread per
+        core, which split these small sums, and with the actors on the other core each sum
+        then waited for a descheduled thread: 4x slower on 2 busy cores); a GPU learner sends the newest frames
         (a quarter of the observations, uint8) to its device and sums there, which costs its
         host a copy instead of the sums (the learner process's host time is the GPU box's
         limit). Merged on the statistics' device in float64. Float frames (in [0, 1]) take
