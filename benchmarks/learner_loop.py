@@ -23,13 +23,21 @@ sizes separate the two costs: host ms per update = a + b * B gives `a`, the cost
 update apart from its data, and `b`, the cost of one trajectory. Goals: a <= 0.5 ms,
 b <= 0.1 ms. Checkpoints are left out (their period is set beyond the run).
 
-Usage: python benchmarks/learner_loop.py [--updates 400] [--batches 8 32] [--caching both]
-Records benchmarks/results/learner_loop.json; its last line:
+With --before REV the same command first runs REV's own copy of this benchmark against
+REV's herd (a temporary git worktree), so that before and after are measured in one
+command, one after the other on the same machine.
+
+Usage: python benchmarks/learner_loop.py [--updates 400] [--batches 8 32] [--caching both] [--before REV]
+Records benchmarks/results/learner_loop.json; its last lines:
     learner_loop: per_update_ms=<a> per_trajectory_ms=<b> (caching=True)
 """
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -201,13 +209,37 @@ def fit(rows: list[dict]) -> tuple[float, float]:
     return float(a), float(b)
 
 
+REPOSITORY = Path(__file__).resolve().parent.parent
+FIT_LINE = re.compile(r"learner_loop: per_update_ms=(\S+) per_trajectory_ms=(\S+) \(caching=(\w+)\)")
+
+
+def run_revision(revision: str, argv: list[str]) -> dict[str, dict]:
+    """REV's benchmarks/learner_loop.py with `argv`, against REV's herd: caching -> its fit."""
+    with tempfile.TemporaryDirectory() as folder:
+        tree = Path(folder) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), revision], cwd=REPOSITORY, check=True,
+                       capture_output=True)
+        try:
+            done = subprocess.run([sys.executable, "benchmarks/learner_loop.py", *argv], cwd=tree, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPOSITORY, capture_output=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the benchmark at {revision} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return {caching: {"per_update_ms": float(a), "per_trajectory_ms": float(b)}
+            for a, b, caching in FIT_LINE.findall(done.stdout)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--updates", type=int, default=400, help="timed updates per configuration")
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--caching", choices=("on", "off", "both"), default="both",
                         help="the batch source: prepared ahead in a thread (Pong's default) or not")
+    parser.add_argument("--before", help="a git revision whose own copy of this benchmark runs first")
     args = parser.parse_args()
+    argv = ["--updates", str(args.updates), "--batches", *map(str, args.batches), "--caching", args.caching]
+    before = run_revision(args.before, argv) if args.before else {}
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.caching]
     results, rows, fits = [], [], {}
     for caching in modes:
@@ -223,8 +255,13 @@ def main() -> None:
                          f"b={b:.4f} (goal {GOAL_PER_TRAJECTORY_MS})", "", ""])
     print_table(["batch source", "B", "updates", "host ms/update", "host ms/trajectory", "wall ms/update",
                  "actors' ms taken out"], rows)
-    record("learner_loop", {"command": f"python benchmarks/learner_loop.py --updates {args.updates} --batches "
-                                       f"{' '.join(map(str, args.batches))} --caching {args.caching}",
+    if before:
+        print_table(["batch source", f"ms/update before ({args.before})", "after", "ms/trajectory before", "after"],
+                    [[f"caching={c}", f["per_update_ms"], fits.get(c, {}).get("per_update_ms"),
+                      f["per_trajectory_ms"], fits.get(c, {}).get("per_trajectory_ms")] for c, f in before.items()])
+    record("learner_loop", {"command": "python benchmarks/learner_loop.py " + " ".join(argv)
+                                       + (f" --before {args.before}" if args.before else ""),
+                            "before": {"revision": args.before, "fits": before} if args.before else None,
                             "goals": {"per_update_ms": GOAL_PER_UPDATE_MS,
                                       "per_trajectory_ms": GOAL_PER_TRAJECTORY_MS},
                             "actors": ACTORS, "slots_per_actor": SLOTS_PER_ACTOR, "warmup_updates": WARMUP_UPDATES,
