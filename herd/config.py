@@ -192,7 +192,7 @@ class TestConfig:
 
 @dataclass
 class NetworkConfig:
-    network: str = opt("auto", "auto (mlp for vectors, nature_cnn for frames, minatar_cnn for frames under 36x36), mlp, nature_cnn, resnet or minatar_cnn", NETWORKS)
+    network: str = opt("auto", "auto (mlp for vectors, nature_cnn for frames, minatar_cnn for frames under 36x36), mlp, nature_cnn, resnet, minatar_cnn, or constant (one learnt policy and value for every observation: no network to compute)", NETWORKS)
     feature_out_layer_size: Optional[int] = opt(None, "size of the per-step feature vector")
     use_additional_scaling_FC_layer: bool = opt(True, "a separate linear layer produces the feature vector")
     hidden_sizes: tuple = opt((64, 64), "MLP hidden layer sizes")

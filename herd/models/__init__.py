@@ -9,16 +9,17 @@ from torch import nn
 
 from herd.models.base import HEADS, ModelOutput, action_distribution_of
 from herd.models.cnn import ImpalaResNet, NatureCNN
+from herd.models.constant import ConstantPolicy
 from herd.models.core import CoreInput, EnvCoreStates, recurrent_core
 from herd.models.minatar_cnn import MinAtarCNN
 from herd.models.mlp import MLPNet
 from herd.models.normalize import ObservationNormalizer
 
-__all__ = ["HEADS", "NETWORKS", "CoreInput", "EnvCoreStates", "ModelOutput", "MLPNet", "NatureCNN", "ImpalaResNet",
+__all__ = ["HEADS", "NETWORKS", "ConstantPolicy", "CoreInput", "EnvCoreStates", "ModelOutput", "MLPNet", "NatureCNN", "ImpalaResNet",
            "MinAtarCNN", "action_distribution_of", "build_model", "model_signature", "observation_normalizer",
            "recurrent_core"]
 
-NETWORKS = ("auto", "mlp", "nature_cnn", "resnet", "minatar_cnn")
+NETWORKS = ("auto", "mlp", "nature_cnn", "resnet", "minatar_cnn", "constant")
 # The Nature CNN's strides (8/4, 4/2, 3/1) need frames of at least 36x36; "auto" gives
 # smaller frames (MinAtar's 10x10) the small network made for them.
 NATURE_CNN_MIN_SIDE = 36
@@ -66,6 +67,15 @@ def build_model(network: str, obs_shape: tuple, obs_dtype: str, num_actions: int
                              f"shape {obs_shape}")
         network = ("mlp" if len(obs_shape) == 1 else
                    "minatar_cnn" if min(obs_shape[1:]) < NATURE_CNN_MIN_SIDE else "nature_cnn")
+    if network == "constant":
+        # Nothing reads the observations, so nothing would use a core, a Q head or a normaliser.
+        for name, given in (("lstm_size", lstm_size > 0), ("head", head != "actor_critic"),
+                            ("action_distribution", action_distribution != "categorical"),
+                            ("normalize_observations", normalize_observations)):
+            if given:
+                raise ValueError(f"network constant (one policy for every observation, discrete actions) takes no "
+                                 f"{name}: leave it unset or pick another network")
+        return ConstantPolicy(num_actions, feature_size)
     if network == "mlp":
         if len(obs_shape) != 1:
             raise ValueError(f"network mlp needs vector observations [D], this environment gives shape {obs_shape}")
