@@ -1,0 +1,115 @@
+"""What herd's actor side costs beside the emulators: actors (and inference servers) with
+a constant policy, against the env-only ceiling, in one command.
+
+1. Ceiling: `workers` processes, each stepping `envs` environments with random actions
+   and nothing else, with the env backend the actors use (throughput.py's ceiling).
+2. Pipeline: herd's own ActorPool of `workers` actor processes, each with `envs`
+   environments and its trajectory slots in shared memory, acting with network
+   `constant` (herd/models/constant.py: one policy for every observation, no network to
+   compute) either in each actor (`local`) or through batched inference servers on the
+   CPU (`server`: the channels, doorbells, batching and sampling of herd/inference/). The
+   learner's side is reduced to what an actor needs of it: each rollout's slot goes back
+   at once (nothing is stored or trained).
+
+So the ratio pipeline / ceiling is what herd's acting, rollout writing and hand-off cost
+per frame (goal: at least 0.9). Frames are agent steps x 4 (Atari's frame skip); the first
+`warmup` seconds of each pipeline run are not counted.
+Usage: python benchmarks/pipeline.py [--env PongNoFrameskip-v4] [--workers 2] [--envs 8] [--seconds 30]
+       [--modes local,server]
+Records benchmarks/results/pipeline_<env>_<workers>x<envs>.json; its last line:
+    pipeline: ceiling_fps=<n> <mode>_fps=<n> <mode>_ratio=<r> ...
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from common import print_table, record
+from throughput import ceiling
+
+from herd.backends.local import ActorPool, start_inference_servers
+from herd.backends.start import actor_context
+from herd.models import build_model
+from herd.plan import prepare
+from herd.training import actor_spec, inference_setup
+from herd.trajectory import TrajectorySlots
+from herd.weights import SharedWeights
+
+GOAL = 0.9
+FRAME_SKIP = 4
+SLOTS_PER_ACTOR = 2
+
+
+def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: float, mode: str) -> dict:
+    """Agent steps per second of `workers` actors with the constant policy, after `warmup` s."""
+    plan = prepare({"env": env, "network": "constant", "normalize_observations": False, "worker_count": workers,
+                    "envs_per_worker": envs, "device": "cpu", "tensorboard": False,
+                    "actor_inference": "server" if mode == "server" else "local"})
+    spec = actor_spec(plan)
+    context = actor_context()
+    slots = TrajectorySlots(plan.layout, workers * SLOTS_PER_ACTOR, envs)
+    model = build_model(**plan.model_kwargs)
+    weights = SharedWeights(model, context)
+    weights.publish(model, version=0)
+    stop = context.Event()
+    servers = None
+    if mode == "server":
+        servers = start_inference_servers(spec, workers, weights, "cpu", stop, context,
+                                          inference_setup(plan.cfg, "cpu", workers), max_restarts=0, registry={})
+    pool = ActorPool(spec, workers, slots, SLOTS_PER_ACTOR, weights, context, timeout=120.0, max_restarts=0,
+                     inference=servers, stop_event=stop)
+    pool.start()
+    steps, first, deadline = 0, None, None
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            for rollout in pool.receive(0.5):
+                pool.release(rollout.actor_id, rollout.slot)
+                if first is None:           # the first rollout: every actor has started by about now
+                    first = time.monotonic()
+                    deadline = first + warmup + seconds
+                elif time.monotonic() >= first + warmup:
+                    steps += rollout.steps
+            pool.check_health()
+    finally:
+        pool.stop()
+        if servers is not None:
+            servers.stop()
+    return {"mode": mode, "agent_steps": steps, "steps_per_s": steps / seconds,
+            "servers": 0 if servers is None else servers.count}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--env", default="PongNoFrameskip-v4")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--envs", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=30.0, help="measured seconds of each run")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds after the first rollout not measured")
+    parser.add_argument("--modes", default="local,server", help="comma-separated: local (the policy in each actor), "
+                                                                 "server (batched inference servers on the CPU)")
+    args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - {"local", "server"}
+    if unknown:
+        raise SystemExit(f"unknown mode(s) {', '.join(sorted(unknown))}: use local and/or server")
+    backend = actor_spec(prepare({"env": args.env, "worker_count": args.workers, "envs_per_worker": args.envs,
+                                  "device": "cpu", "tensorboard": False})).env_backend
+    top = ceiling(backend, args.env, args.workers, args.envs, args.seconds)
+    runs = [pipeline_rate(args.env, args.workers, args.envs, args.seconds, args.warmup, mode) for mode in modes]
+    rows = [["env only (ceiling)", backend, f"{top * FRAME_SKIP:,.0f}", "1.00"]]
+    for run in runs:
+        run["ratio"] = round(run["steps_per_s"] / top, 3)
+        label = "actors, policy in each" if run["mode"] == "local" else f"actors + {run['servers']} inference server(s)"
+        rows.append([label, backend, f"{run['steps_per_s'] * FRAME_SKIP:,.0f}", f"{run['ratio']:.2f} (goal {GOAL})"])
+    print_table(["what runs", "env backend", "frames/s", "share of the ceiling"], rows)
+    name = f"pipeline_{args.env.split('NoFrameskip')[0].split('-')[0]}_{args.workers}x{args.envs}"
+    record(name, {"command": f"python benchmarks/pipeline.py --env {args.env} --workers {args.workers} --envs "
+                             f"{args.envs} --seconds {args.seconds} --warmup {args.warmup} --modes {args.modes}",
+                  "env_backend": backend, "frame_skip": FRAME_SKIP, "goal": GOAL,
+                  "ceiling_steps_per_s": round(top, 1), "runs": runs})
+    print("pipeline: ceiling_fps=%d %s" % (top * FRAME_SKIP, " ".join(
+        f"{r['mode']}_fps={r['steps_per_s'] * FRAME_SKIP:.0f} {r['mode']}_ratio={r['ratio']}" for r in runs)))
+
+
+if __name__ == "__main__":
+    main()
