@@ -9,9 +9,10 @@ one forward pass, sample all actions in one batched operation, write each client
 back and ring exactly those clients.
 
 On CUDA (herd/inference/device.py) the server is pipelined: batch k's outputs travel back
-while batch k+1 is gathered and launched, each on its own set of buffers, and batch k is
-answered once its CUDA event has fired (a blocking-sync event: the thread sleeps, it does
-not spin). The request areas are page-locked in place (cudaHostRegister), so rows go from
+while batch k+1 is gathered and launched, each on its own set of buffers. Batch k is
+answered as soon as its CUDA event has fired: at the top of each turn of the loop if it
+has, else after batch k+1 is launched, waiting on the event (a blocking-sync event: the
+thread sleeps, it does not spin). The request areas are page-locked in place (cudaHostRegister), so rows go from
 the clients' shared memory straight to the GPU; inference runs in bf16 and channels-last
 where asked, optionally replaying CUDA graphs captured for padded batch sizes. On CPU none
 of that applies: the shared memory is read directly and each batch is answered at once.
@@ -128,6 +129,11 @@ class BatchServer:
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.options.bf16):
             return policy_outputs(self.model, inputs, self.recurrent, "features" in self.outputs)
 
+    def done(self, launched: Launched) -> bool:
+        """Whether a launched batch's outputs are in host memory (its CUDA event fired; on
+        the CPU at once: the forward pass ran in launch)."""
+        return self.path is None or launched.event is None or launched.event.query()
+
     def finish(self, launched: Launched) -> None:
         """Writes a launched batch's outputs into the clients' areas, then answers and rings them."""
         if launched.results is not None:
@@ -193,6 +199,9 @@ def serve_forever(server: BatchServer, channels: InferenceChannels, stop, batch_
             if stop.is_set() or (parent is not None and not parent.is_alive()):
                 return
             next_check = now + WAKE_INTERVAL
+        if in_flight is not None and server.done(in_flight):
+            server.finish(in_flight)            # home already: answered before anything else is launched
+            in_flight = None
         busy = in_flight.clients if in_flight is not None else no_one
         if in_flight is None:
             doorbell.wait_server(lambda: len(server.pending()) > 0, WAKE_INTERVAL)

@@ -121,6 +121,58 @@ def test_every_request_is_answered_once_in_order_by_its_own_server(lanes, pipeli
         assert (servers.channels[s].header[:, REQUEST_SEQ].numpy() == [len(per_client[c]) for c in range(slots)]).all()
 
 
+class OrderServer(CountingServer):
+    """A pipelined server whose batches are home as soon as launched (done() is True, as a
+    CUDA batch whose event already fired): logs each launch and finish in order."""
+
+    def __init__(self, *args, log: list, **kwargs):
+        super().__init__(*args, answered=[], pipelined=True, **kwargs)
+        self.log = log
+
+    def launch(self, clients):
+        launched = super().launch(clients)
+        self.log.append(("launch", id(launched)))
+        return launched
+
+    def finish(self, launched) -> None:
+        self.log.append(("finish", id(launched)))
+        super().finish(launched)
+
+
+def test_a_batch_whose_outputs_are_home_is_answered_before_the_next_is_launched():
+    """3 actors asking 30 times each at one pipelined server: every batch is answered before
+    the server launches another. Catches the schedule that launches batch k+1 (gathering
+    its rows, starting its pass) while batch k's answer already waits in host memory."""
+    workers, calls = 3, 30
+    weights = SharedWeights(build_model(**MLP), CONTEXT)
+    servers = InferenceServers(MLP, workers, 1, rows=3, weights=weights, device="cpu", stop=None, context=CONTEXT,
+                               options=ServerOptions())
+    stop, log = threading.Event(), []
+    server = OrderServer(servers.channels[0], MLP, weights, torch.device("cpu"), log=log)
+    thread = threading.Thread(target=serve_forever, args=(server, servers.channels[0], stop, 0.0), daemon=True)
+    thread.start()
+
+    def actor(i: int) -> None:
+        r = servers.route(i)
+        client = InferenceClient(r.channels, r.client, seed=i)
+        for k in range(calls):
+            client.act(request_obs(i, k))
+
+    actors = [threading.Thread(target=actor, args=(i,)) for i in range(workers)]
+    try:
+        for t in actors:
+            t.start()
+        for t in actors:
+            t.join(120)
+    finally:
+        stop.set()
+        thread.join(5)
+    kinds = [kind for kind, _ in log]
+    assert kinds.count("finish") == kinds.count("launch") >= calls
+    assert kinds == ["launch", "finish"] * (len(kinds) // 2), kinds[:20]
+    assert all(log[i][1] == log[i + 1][1] for i in range(0, len(log), 2))     # each finish is of its own launch
+
+
 @pytest.mark.parametrize("min_clients, together", [(3, True), (1, False)])
 def test_the_server_waits_for_min_clients_within_the_batch_wait(min_clients, together):
     """Client 0 asks, then clients 1 and 2 ask. With a 20 s batch wait and min_clients=3
