@@ -374,8 +374,10 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     queue_unset = cfg.parallel.shared_queue_size is None
     batch_unset = cfg.train.batch_size is None
     learners = cfg.parallel.learner_count or torchrun_world_size() or 1
-    if cfg.continuous.normalize_observations is None and (learners > 1 or cfg.network.network == "minatar_cnn"):
-        # Each learner would gather statistics of its own; MinAtar's network has no normaliser.
+    if cfg.continuous.normalize_observations is None and (learners > 1 or cfg.network.network in ("minatar_cnn",
+                                                                                                   "constant")):
+        # Each learner would gather statistics of its own; MinAtar's network has no
+        # normaliser, and the constant policy reads no observation.
         cfg.continuous.normalize_observations = False
     for name, value in [*game_profile(cfg.general.algorithm, cfg.env.env).items(), *algorithm_profile.items(),
                         *machine_profile(kind, cfg.general.device).items(), *PROFILES[kind].items(),

@@ -25,3 +25,11 @@ def test_the_same_outputs_for_every_observation_and_its_two_parameters_learn():
 def test_what_the_constant_policy_cannot_use_is_refused(option):
     with pytest.raises(ValueError, match=f"network constant .* takes no {next(iter(option))}"):
         build_model("constant", (4,), "float32", 2, None, **option)
+
+
+def test_on_atari_the_constant_policy_runs_without_the_frame_normaliser():
+    from herd.config import resolve
+    from herd_testing import kind_of
+    assert resolve({"env": "PongNoFrameskip-v4", "network": "constant"}, env_kind=kind_of).continuous \
+        .normalize_observations is False
+    assert resolve({"env": "PongNoFrameskip-v4"}, env_kind=kind_of).continuous.normalize_observations is True
