@@ -64,8 +64,9 @@ def test_the_entropy_bonus_per_kind_and_algorithm_and_the_command_line_wins():
     all other kinds; a given value is kept."""
     def entropy(**options):
         return resolve(options, env_kind=kind_of).loss.entropy_loss_weight
-    assert entropy(env="PongNoFrameskip-v4") == entropy(env="PongNoFrameskip-v4", algorithm="impact") == 0.001
-    assert entropy(env="PongNoFrameskip-v4", device="cuda") == 0.001
+    assert entropy(env="BreakoutNoFrameskip-v4") == entropy(env="PongNoFrameskip-v4", algorithm="impact") == 0.001
+    assert entropy(env="BreakoutNoFrameskip-v4", device="cuda") == 0.001
+    assert entropy(env="PongNoFrameskip-v4") == entropy(env="PongNoFrameskip-v4", device="cuda") == 0.0003
     assert entropy(env="PongNoFrameskip-v4", algorithm="appo") == 0.01
     for env in ("CartPole-v1", "MinAtar/Breakout-v1", "Pendulum-v1"):
         assert entropy(env=env) == 0.01, env
