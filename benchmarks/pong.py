@@ -30,7 +30,6 @@ from common import moving_averages, print_table, read_csv, record, run_herd
 
 FRAME_SKIP = 4
 THRESHOLDS = (-15.0, 0.0, 10.0, 18.0, 20.0)
-DEFAULT_ATARI_STEPS = 15_000_000     # herd/profiles.py PROFILES["atari"]: a default run's length (agent steps)
 
 
 def gpu_config(workers: int) -> list[str]:
@@ -88,11 +87,11 @@ def main() -> None:
         herd_args = ["train", *gpu_config(args.workers), "--basic_verbose=False", "--tensorboard=False",
                      *shlex.split(args.extra)]
     if args.frames is not None:
-        # The schedule of a default-length run (its decay horizon in updates), cut at --frames.
+        # The schedule of a default-length run (its decay horizon in updates: the length
+        # herd/profiles.py gives this game and algorithm, or one given in --extra), cut at --frames.
         from herd.config import resolve
         from herd.envs.registry import profile_kind
         flags = dict(arg[2:].split("=", 1) for arg in herd_args[1:] if arg.startswith("--") and "=" in arg)
-        flags["environment_max_steps"] = str(DEFAULT_ATARI_STEPS)
         herd_args.append(f"--environment_max_steps={args.frames // FRAME_SKIP}")
         if "lr_scheduler_steps" not in flags:       # a horizon given in --extra is kept
             horizon = resolve(flags, env_kind=profile_kind).train.lr_scheduler_steps
