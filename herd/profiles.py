@@ -168,7 +168,8 @@ def slots_for_bounded_lag(batch_size: int, worker_count: int, envs_per_worker: i
 # 0.001 reached 18 at 2.41M frames and stayed at 19.0-19.4 as the policy's entropy rose
 # from 1.0 to 1.33 (the bonus outweighing the small advantages of a policy that wins most
 # points); 0.0003 reached 18 at 2.33M and 19.81; 0.0001 collapsed the entropy to 0.24 and
-# climbed slower (docs/benchmarks.md, "Decayed over 5M frames").
+# climbed slower. With both, the no-flag run reached 20 at 3.39M frames, 10.7 minutes from
+# launch on a 2-core Xeon (docs/benchmarks.md, "The learning rate's decay on Pong").
 GAME_PROFILES: dict[tuple[str, str], dict[str, Any]] = {
     ("impala", "PongNoFrameskip-v4"): dict(environment_max_steps=2_000_000, entropy_loss_weight=0.0003),
 }
