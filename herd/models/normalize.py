@@ -90,8 +90,8 @@ class FrameNormalizer(ObservationNormalizer):
 
     variance_floor = 1e-5
     # A rollout's frames update the statistics from every 4th step: per-pixel moments over
-    # millions of frames need no more, and the sums over every frame were two thirds of a
-    # CPU learner loop's host time per Pong trajectory (benchmarks/learner_loop.py).
+    # millions of frames need no more, and a profile of benchmarks/learner_loop.py (with a
+    # Pong run beside it) put most of the loop's host time per trajectory in these sums.
     rollout_stride = 4
 
     def __init__(self, frame_hw: tuple[int, int]):
@@ -116,11 +116,11 @@ class FrameNormalizer(ObservationNormalizer):
         to exactly 0). The sums are taken where the statistics live: on a CPU learner in
         numpy, in the loop's own thread (an fp32 CPU learner runs torch with one thread per
         core, which split these small sums, and with the actors on the other core each sum
-        then waited for a descheduled thread: 4x slower on 2 busy cores); a GPU learner sends the newest frames
-        (a quarter of the observations, uint8) to its device and sums there, which costs its
-        host a copy instead of the sums (the learner process's host time is the GPU box's
-        limit). Merged on the statistics' device in float64. Float frames (in [0, 1]) take
-        float64 moments."""
+        then waited for a descheduled thread: 4x slower on 2 busy cores); a GPU learner
+        sends the newest frames (a quarter of the observations, uint8) to its device and
+        sums there, which costs its host a copy instead of the sums (the learner process's
+        host time is the GPU box's limit). Merged on the statistics' device in float64.
+        Float frames (in [0, 1]) take float64 moments."""
         frames = np.asarray(obs)[..., -1, :, :]                                # [..., H, W]
         batch = frames.reshape(-1, self.mean.shape[0])                         # [N, H * W]
         n = batch.shape[0]
