@@ -142,7 +142,7 @@ def test_auto_picks_by_observation_rank():
     assert isinstance(build_model("resnet", (4, 84, 84), "uint8", 6, 512), ImpalaResNet)
     assert isinstance(build_model("auto", (10, 10, 10), "float32", 6, 128), MinAtarCNN)   # under 36x36
     assert isinstance(build_model("auto", (4, 36, 36), "uint8", 6, 512), NatureCNN)        # the smallest it takes
-    assert NETWORKS == ("auto", "mlp", "nature_cnn", "resnet", "minatar_cnn")
+    assert NETWORKS == ("auto", "mlp", "nature_cnn", "resnet", "minatar_cnn", "constant")   # auto never picks constant
 
 
 def test_other_resolutions():
