@@ -60,6 +60,15 @@ class CountingServer(BatchServer):
         super().finish(launched)
 
 
+def run_actors(actor, workers: int) -> None:
+    """actor(i) for i < workers, each in a thread, all at once; returns when they are done."""
+    threads = [threading.Thread(target=actor, args=(i,)) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+
+
 def request_obs(actor: int, k: int) -> np.ndarray:
     """Observations that name their actor and request: an answer for another request differs."""
     return np.full((3, 4), actor + 0.01 * k, dtype=np.float32) + np.arange(3, dtype=np.float32)[:, None]
@@ -94,12 +103,8 @@ def test_every_request_is_answered_once_in_order_by_its_own_server(lanes, pipeli
         except Exception as err:     # reported below, with the actor
             errors.append((i, err))
 
-    actors = [threading.Thread(target=actor, args=(i,)) for i in range(workers)]
     try:
-        for thread in actors:
-            thread.start()
-        for thread in actors:
-            thread.join(120)
+        run_actors(actor, workers)
     finally:
         stop.set()
         for thread in threads:
@@ -158,12 +163,8 @@ def test_a_batch_whose_outputs_are_home_is_answered_before_the_next_is_launched(
         for k in range(calls):
             client.act(request_obs(i, k))
 
-    actors = [threading.Thread(target=actor, args=(i,)) for i in range(workers)]
     try:
-        for t in actors:
-            t.start()
-        for t in actors:
-            t.join(120)
+        run_actors(actor, workers)
     finally:
         stop.set()
         thread.join(5)
