@@ -20,7 +20,7 @@ from herd.inputs import excerpt
 from herd.sizes import check_memory, check_model_size, check_observation_size, check_thread_options
 from herd.envs import EnvSpec, describe_env
 from herd.envs.registry import profile_kind
-from herd.envs.actor_envs import resolve_env_backend
+from herd.envs.actor_envs import check_asynchronous, resolve_env_backend
 from herd.models import build_model, model_signature, recurrent_core
 from herd.monitor.tracking import check_wandb
 from herd.placement import PLACEMENT_OPTIONS, split_placement  # noqa: F401 (PLACEMENT_OPTIONS: herd.plan's name for it)
@@ -156,6 +156,7 @@ def prepare_checked(options: dict[str, Any], overrides: dict[str, Any] | None) -
     check_thread_options(cfg)
     check_observation_size(cfg)  # before describe_env makes one
     cfg.parallel.env_backend = resolve_env_backend(cfg.parallel.env_backend, cfg.env.env)  # saved as it ran
+    check_asynchronous(cfg.parallel.env_backend, cfg.parallel.env_batch_size, cfg.parallel.envs_per_worker)
     spec = describe_env(cfg.env.env, **{k: v for k, v in env_kwargs(cfg).items() if k != "max_episode_steps"})
     check_seed_shapes(cfg, spec)
     algorithm = get_algorithm(cfg.general.algorithm)

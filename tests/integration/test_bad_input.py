@@ -24,6 +24,8 @@ CASES = [
     (["--env=CartPole-v1", "--lr=fast"], "not a valid float"),
     (["--env=CartPole-v1", "--no_such_option=1"], "no_such_option"),
     (["--env=CartPole-v1", "--env_backend=ale_vector"], "Atari games only"),
+    (["--env=Acrobot-v1", "--env_backend=numpy"], "CartPole-v0 and CartPole-v1, not 'Acrobot-v1'"),
+    (["--env=CartPole-v1", "--envs_per_worker=4", "--env_batch_size=2"], "which only --env_backend=ale_vector does"),
     (["--env=PongNoFrameskip-v4", "--envs_per_worker=4", "--env_batch_size=5"], "--env_batch_size"),
     (["--env=CartPole-v1", "--actor_inference=gpu"], "not one of"),
     (["--env=PongNoFrameskip-v4", '--replay_parameters=[{"type": "custom", "capacity": 10, "sample_ratio": 1, '
