@@ -3,13 +3,18 @@
   gymnasium  herd's own stack (make_env), `envs` envs stepped one after the other
   ale sync   AleVectorEnvs, every env in every batch, `threads` C++ worker threads
   ale async  AleVectorEnvs, batches of `batch` envs, whichever finished first
+  numpy      BatchedCartPole (CartPole only): all envs in one array operation per step
 
-Construction and start() are not timed. Frames are agent steps x 4 (frame skip). Besides
+Atari games get the first four, CartPole the gymnasium stack and numpy, other tasks the
+gymnasium stack alone.
+
+Construction and start() are not timed. Frames are agent steps x 4 on Atari (frame skip). Besides
 wall-clock rates, the CPU time of the whole process (all its threads) per 1000 steps says
 how much work a step costs, which a busy machine disturbs less than the rates. The load
 average is recorded too: rates taken on a busy machine are only indicative.
 Prints a table and records results/env_backends.json.
 Usage: python benchmarks/env_backends.py [--env PongNoFrameskip-v4] [--envs 8] [--threads 2] [--batch 4] [--seconds 10]
+       python benchmarks/env_backends.py --env CartPole-v1 --envs 16
 """
 from __future__ import annotations
 
@@ -57,6 +62,21 @@ def ale_rate(env_id: str, envs: int, threads: int, batch: int, seconds: float) -
         return steps / (time.perf_counter() - start), 1e6 * (time.process_time() - cpu) / steps
 
 
+def numpy_rate(env_id: str, envs: int, seconds: float) -> tuple[float, float]:
+    """-> (agent steps per second, CPU milliseconds per 1000 steps) of the numpy backend,
+    stepped as an actor steps it (send, recv)."""
+    from herd.envs.batched_cartpole import BatchedCartPole
+    vec = BatchedCartPole(env_id, envs, seed=0)
+    vec.start()
+    rng = np.random.default_rng(0)
+    steps, start, cpu = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < seconds:
+        vec.send(rng.integers(2, size=envs))
+        vec.recv()
+        steps += envs
+    return steps / (time.perf_counter() - start), 1e6 * (time.process_time() - cpu) / steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--env", default="PongNoFrameskip-v4")
@@ -66,20 +86,30 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10, help="timed seconds per backend")
     args = parser.parse_args()
 
+    from herd.envs.batched_cartpole import runs_batched
+    from herd.envs.registry import env_kind
+
     load_before = os.getloadavg()[0]
     runs = {  # name: (threads, rows per batch, (steps/s, CPU ms per 1000 steps))
         "gymnasium (make_env)": (1, args.envs, gymnasium_rate(args.env, args.envs, args.seconds)),
-        "ale sync, 1 thread": (1, args.envs, ale_rate(args.env, args.envs, 1, 0, args.seconds)),
-        "ale sync": (args.threads, args.envs, ale_rate(args.env, args.envs, args.threads, 0, args.seconds)),
-        "ale async": (args.threads, args.batch, ale_rate(args.env, args.envs, args.threads, args.batch, args.seconds)),
     }
+    if env_kind(args.env) == "atari":
+        runs.update({
+            "ale sync, 1 thread": (1, args.envs, ale_rate(args.env, args.envs, 1, 0, args.seconds)),
+            "ale sync": (args.threads, args.envs, ale_rate(args.env, args.envs, args.threads, 0, args.seconds)),
+            "ale async": (args.threads, args.batch, ale_rate(args.env, args.envs, args.threads, args.batch,
+                                                             args.seconds)),
+        })
+    if runs_batched(args.env):
+        runs["numpy"] = (1, args.envs, numpy_rate(args.env, args.envs, args.seconds))
     base = runs["gymnasium (make_env)"][2][0]
-    rows = [[name, threads, batch, f"{rate:.0f}", f"{4 * rate:.0f}", f"{rate / base:.2f}", f"{cost:.0f}"]
+    skip = 4 if env_kind(args.env) == "atari" else 1     # frames per agent step
+    rows = [[name, threads, batch, f"{rate:.0f}", f"{skip * rate:.0f}", f"{rate / base:.2f}", f"{cost:.0f}"]
             for name, (threads, batch, (rate, cost)) in runs.items()]
     print_table(["backend", "threads", "rows/batch", "steps/s", "frames/s", "x gymnasium", "cpu ms/1000 steps"], rows)
     load_after = os.getloadavg()[0]
     print(f"load average (1 min) before {load_before:.1f}, after {load_after:.1f} on {os.cpu_count()} CPUs")
-    out = record("env_backends", {
+    out = record("env_backends" if env_kind(args.env) == "atari" else f"env_backends_{args.env}", {
         "command": f"python benchmarks/env_backends.py --env {args.env} --envs {args.envs} --threads {args.threads} "
                    f"--batch {args.batch} --seconds {args.seconds}",
         "load_average_1min": [round(load_before, 2), round(load_after, 2)],
