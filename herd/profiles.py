@@ -182,7 +182,7 @@ def game_profile(algorithm: str, env_id: str) -> dict[str, Any]:
 # What an option left unset takes when no profile above names it.
 FALLBACKS: dict[str, Any] = dict(
     passes_per_batch=1, minibatches_per_pass=1, vtrace_lambda=1.0, clip_param=0.4, gradient_clip_by_norm_threshold=40.0,
-    normalize_advantages=False, value_clip=0.0, normalize_returns=False, entropy_loss_weight=0.01)
+    normalize_advantages=False, value_clip=0.0, normalize_returns=False, entropy_loss_weight=0.01, entropy_decay=False)
 
 ALGORITHM_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "impact": {kind: dict(IMPACT_PROFILE) for kind in ("atari", "vector", "continuous", "minatar")},

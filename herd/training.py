@@ -121,7 +121,10 @@ def make_learner(plan: Plan, model: torch.nn.Module, step: StepConfig, grad_sync
     optimizer = build_optimizer(cfg.train.optimizer, model.parameters(), cfg.train.lr, cfg.train.rmsprop_eps)
     scheduler = build_scheduler(optimizer, cfg.train.lr, cfg.train.lr_end_value, cfg.train.lr_scheduler_steps,
                                 cfg.train.lr_decay_power)
-    return Learner(model, optimizer, scheduler, algorithm.build_loss(cfg, model),
+    # --entropy_decay (IMPALA's, validation.py): the bonus's weight follows the rate's schedule.
+    loss = (algorithm.build_loss(cfg, model, entropy=scheduler.follow(cfg.loss.entropy_loss_weight))
+            if cfg.loss.entropy_decay else algorithm.build_loss(cfg, model))
+    return Learner(model, optimizer, scheduler, loss,
                    cfg.train.gradient_clip_by_norm_threshold, precision=step.precision, compile_model=step.compiled,
                    grad_sync=grad_sync, capture=capture, reuse=algorithm.reuse(cfg))
 

@@ -307,6 +307,9 @@ def validate_reuse(cfg: Config) -> None:
     for name, value in (("passes_per_batch", t.passes_per_batch), ("minibatches_per_pass", t.minibatches_per_pass)):
         if not 1 <= value <= 1000:
             raise ConfigError(f"--{name} must be from 1 to 1000, got {value}")
+    if lo.entropy_decay and cfg.general.algorithm != "impala":
+        raise ConfigError(f"--entropy_decay is IMPALA's (its bonus decayed with the learning rate), not "
+                          f"{cfg.general.algorithm}'s: drop it")
     if cfg.general.algorithm != "appo":
         given = [name for name, on in (("passes_per_batch", t.passes_per_batch > 1),
                                        ("minibatches_per_pass", t.minibatches_per_pass > 1),

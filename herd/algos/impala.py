@@ -16,11 +16,13 @@ from herd.ops.distributions import get_distribution
 from herd.trajectory import Field
 
 
-def loss_weights(cfg) -> ImpalaLossWeights:
+def loss_weights(cfg, entropy: float | torch.Tensor | None = None) -> ImpalaLossWeights:
+    """entropy: the bonus's weight where it is not --entropy_loss_weight itself (a tensor
+    that follows the learning rate, with --entropy_decay)."""
     lo = cfg.loss
     return ImpalaLossWeights(
         gamma=cfg.train.gamma, policy_gradient=lo.policy_gradient_loss_weight, value=lo.value_loss_weight,
-        entropy=lo.entropy_loss_weight, rho_const=lo.rho_const, c_const=lo.c_const, vtrace_lambda=lo.vtrace_lambda,
+        entropy=lo.entropy_loss_weight if entropy is None else entropy, rho_const=lo.rho_const, c_const=lo.c_const, vtrace_lambda=lo.vtrace_lambda,
         use_policy_cloning=lo.use_policy_cloning_loss, policy_cloning=lo.policy_cloning_loss_weight,
         use_value_cloning=lo.use_value_cloning_loss, value_cloning=lo.value_cloning_loss_weight,
         use_kl_mask=lo.use_kl_mask, kl_div_threshold=lo.kl_div_threshold)
@@ -92,13 +94,16 @@ class Impala:
         return None
 
     @staticmethod
-    def build_loss(cfg, model=None):
+    def build_loss(cfg, model=None, entropy: float | torch.Tensor | None = None):
         dist = get_distribution(action_distribution_of(model) if model is not None else "categorical")
-        return functools.partial(impala_loss, weights=loss_weights(cfg), distribution=dist)
+        return functools.partial(impala_loss, weights=loss_weights(cfg, entropy), distribution=dist)
 
     @staticmethod
     def describe_optimization(cfg) -> dict:
-        return optimizer_and_schedule(cfg)
+        lo = cfg.loss
+        entropy = (f"{lo.entropy_loss_weight:g} x the learning rate's decay (--entropy_decay)" if lo.entropy_decay
+                   else f"{lo.entropy_loss_weight:g}")
+        return {**optimizer_and_schedule(cfg), "entropy_bonus": entropy}
 
 
 IMPALA = Impala()

@@ -261,22 +261,29 @@ class PolynomialSchedule:
         self.power = power
         self.applied = torch.zeros((), dtype=torch.float64, device=device)
         self.lr = torch.empty((), dtype=torch.float32, device=device)
+        self.followers: list[tuple[Tensor, float]] = []      # (tensor, its value at the start)
         self._recompute()
+
+    def follow(self, value: float) -> Tensor:
+        """A 0-dim float32 tensor on the schedule's device that is always value x (the rate
+        now / the starting rate): another weight decayed with the rate (--entropy_decay),
+        updated in place, so a captured update reads it without a host read."""
+        tensor = torch.empty((), dtype=torch.float32, device=self.lr.device)
+        self.followers.append((tensor, float(value)))
+        self._recompute()
+        return tensor
 
     def _recompute(self) -> None:
         progress = torch.clamp(self.applied / self.steps, max=1.0)
         factor = self.end_fraction + (1.0 - self.end_fraction) * (1.0 - progress) ** self.power
         self.lr.copy_(self.base_lr * factor)
+        for tensor, value in self.followers:
+            tensor.copy_(value * factor)
 
     def step(self, applied: Tensor) -> None:
         """applied: the update's 0-dim bool flag."""
         self.applied.add_(applied.to(self.applied.dtype))
         self._recompute()
-
-    def to(self, device) -> "PolynomialSchedule":
-        self.applied = self.applied.to(device)
-        self.lr = self.lr.to(device)
-        return self
 
     @property
     def last_epoch(self) -> int:

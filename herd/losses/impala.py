@@ -34,7 +34,7 @@ class ImpalaLossWeights:
     gamma: float = 0.99
     policy_gradient: float = 1.0
     value: float = 0.5
-    entropy: float = 0.01
+    entropy: float | Tensor = 0.01  # a 0-dim tensor where it follows the learning rate (--entropy_decay)
     rho_const: float = 1.0          # V-trace rho-bar, also the policy-gradient rho-bar
     c_const: float = 1.0            # V-trace c-bar
     vtrace_lambda: float = 1.0      # V-trace's lambda: c_t = lambda min(c-bar, rho_t)
