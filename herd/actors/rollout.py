@@ -61,6 +61,10 @@ class RolloutWriter:
         self.open: deque[OpenSlot] = deque()
         self.base = 0                                     # trajectory index held by open[0]
         self.episodes: list = []                          # finished games not yet reported
+        # Every batch so far held all E environments in order 0..E-1 (a synchronous
+        # backend): they share one slot and step, and each write is one slice per field.
+        # The first batch that does not ends it for good.
+        self.lockstep = True
 
     # -- slots ---------------------------------------------------------------------------
     def slot_for(self, env: int) -> OpenSlot:
@@ -72,23 +76,31 @@ class RolloutWriter:
 
     def groups(self, env_ids: np.ndarray, rows: np.ndarray | None = None):
         """Rows (of the batch; all of them by default) that share a slot and a step:
-        (rows, envs, slot, t). One group in sync mode."""
+        (rows, envs, slot, t, count). One group in sync mode, where rows and envs are the
+        slice of all E (a copy per field instead of an indexed scatter)."""
+        if self.lockstep:
+            whole = len(env_ids) == self.E and (rows is None or len(rows) == self.E)
+            if whole and env_ids[0] == 0 and np.array_equal(env_ids, np.arange(self.E)):
+                everything = slice(None)
+                yield everything, everything, self.slot_for(0), int(self.step[0]), self.E
+                return
+            self.lockstep = False
         rows = np.arange(len(env_ids)) if rows is None else rows
         keys = (self.traj[env_ids[rows]] - self.base) * (self.T + 1) + self.step[env_ids[rows]]
         for key in np.unique(keys):
             group = rows[keys == key]
             envs = env_ids[group]
-            yield group, envs, self.slot_for(int(envs[0])), int(self.step[envs[0]])
+            yield group, envs, self.slot_for(int(envs[0])), int(self.step[envs[0]]), len(envs)
 
     # -- the three writes ----------------------------------------------------------------
     def observe(self, batch: EnvBatch) -> None:
         """obs[t] of the batch's environments (after start(), or after record_outcome)."""
-        for rows, envs, slot, t in self.groups(batch.env_ids):
+        for rows, envs, slot, t, _ in self.groups(batch.env_ids):
             slot.views["obs"][t, envs] = batch.obs[rows]
         self.seen[batch.env_ids] = True
 
     def record_action(self, env_ids: np.ndarray, out: PolicyStep) -> None:
-        for rows, envs, slot, t in self.groups(env_ids):
+        for rows, envs, slot, t, _ in self.groups(env_ids):
             views = slot.views
             views["action"][t, envs] = out.actions[rows]
             for name, values in out.fields.items():
@@ -104,14 +116,17 @@ class RolloutWriter:
         hands the completed slots on first, because opening the next slot may wait for one
         of them to come back (an actor with a single slot)."""
         stepped = np.flatnonzero(self.seen[batch.env_ids])        # the other rows are first observations
-        for rows, envs, slot, t in self.groups(batch.env_ids, stepped):
+        trunc_value = np.zeros(len(batch.env_ids), np.float32)    # [n]: 0 but where a time limit cut
+        for row, value in truncated_values.items():
+            trunc_value[row] = value
+        for rows, envs, slot, t, count in self.groups(batch.env_ids, stepped):
             views = slot.views
             views["reward"][t, envs] = batch.reward[rows]
             views["done"][t, envs] = batch.done[rows]
-            views["trunc_value"][t, envs] = [truncated_values.get(int(r), 0.0) for r in rows]
+            views["trunc_value"][t, envs] = trunc_value[rows]
             if t + 1 == self.T:
                 views["obs"][self.T, envs] = batch.obs[rows]   # bootstrap observation
-                slot.complete += len(envs)
+                slot.complete += count
         ids = batch.env_ids[stepped]
         self.step[ids] += 1
         wrapped = ids[self.step[ids] == self.T]

@@ -155,3 +155,20 @@ def test_an_actor_with_one_slot_hands_it_over_before_it_opens_the_next():
     for k, data in enumerate(copies):
         for e in range(E):
             assert data["obs"][:, e, 1].tolist() == list(range(k * T, k * T + T + 1))
+
+
+@pytest.mark.parametrize("batch_size, lockstep", [(E, True), (2, False)])
+def test_a_synchronous_backend_is_written_in_lockstep(batch_size, lockstep):
+    """With every environment in every batch, in order, each write is one slice per field
+    (the test above checks what lands); the first partial batch ends that for good."""
+    slots = TrajectorySlots(LAYOUT, 4, E)
+    free = list(range(4))
+    writer = RolloutWriter(slots.views, lambda: free.pop(0), T, E)
+    stop = threading.Event()
+
+    def send(delivery):
+        free.append(delivery.slot)
+        stop.set()
+
+    act_and_collect(CountingEnvs(batch_size), EchoPolicy(), writer, send, stop)
+    assert writer.lockstep is lockstep
