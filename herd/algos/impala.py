@@ -22,7 +22,8 @@ def loss_weights(cfg, entropy: float | torch.Tensor | None = None) -> ImpalaLoss
     lo = cfg.loss
     return ImpalaLossWeights(
         gamma=cfg.train.gamma, policy_gradient=lo.policy_gradient_loss_weight, value=lo.value_loss_weight,
-        entropy=lo.entropy_loss_weight if entropy is None else entropy, rho_const=lo.rho_const, c_const=lo.c_const, vtrace_lambda=lo.vtrace_lambda,
+        entropy=lo.entropy_loss_weight if entropy is None else entropy, rho_const=lo.rho_const, c_const=lo.c_const,
+        vtrace_lambda=lo.vtrace_lambda,
         use_policy_cloning=lo.use_policy_cloning_loss, policy_cloning=lo.policy_cloning_loss_weight,
         use_value_cloning=lo.use_value_cloning_loss, value_cloning=lo.value_cloning_loss_weight,
         use_kl_mask=lo.use_kl_mask, kl_div_threshold=lo.kl_div_threshold)
