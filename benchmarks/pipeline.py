@@ -87,7 +87,8 @@ def main() -> None:
     parser.add_argument("--env", default="PongNoFrameskip-v4")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--envs", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=30.0, help="measured seconds of each mode, all rounds together")
+    parser.add_argument("--seconds", type=float, default=30.0,
+                        help="measured seconds of each mode, all rounds together")
     parser.add_argument("--rounds", type=int, default=3, help="ceiling-then-modes rounds; the median ratio is reported")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds after the first rollout not measured")
     parser.add_argument("--modes", default="local,server", help="comma-separated: local (the policy in each actor), "
