@@ -141,6 +141,11 @@ def prepare_checked(options: dict[str, Any], overrides: dict[str, Any] | None) -
         checkpoint, path = load_checkpoint(url)
         check_parts(checkpoint, path)
         saved, placement = split_saved_config(checkpoint["config"])
+        given_env = options.get("env", (overrides or {}).get("env"))
+        if given_env is not None and given_env != saved.get("env"):
+            # The backend the saved run resolved for its own environment: another one gets
+            # its own (and a checkpoint made for another task is refused for that, below).
+            saved.pop("env_backend", None)
     cfg = resolve(options, overrides, saved, env_kind=profile_kind)
     if saved is not None and saved.get("algorithm", "impala") != cfg.general.algorithm:
         # Ape-X's dueling Q head has the same parameter shapes as IMPALA's heads: only the
