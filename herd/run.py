@@ -20,6 +20,7 @@ from herd import stopping
 from herd.backends.start import start_fork_server
 from herd.checkpoint import CHECKPOINT_DIR
 from herd.config import Config, ConfigError, check_option
+from herd.envs.actor_envs import ENV_BACKEND_WORDS
 from herd.errors import UserError
 from herd.evaluation import test_policy
 from herd.files import LinkedPathError, run_subfolder, write_json
@@ -176,6 +177,9 @@ def run_plan(plan, options: dict | None = None, argv: list[str] | None = None) -
                  ", ".join(f"{name}={value}" for name, value in plan.machine_picks["options"].items()))
     if plan.cfg.general.op_mode == "test":
         return interruptible_test(plan, run_dir), run_dir
+    p = plan.cfg.parallel
+    log.info("actors: %d x %d environments, stepped by %s", p.worker_count, p.envs_per_worker,
+             ENV_BACKEND_WORDS[p.env_backend])
     return train(plan, run_dir), run_dir
 
 

@@ -12,6 +12,10 @@ from herd.inputs import quoted
 # numpy:      gymnasium's CartPole for all E envs in one array operation per step
 #             (herd/envs/batched_cartpole.py, the same task); CartPole-v0/v1 only.
 ENV_BACKENDS = ("gymnasium", "ale_vector", "numpy")
+# What each steps, as the run's log says it.
+ENV_BACKEND_WORDS = {"gymnasium": "gymnasium, one environment after another in the actor's process",
+                     "ale_vector": "ale-py's C++ vector environment",
+                     "numpy": "herd's numpy batch of gymnasium's CartPole (herd/envs/batched_cartpole.py)"}
 
 
 def resolve_env_backend(requested: str, env_id: str) -> str:

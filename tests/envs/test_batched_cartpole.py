@@ -2,6 +2,8 @@
 batched: under the same actions both give bit-identical observations, rewards, ends,
 truncated final observations and game scores, for every option a vector task takes; and
 `--env_backend` picks it only where it runs the same task."""
+import re
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -93,3 +95,12 @@ def test_the_actor_gets_the_batch_with_the_runs_options():
     envs.start()
     envs.send(np.zeros(3, np.int64))
     assert np.allclose(envs.recv().reward, 0.1)
+
+
+def test_the_log_names_the_backend_a_run_steps(tmp_path):
+    from herd_testing import only_run, run_cli
+    result = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=2000", "--tensorboard=False"], tmp_path,
+                     timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    log = (only_run(tmp_path) / "log.txt").read_text()
+    assert re.search(r"actors: \d+ x 16 environments, stepped by herd's numpy batch of gymnasium's CartPole", log)
