@@ -12,6 +12,7 @@ from herd.envs.actor_envs import make_actor_envs, resolve_env_backend
 from herd.envs.batched_cartpole import BatchedCartPole
 from herd.envs.gym_envs import GymEnvs
 from herd.errors import EnvError
+from herd_testing import only_run, run_cli
 
 OPTIONS = [
     {"reward_scale": 0.1},                                              # the vector profile's
@@ -98,7 +99,6 @@ def test_the_actor_gets_the_batch_with_the_runs_options():
 
 
 def test_the_log_names_the_backend_a_run_steps(tmp_path):
-    from herd_testing import only_run, run_cli
     result = run_cli(["train", "--env=CartPole-v1", "--environment_max_steps=2000", "--tensorboard=False"], tmp_path,
                      timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
