@@ -48,33 +48,26 @@ def gymnasium_rate(env_id: str, envs: int, seconds: float) -> tuple[float, float
     return rate, cost
 
 
-def ale_rate(env_id: str, envs: int, threads: int, batch: int, seconds: float) -> tuple[float, float]:
-    """-> (agent steps per second, CPU milliseconds per 1000 steps)."""
-    from herd.envs.ale_vector import AleVectorEnvs
-    with AleVectorEnvs(env_id, envs, seed=0, num_threads=threads, batch_size=batch) as vec:
+def vector_rate(backend: str, env_id: str, envs: int, threads: int, batch: int, seconds: float
+                ) -> tuple[float, float]:
+    """-> (agent steps per second, CPU milliseconds per 1000 steps) of an actor's env backend
+    (herd/envs/actor_envs.py), stepped as an actor steps it: send the last batch's actions,
+    receive the next batch."""
+    from herd.envs import describe_env
+    from herd.envs.actor_envs import make_actor_envs
+    actions = describe_env(env_id).num_actions
+    vec = make_actor_envs(backend, env_id, envs, seed=0, threads=threads, batch_size=batch, env_kwargs={})
+    try:
         rows = len(vec.start().env_ids)
         rng = np.random.default_rng(0)
         steps, start, cpu = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - start < seconds:
-            vec.send(rng.integers(vec.num_actions, size=rows))
+            vec.send(rng.integers(actions, size=rows))
             rows = len(vec.recv().env_ids)
             steps += rows
         return steps / (time.perf_counter() - start), 1e6 * (time.process_time() - cpu) / steps
-
-
-def numpy_rate(env_id: str, envs: int, seconds: float) -> tuple[float, float]:
-    """-> (agent steps per second, CPU milliseconds per 1000 steps) of the numpy backend,
-    stepped as an actor steps it (send, recv)."""
-    from herd.envs.batched_cartpole import BatchedCartPole
-    vec = BatchedCartPole(env_id, envs, seed=0)
-    vec.start()
-    rng = np.random.default_rng(0)
-    steps, start, cpu = 0, time.perf_counter(), time.process_time()
-    while time.perf_counter() - start < seconds:
-        vec.send(rng.integers(2, size=envs))
-        vec.recv()
-        steps += envs
-    return steps / (time.perf_counter() - start), 1e6 * (time.process_time() - cpu) / steps
+    finally:
+        vec.close()
 
 
 def main() -> None:
@@ -95,13 +88,14 @@ def main() -> None:
     }
     if env_kind(args.env) == "atari":
         runs.update({
-            "ale sync, 1 thread": (1, args.envs, ale_rate(args.env, args.envs, 1, 0, args.seconds)),
-            "ale sync": (args.threads, args.envs, ale_rate(args.env, args.envs, args.threads, 0, args.seconds)),
-            "ale async": (args.threads, args.batch, ale_rate(args.env, args.envs, args.threads, args.batch,
-                                                             args.seconds)),
+            "ale sync, 1 thread": (1, args.envs, vector_rate("ale_vector", args.env, args.envs, 1, 0, args.seconds)),
+            "ale sync": (args.threads, args.envs, vector_rate("ale_vector", args.env, args.envs, args.threads, 0,
+                                                              args.seconds)),
+            "ale async": (args.threads, args.batch, vector_rate("ale_vector", args.env, args.envs, args.threads,
+                                                                args.batch, args.seconds)),
         })
     if runs_batched(args.env):
-        runs["numpy"] = (1, args.envs, numpy_rate(args.env, args.envs, args.seconds))
+        runs["numpy"] = (1, args.envs, vector_rate("numpy", args.env, args.envs, 1, 0, args.seconds))
     base = runs["gymnasium (make_env)"][2][0]
     skip = 4 if env_kind(args.env) == "atari" else 1     # frames per agent step
     rows = [[name, threads, batch, f"{rate:.0f}", f"{skip * rate:.0f}", f"{rate / base:.2f}", f"{cost:.0f}"]

@@ -65,6 +65,7 @@ class RolloutWriter:
         # backend): they share one slot and step, and each write is one slice per field.
         # The first batch that does not ends it for good.
         self.lockstep = True
+        self.all_envs = np.arange(num_envs)
 
     # -- slots ---------------------------------------------------------------------------
     def slot_for(self, env: int) -> OpenSlot:
@@ -80,7 +81,7 @@ class RolloutWriter:
         slice of all E (a copy per field instead of an indexed scatter)."""
         if self.lockstep:
             whole = len(env_ids) == self.E and (rows is None or len(rows) == self.E)
-            if whole and env_ids[0] == 0 and np.array_equal(env_ids, np.arange(self.E)):
+            if whole and np.array_equal(env_ids, self.all_envs):
                 everything = slice(None)
                 yield everything, everything, self.slot_for(0), int(self.step[0]), self.E
                 return

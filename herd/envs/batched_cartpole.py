@@ -25,7 +25,7 @@ from herd.interfaces import EnvBatch
 
 CARTPOLE_ENTRY_POINT = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
 
-# CartPoleEnv's constants (gymnasium/envs/classic_control/cartpole.py).
+# gymnasium's CartPoleEnv's constants.
 GRAVITY, MASS_CART, MASS_POLE, HALF_LENGTH, FORCE, TAU = 9.8, 1.0, 0.1, 0.5, 10.0, 0.02
 TOTAL_MASS = MASS_POLE + MASS_CART
 POLE_MASS_LENGTH = MASS_POLE * HALF_LENGTH
@@ -52,12 +52,14 @@ def check_runs_batched(env_id: str) -> None:
 class BatchedCartPole:
     def __init__(self, env_id: str, num_envs: int, *, seed: int, max_episode_steps: int | None = None,
                  clip_rewards: bool = False, reward_clipping_method: str = "abs_one_sign",
-                 reward_scale: float = 1.0, hide_velocity: bool = False, **atari_options):
+                 reward_scale: float = 1.0, hide_velocity: bool = False, skipped_frames: int = 4,
+                 **atari_options):
         """Env i is seeded with seed + i. The keywords are make_env's; its Atari-only options
         are ignored here as make_env ignores them for vector tasks."""
         check_runs_batched(env_id)
         E = self.num_envs = self.batch_size = num_envs
-        self.time_limit = episode_step_limit(env_id, 4, max_episode_steps)
+        self.env_ids = np.arange(E)                   # every batch holds all E, in order
+        self.time_limit = episode_step_limit(env_id, skipped_frames, max_episode_steps)
         raw = clip_reward(1.0, reward_clipping_method) if clip_rewards else 1.0
         self.reward = np.float32(float(raw) * float(reward_scale))   # every step's reward, as the wrappers give it
         hidden = velocity_indices(env_id) if hide_velocity else ()
@@ -79,7 +81,7 @@ class BatchedCartPole:
     def start(self) -> EnvBatch:
         E = self.num_envs
         self.redraw(range(E))
-        return EnvBatch(np.arange(E), self.observations(), np.zeros(E, np.float32), np.zeros(E, np.bool_))
+        return EnvBatch(self.env_ids, self.observations(), np.zeros(E, np.float32), np.zeros(E, np.bool_))
 
     def send(self, actions: np.ndarray) -> None:
         self.actions = np.asarray(actions)
@@ -101,7 +103,7 @@ class BatchedCartPole:
         truncated = self.steps >= self.time_limit if self.time_limit else np.zeros_like(terminated)
         done = terminated | truncated
         E = self.num_envs
-        batch = EnvBatch(np.arange(E), obs=None, reward=np.full(E, self.reward, np.float32), done=done)
+        batch = EnvBatch(self.env_ids, obs=None, reward=np.full(E, self.reward, np.float32), done=done)
         ended = np.flatnonzero(done)
         if len(ended):
             final = self.observations()
