@@ -49,8 +49,11 @@ class ReplayKind:
 def build_queue(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
     # Room for the batches lent, one batch share and one actor rollout, so fresh trajectories
     # are never overwritten before the learner used them and a rollout never waits for a
-    # lent batch to come back; never compressed (each is read once, soon).
-    capacity = max(spec.capacity, o.share * (o.lent_batches + 1) + o.rollout_size)
+    # lent batch to come back; never compressed (each is read once, soon). A whole number
+    # of shares, so that no batch wraps around the ring: each is one run of positions, which
+    # a CPU learner reads in place (TrajectoryStorage.lend) instead of copying.
+    needed = max(spec.capacity, o.share * (o.lent_batches + 1) + o.rollout_size)
+    capacity = -(-needed // o.share) * o.share if o.share > 0 else needed
     storage = (TrajectoryStorage(layout, capacity) if o.storage_device is None
                else DeviceTrajectoryStorage(layout, capacity, o.storage_device))
     return Replay("queue", storage, FifoSampler(capacity), on_policy=True)

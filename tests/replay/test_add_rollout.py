@@ -31,8 +31,10 @@ def rollout(mark: int) -> dict:
 
 
 def replays(spec: str, n: int = 2):
+    """n replays of `spec`, each giving 5 trajectories to a batch (a queue's ring of 10 is
+    then a whole number of shares, as build_queue makes it, and stays 10)."""
     parsed = parse_replay_parameters(spec)[0]
-    return [build_replay(parsed, LAYOUT, 4, E) for _ in range(n)]
+    return [build_replay(parsed, LAYOUT, 5, E) for _ in range(n)]
 
 
 def same_contents(a, b) -> None:

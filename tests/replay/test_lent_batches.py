@@ -56,7 +56,8 @@ def add_rollout(mixer: ReplayMixer, mark: int) -> None:
 def test_a_lent_batch_is_read_in_place_and_kept_from_writes_until_given_back():
     mixer = queue_mixer(lends=True)
     queue = mixer.replays[0]
-    assert queue.storage.capacity == SHARE * 2 + E           # one lent batch, one share, one rollout
+    # One lent batch, one share and one rollout (10), rounded up to whole shares.
+    assert queue.storage.capacity == 12
     for mark in range(SHARE // E):
         add_rollout(mixer, mark)
     batch = mixer.sample()
@@ -73,6 +74,19 @@ def test_a_lent_batch_is_read_in_place_and_kept_from_writes_until_given_back():
         add_rollout(mixer, 24)                              # writing over it is refused, not silent
     mixer.give_back(batch)
     assert mixer.can_add(E)
+
+
+def test_every_batch_of_a_long_run_is_lent():
+    """The queue's ring holds a whole number of batch shares, so no batch wraps around it:
+    batch after batch is read in place (a ring of one lent batch, one share and one rollout,
+    10 positions, would wrap every third batch of 4 and copy it)."""
+    mixer = queue_mixer(lends=True)
+    for mark in range(60):
+        add_rollout(mixer, mark % 25)
+        if mixer.replays[0].available() >= SHARE:
+            batch = mixer.sample()
+            assert batch.lent and np.shares_memory(batch.data["obs"], mixer.replays[0].storage.arrays["obs"]), mark
+            mixer.give_back(batch)
 
 
 def test_without_lending_a_batch_is_a_copy_and_holds_nothing():
