@@ -7,7 +7,8 @@ a constant policy, against the env-only ceiling, in one command.
    environments and its trajectory slots in shared memory, acting with network
    `constant` (herd/models/constant.py: one policy for every observation, no network to
    compute) either in each actor (`local`) or through batched inference servers on the
-   CPU (`server`: the channels, doorbells, batching and sampling of herd/inference/). The
+   CPU (`server`: the channels, doorbells, batching and sampling of herd/inference/;
+   `server_db`: the same with double buffering, herd/actors/double_buffer.py). The
    learner's side is reduced to what an actor needs of it: each rollout's slot goes back
    at once (nothing is stored or trained).
 
@@ -18,7 +19,7 @@ a quarter from one minute to the next, so the measurement runs in `rounds`, each
 and then every mode for seconds / rounds, and the ratio reported is the median of the
 rounds' own ratios.
 Usage: python benchmarks/pipeline.py [--env PongNoFrameskip-v4] [--workers 2] [--envs 8] [--seconds 30]
-       [--rounds 3] [--modes local,server]
+       [--rounds 3] [--modes local,server,server_db]
 Records benchmarks/results/pipeline_<env>_<workers>x<envs>.json; its last line:
     pipeline: ceiling_fps=<n> <mode>_fps=<n> <mode>_ratio=<r> ...
 """
@@ -42,13 +43,16 @@ from herd.weights import SharedWeights
 GOAL = 0.9
 FRAME_SKIP = 4
 SLOTS_PER_ACTOR = 2
+MODES = {"local": "actors, policy in each", "server": "actors + {servers} inference server(s)",
+         "server_db": "double-buffered actors + {servers} server(s)"}
 
 
 def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: float, mode: str) -> dict:
     """Agent steps per second of `workers` actors with the constant policy, after `warmup` s."""
     plan = prepare({"env": env, "network": "constant", "normalize_observations": False, "worker_count": workers,
                     "envs_per_worker": envs, "device": "cpu", "tensorboard": False,
-                    "actor_inference": "server" if mode == "server" else "local"})
+                    "actor_inference": "local" if mode == "local" else "server",
+                    "actor_double_buffer": mode == "server_db"})
     spec = actor_spec(plan)
     context = actor_context()
     slots = TrajectorySlots(plan.layout, workers * SLOTS_PER_ACTOR, envs)
@@ -57,7 +61,7 @@ def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: flo
     weights.publish(model, version=0)
     stop = context.Event()
     servers = None
-    if mode == "server":
+    if mode != "local":
         servers = start_inference_servers(spec, workers, weights, "cpu", stop, context,
                                           inference_setup(plan.cfg, "cpu", workers), max_restarts=0, registry={})
     pool = ActorPool(spec, workers, slots, SLOTS_PER_ACTOR, weights, context, timeout=120.0, max_restarts=0,
@@ -92,12 +96,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="ceiling-then-modes rounds; the median ratio is reported")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds after the first rollout not measured")
     parser.add_argument("--modes", default="local,server", help="comma-separated: local (the policy in each actor), "
-                                                                 "server (batched inference servers on the CPU)")
+                                                                 "server (batched inference servers on the CPU), "
+                                                                 "server_db (the same, double-buffered actors)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
-    unknown = set(modes) - {"local", "server"}
+    unknown = set(modes) - set(MODES)
     if unknown:
-        raise SystemExit(f"unknown mode(s) {', '.join(sorted(unknown))}: use local and/or server")
+        raise SystemExit(f"unknown mode(s) {', '.join(sorted(unknown))}: use {', '.join(MODES)}")
     backend = actor_spec(prepare({"env": args.env, "worker_count": args.workers, "envs_per_worker": args.envs,
                                   "device": "cpu", "tensorboard": False})).env_backend
     if args.rounds < 1:
@@ -121,7 +126,7 @@ def main() -> None:
     top = statistics.median(r["ceiling_steps_per_s"] for r in rounds)
     rows = [["env only (ceiling)", backend, f"{top * FRAME_SKIP:,.0f}", "1.00", ""]]
     for run in runs:
-        label = "actors, policy in each" if run["mode"] == "local" else f"actors + {run['servers']} inference server(s)"
+        label = MODES[run["mode"]].format(servers=run["servers"])
         rows.append([label, backend, f"{run['steps_per_s'] * FRAME_SKIP:,.0f}", f"{run['ratio']:.2f} (goal {GOAL})",
                      " ".join(f"{r:.2f}" for r in run["ratios"])])
     print(f"median of {args.rounds} rounds of a ceiling and then each mode, {each:.0f} s each")
