@@ -1,10 +1,18 @@
 """The inference server's CUDA path (server.py uses it only on a CUDA device; on a CPU
 none of this runs).
 
-    copies in     the clients' request areas are page-locked in place (cudaHostRegister),
-                  so each client's rows go straight from shared memory to the GPU, one
-                  asynchronous copy per client; where registering fails, rows are gathered
-                  into a pinned staging buffer first (one more host copy)
+    copies        the clients' request and answer areas are page-locked in place
+                  (cudaHostRegister), and a batch crosses PCIe as one span per field each
+                  way, whatever the number of clients: the rows from its first client's to
+                  its last client's (with the rows of clients between that did not ask,
+                  which are not computed) go in with one asynchronous copy; the batch's rows
+                  are gathered from them on the device, and their outputs are written into
+                  a device mirror of the answer areas, whose same span goes back with one
+                  copy. The clients in the span that did not ask get their own last answers
+                  again (the mirror holds them), byte for byte, and read nothing before their
+                  next answer. An LSTM core's states, which clients write into the same area
+                  before asking, go back client by client instead. Where registering fails,
+                  rows are gathered into a pinned staging buffer first (one more host copy)
     two sets      batch k+1 is gathered into the other set of device (and staging) buffers
                   while batch k's outputs travel back: server.py's loop launches k+1, then
                   answers k
@@ -22,7 +30,9 @@ none of this runs).
                   whole, then into the parameters on the stream
 
 What could not be measured here (no GPU on the machine this was written on) is in
-docs/inference.md.
+docs/inference.md. A DevicePath also runs on a CPU device, for tests of its copies: there
+the areas count as registered and no events are recorded (server.py serves a CPU batch
+in place instead).
 """
 from __future__ import annotations
 
@@ -37,8 +47,11 @@ from herd.weights import SharedWeights
 log = logging.getLogger("herd")
 
 
-def host_register(tensor: torch.Tensor) -> bool:
-    """Page-locks a shared-memory tensor in place; False where CUDA refuses."""
+def host_register(tensor: torch.Tensor, device: torch.device) -> bool:
+    """Page-locks a shared-memory tensor in place for `device`; False where CUDA refuses
+    (a CPU device reads it as it is)."""
+    if device.type != "cuda":
+        return True
     try:
         error = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), 0)
         return int(getattr(error, "value", error)) == 0
@@ -60,13 +73,19 @@ class DevicePath:
         if options.channels_last:
             self.model.to(memory_format=torch.channels_last)     # 4-D (conv) weights only
         self.params = [p for p in self.model.parameters()]
-        self.pinned_weights = torch.empty(sum(p.numel() for p in self.params)).pin_memory()
+        self.pinned_weights = torch.empty(sum(p.numel() for p in self.params))
+        if device.type == "cuda":
+            self.pinned_weights = self.pinned_weights.pin_memory()
         self.weights_copied: torch.cuda.Event | None = None
         self.staged: torch.Tensor | None = None       # [P] on the device: the board path's copy
         self.copy_stream: torch.cuda.Stream | None = None
         # Each area once: core_state is both an input and an output (registering twice fails).
         areas = {t.data_ptr(): t for t in [*inputs.values(), *outputs.values()]}
-        self.registered = all(host_register(t) for t in areas.values())
+        self.registered = all(host_register(t, device) for t in areas.values())
+        # The answers as last sent, name -> [C*R, ...] on the device (the module docstring
+        # says why): each batch writes its rows here and sends one span back from here.
+        self.mirror = {name: torch.empty_like(t, device=device).copy_(t) for name, t in outputs.items()
+                       if name != "core_state"} if self.registered else {}
         self.sets = [self.buffers() for _ in range(2)]
         self.turn = 0
         self.graphs = None
@@ -79,7 +98,8 @@ class DevicePath:
 
     def buffers(self) -> dict:
         """One set: device inputs (and pinned staging and outputs where not registered)."""
-        s = {"device": {name: torch.empty_like(t, device=self.device) for name, t in self.inputs.items()}}
+        s = {"device": {name: torch.empty_like(t, device=self.device) for name, t in self.inputs.items()},
+             "index": torch.empty(next(iter(self.inputs.values())).shape[0], dtype=torch.int64, device=self.device)}
         if not self.registered:
             s["staging"] = {name: torch.empty_like(t).pin_memory() for name, t in self.inputs.items()}
             s["back"] = {name: torch.empty_like(t).pin_memory() for name, t in self.outputs.items()}
@@ -119,50 +139,78 @@ class DevicePath:
             for p in self.params:
                 p.copy_(on_device[offset:offset + p.numel()].view_as(p))   # in place: graphs stay valid
                 offset += p.numel()
-        self.weights_copied = torch.cuda.Event(blocking=True)
-        self.weights_copied.record()
+        if self.device.type == "cuda":
+            self.weights_copied = torch.cuda.Event(blocking=True)
+            self.weights_copied.record()
 
-    def launch(self, clients, rows, index: torch.Tensor) -> tuple[dict, torch.cuda.Event]:
-        """Rows of `clients` -> their outputs, launched; the event fires once they are in
-        host memory (the shared areas when registered, else the set's pinned `back`)."""
+    def launch(self, clients, rows, index: torch.Tensor) -> tuple[dict, torch.cuda.Event | None]:
+        """Rows of `clients` (ascending) -> their outputs, launched; the event fires once they
+        are in host memory (the shared areas when registered, else the set's pinned `back`)."""
         s = self.sets[self.turn]
         self.turn ^= 1
         n = len(index)
-        dev = {}
-        for name, source in self.inputs.items():
-            target = s["device"][name]
-            if self.registered:
-                offset = 0
-                for c, r in zip(clients, rows):
-                    start = int(c) * self.max_rows
-                    target[offset:offset + r].copy_(source[start:start + r], non_blocking=True)
-                    offset += int(r)
-            else:
+        if self.registered:
+            first = int(clients[0]) * self.max_rows                               # the span's rows
+            end = max(int(c) * self.max_rows + int(r) for c, r in zip(clients, rows))
+            dev = self.span_in(s, first, end, index)
+        else:
+            dev = {}
+            for name, source in self.inputs.items():
                 staged = torch.index_select(source, 0, index, out=s["staging"][name][:n])
-                target[:n].copy_(staged, non_blocking=True)
-            dev[name] = target[:n]
+                dev[name] = s["device"][name][:n].copy_(staged, non_blocking=True)
         with torch.inference_mode():
             if self.graphs is not None and self.graphs.fits(n):
                 results = self.graphs.run(dev, n)
             else:
-                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.options.bf16):
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.options.bf16):
                     results = policy_outputs(self.model, dev, self.recurrent, self.features)
         if self.registered:
+            self.span_out(s, first, end, n, clients, rows, results)
+        else:
+            results = {name: s["back"][name][:n].copy_(t, non_blocking=True) for name, t in results.items()}
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(blocking=True)   # blocking: its wait sleeps instead of spinning
+            event.record()
+        return results, event
+
+    def span_in(self, s: dict, first: int, end: int, index: torch.Tensor) -> dict:
+        """One copy per input of rows first..end-1 to the device, then the batch's rows [n]
+        gathered there (none to gather when the span is exactly the batch)."""
+        span = end - first
+        for name, source in self.inputs.items():
+            s["device"][name][:span].copy_(source[first:end], non_blocking=True)
+        if span == len(index):
+            return {name: t[:span] for name, t in s["device"].items()}
+        local = s["index"][:len(index)].copy_(index - first, non_blocking=True)      # [n] rows in the span
+        return {name: t[:span].index_select(0, local) for name, t in s["device"].items()}
+
+    def span_out(self, s: dict, first: int, end: int, n: int, clients, rows, results: dict) -> None:
+        """The batch's outputs into the mirror, then one copy per output of the mirror's rows
+        first..end-1 back to the shared areas; an LSTM core's states client by client."""
+        span = end - first
+        local = None if span == n else s["index"][:n]
+        for name, t in results.items():
+            if name == "core_state":
+                continue
+            rows_of_span = self.mirror[name][first:end]
+            if local is None:
+                rows_of_span.copy_(t)
+            else:
+                rows_of_span.index_copy_(0, local, t)
+            self.outputs[name][first:end].copy_(rows_of_span, non_blocking=True)
+        if "core_state" in results:
             offset = 0
             for c, r in zip(clients, rows):
                 start = int(c) * self.max_rows
-                for name, t in results.items():
-                    self.outputs[name][start:start + r].copy_(t[offset:offset + r], non_blocking=True)
+                self.outputs["core_state"][start:start + r].copy_(results["core_state"][offset:offset + r],
+                                                                  non_blocking=True)
                 offset += int(r)
-        else:
-            results = {name: s["back"][name][:n].copy_(t, non_blocking=True) for name, t in results.items()}
-        event = torch.cuda.Event(blocking=True)   # blocking: its wait sleeps instead of spinning
-        event.record()
-        return results, event
 
-    def finish(self, clients, rows, index: torch.Tensor, results: dict, event: torch.cuda.Event) -> None:
+    def finish(self, clients, rows, index: torch.Tensor, results: dict, event) -> None:
         """Waits (sleeping) for a launched batch; where not registered, scatters its outputs."""
-        event.synchronize()
+        if event is not None:
+            event.synchronize()
         if not self.registered:
             for name, tensor in results.items():
                 self.outputs[name].index_copy_(0, index, tensor)

@@ -12,8 +12,9 @@ On CUDA (herd/inference/device.py) the server is pipelined: batch k's outputs tr
 while batch k+1 is gathered and launched, each on its own set of buffers. Batch k is
 answered as soon as its CUDA event has fired: at the top of each turn of the loop if it
 has, else after batch k+1 is launched, waiting on the event (a blocking-sync event: the
-thread sleeps, it does not spin). The request areas are page-locked in place
-(cudaHostRegister), so rows go from the clients' shared memory straight to the GPU;
+thread sleeps, it does not spin). The request and answer areas are page-locked in place
+(cudaHostRegister), so rows go from the clients' shared memory straight to the GPU and
+back, one copy per field each way whatever the number of clients (device.py);
 inference runs in bf16 and channels-last where asked, optionally replaying CUDA graphs
 captured for padded batch sizes. On CPU none of that applies: the shared memory is read
 directly and each batch is answered at once.

@@ -1,0 +1,107 @@
+"""The CUDA server's copies (herd/inference/device.py DevicePath), run on the CPU: a batch
+crosses between the shared areas and the device as one copy per field each way, whatever
+the number of clients in it; its answers equal the server's CPU path; clients in the
+copied span that did not ask keep their last answers byte for byte; an LSTM core's states
+go back only to the clients that asked."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from herd.inference import InferenceChannels
+from herd.inference.device import DevicePath
+from herd.inference.forward import ServerOptions
+from herd.inference.server import BatchServer
+from herd.models import build_model
+from herd.weights import SharedWeights
+
+CLIENTS, ROWS = 8, 4
+MLP = dict(network="mlp", obs_shape=(4,), obs_dtype="float32", num_actions=3, feature_size=None)
+LSTM = dict(MLP, lstm_size=8)
+CONTEXT = mp.get_context("spawn")
+
+
+class HostAreaCopies(TorchDispatchMode):
+    """Counts the ops that read or write the shared areas (the transfers a GPU would make)."""
+
+    def __init__(self, channels: InferenceChannels):
+        super().__init__()
+        areas = [channels.obs, channels.uniforms, channels.actions, channels.logits, channels.value,
+                 channels.features, channels.core_state]
+        self.storages = {t.untyped_storage().data_ptr() for t in areas if t is not None}
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        touched = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        self.count += any(t.untyped_storage().data_ptr() in self.storages for t in touched) and \
+            func.overloadpacket.__name__ in ("copy_", "index_select", "index_copy_", "_to_copy")
+        return func(*args, **(kwargs or {}))
+
+
+def setup(kwargs: dict):
+    channels = InferenceChannels.for_model(kwargs, CLIENTS, ROWS, context=CONTEXT)
+    torch.manual_seed(0)
+    weights = SharedWeights(build_model(**kwargs), CONTEXT)
+    weights.publish(build_model(**kwargs), version=0)
+    server = BatchServer(channels, kwargs, weights, torch.device("cpu"), ServerOptions())   # the CPU path
+    path = DevicePath(server.model, ROWS, server.inputs, server.outputs, torch.device("cpu"), ServerOptions())
+    return channels, server, path
+
+
+def request(channels: InferenceChannels, clients, rows: int, seed: int) -> torch.Tensor:
+    """Writes requests of `rows` rows for `clients`; returns the flat rows [n] they fill."""
+    rng = np.random.default_rng(seed)
+    for c in clients:
+        channels.obs[c, :rows] = torch.from_numpy(rng.standard_normal((rows, 4)).astype(np.float32))
+        channels.uniforms[c, :rows] = torch.from_numpy(rng.random(rows, dtype=np.float32))
+    return torch.tensor([c * ROWS + r for c in clients for r in range(rows)])
+
+
+def answers(channels: InferenceChannels) -> dict:
+    return {"actions": channels.actions.clone(), "logits": channels.logits.clone(), "value": channels.value.clone()}
+
+
+@pytest.mark.parametrize("clients, rows", [([0], 4), ([0, 1], 4), ([1, 3, 6], 4), (list(range(CLIENTS)), 4),
+                                           ([2, 5], 2)])
+def test_a_batch_is_one_copy_per_field_each_way_whatever_its_clients(clients, rows):
+    channels, server, path = setup(MLP)
+    index = request(channels, range(CLIENTS), ROWS, seed=1)
+    path.finish(range(CLIENTS), [ROWS] * CLIENTS, index, *path.launch(np.arange(CLIENTS), [ROWS] * CLIENTS, index))
+    before = answers(channels)
+    index = request(channels, clients, rows, seed=2)
+    with HostAreaCopies(channels) as copies:
+        results, event = path.launch(np.asarray(clients), [rows] * len(clients), index)
+        path.finish(clients, [rows] * len(clients), index, results, event)
+    inputs, outputs = len(server.inputs), len(server.outputs)
+    assert copies.count == inputs + outputs, (copies.count, inputs, outputs)
+    # The same answers as the CPU path for the rows asked; every other row as it was.
+    after = answers(channels)
+    expected = server.forward({name: source.index_select(0, index) for name, source in server.inputs.items()})
+    asked = torch.zeros(CLIENTS * ROWS, dtype=torch.bool)
+    asked[index] = True
+    for name in after:
+        flat = after[name].reshape(CLIENTS * ROWS, -1)
+        torch.testing.assert_close(flat[index], expected[name].reshape(len(index), -1))
+        assert torch.equal(flat[~asked], before[name].reshape(CLIENTS * ROWS, -1)[~asked]), name
+
+
+def test_an_lstm_core_s_states_go_back_only_to_the_clients_that_asked():
+    """A client writes its rows' states into the area before it asks: a span copy back
+    would overwrite those of a client between two askers that is preparing its request."""
+    channels, server, path = setup(LSTM)
+    index = request(channels, [1, 3], ROWS, seed=3)
+    channels.core_state[2] = 7.0
+    # Client 2 writes its next request's states while the batch computes (after its span went in).
+    unroll = path.model.unroll
+
+    def unroll_while_client_2_writes(*args, **kwargs):
+        channels.core_state[2].fill_(9.0)
+        return unroll(*args, **kwargs)
+    path.model.unroll = unroll_while_client_2_writes
+    path.finish([1, 3], [ROWS, ROWS], index, *path.launch(np.array([1, 3]), [ROWS, ROWS], index))
+    assert torch.equal(channels.core_state[2], torch.full_like(channels.core_state[2], 9.0))
+    for c in (1, 3):                                     # the askers got their states after the step
+        assert not torch.equal(channels.core_state[c], torch.zeros_like(channels.core_state[c]))
