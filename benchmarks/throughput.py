@@ -46,7 +46,14 @@ CONFIGS = {
     "on-policy-ray": [*ON_POLICY, "--multiprocessing_backend=ray"],
     "on-policy-lstm": [*ON_POLICY, "--use_lstm=True"],       # the same with an LSTM core (256) after the CNN
     "defaults": [],                                           # the seed's replay mix, batch 100, T 10
+    # The inference server's options whose defaults on a GPU wait for a measurement there:
+    # double-buffered actors (on 2 CPU cores they did not pay: docs/benchmarks.md) and CUDA
+    # graphs of the server's forward pass (needs a GPU). Run only when named in --configs.
+    "on-policy-server-double-buffer": [*ON_POLICY, "--actor_inference=server", "--actor_double_buffer=True"],
+    "on-policy-server-cuda-graphs": [*ON_POLICY, "--actor_inference=server", "--inference_cuda_graphs=True"],
 }
+# What runs without --configs: all but the server options above.
+DEFAULT_CONFIGS = [name for name in CONFIGS if not name.startswith("on-policy-server-")]
 
 
 # Sample Factory's Atari example trains every sample 4 times (4 epochs of 4 minibatches per
@@ -108,7 +115,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=75, help="length of each training run")
     parser.add_argument("--warmup", type=float, default=30, help="seconds of each run not measured (start-up, compile)")
     parser.add_argument("--frame_skip", type=int, default=4)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of CONFIGS to run")
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                        help=f"comma-separated names of configurations to run, of: {', '.join(CONFIGS)}")
     parser.add_argument("--label", default="backends", help="names the results file")
     parser.add_argument("--extra", default="", help="extra herd flags for every configuration")
     parser.add_argument("--peer", default="none", choices=["none", "serial", "async", "default"],
