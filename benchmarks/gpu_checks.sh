@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The measurements herd still owes a GPU machine, in one command, from the project root:
+#   1. the CUDA tests (the captured update against eager, the frame normaliser on the
+#      device, the inference server's device path and device-to-device weights);
+#   2. Pong with no flag (`benchmarks/pong.py --defaults`): the 100-game average's curve
+#      and the frames and seconds at which it first reaches -15, 0, 10, 18 and 20;
+#   3. throughput against the env-only ceiling: the headline on-policy configuration and
+#      the inference server's double buffering and CUDA graphs (their GPU defaults wait for
+#      this), with Sample Factory at equal work per frame when PEER=serial and its venv is
+#      there (benchmarks/peer_sample_factory.py).
+# Everything it prints and records goes to $OUT (default /tmp/gpu_checks).
+# usage: [PEER=serial] [WORKERS=16] [ENVS=8] bash benchmarks/gpu_checks.sh [pong minutes] [throughput seconds]
+# On a CPU it runs too (the CUDA tests skip), for trying it before a GPU is lent:
+#   WORKERS=2 ENVS=2 bash benchmarks/gpu_checks.sh 0.5 20
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_checks}; mkdir -p "$OUT"
+PONG_MINUTES=${1:-4}; RUN_SECONDS=${2:-75}
+WORKERS=${WORKERS:-16}; ENVS=${ENVS:-8}
+cd "$(dirname "$0")/.."
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/gpu.txt"
+
+echo "== CUDA tests"
+python3 -m pytest -q -p no:cacheprovider -rs tests/learner/test_capture_cuda.py tests/models/test_frame_normalizer.py \
+    tests/inference/test_device_weights.py tests/inference/test_device_path.py \
+    "tests/inference/test_server.py::test_cuda_server_equals_the_local_cpu_model" > "$OUT/cuda_tests.txt" 2>&1
+tail -4 "$OUT/cuda_tests.txt"
+
+echo "== Pong, no flag, $PONG_MINUTES min"
+python3 benchmarks/pong.py --defaults --minutes "$PONG_MINUTES" --tag _gpu_checks_defaults > "$OUT/pong.txt" 2>&1
+tail -14 "$OUT/pong.txt"
+
+echo "== throughput, $WORKERS workers x $ENVS envs"
+CONFIGS=on-policy,on-policy-server-double-buffer
+if nvidia-smi > /dev/null 2>&1; then CONFIGS=$CONFIGS,on-policy-server-cuda-graphs; fi
+python3 benchmarks/throughput.py --workers "$WORKERS" --envs "$ENVS" --seconds "$RUN_SECONDS" --configs "$CONFIGS" \
+    --label gpu_checks ${PEER:+--peer "$PEER"} > "$OUT/throughput.txt" 2>&1
+tail -12 "$OUT/throughput.txt"
+
+cp benchmarks/results/pong_*gpu_checks*.json benchmarks/results/throughput_*gpu_checks*.json "$OUT/" 2>/dev/null
+echo "== results in $OUT"
