@@ -1,5 +1,5 @@
-"""The inference server's CUDA path (server.py uses it only on a CUDA device; on a CPU
-none of this runs).
+"""The inference server's CUDA path (server.py uses it only on a CUDA device; a CPU server
+reads the shared areas in place).
 
     copies        the clients' request and answer areas are page-locked in place
                   (cudaHostRegister), and a batch crosses PCIe as one span per field each
