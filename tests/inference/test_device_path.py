@@ -1,9 +1,12 @@
-"""The CUDA server's copies (herd/inference/device.py DevicePath), run on the CPU: a batch
+"""The CUDA server's copies (herd/inference/device.py DevicePath), run on the CPU (and on a
+GPU where there is one): a batch
 crosses between the shared areas and the device as one copy per field each way, whatever
 the number of clients in it; its answers equal the server's CPU path; clients in the
 copied span that did not ask keep their last answers byte for byte; an LSTM core's states
 go back only to the clients that asked."""
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -41,13 +44,17 @@ class HostAreaCopies(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def setup(kwargs: dict):
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+def setup(kwargs: dict, device: str = "cpu"):
     channels = InferenceChannels.for_model(kwargs, CLIENTS, ROWS, context=CONTEXT)
     torch.manual_seed(0)
     weights = SharedWeights(build_model(**kwargs), CONTEXT)
     weights.publish(build_model(**kwargs), version=0)
     server = BatchServer(channels, kwargs, weights, torch.device("cpu"), ServerOptions())   # the CPU path
-    path = DevicePath(server.model, ROWS, server.inputs, server.outputs, torch.device("cpu"), ServerOptions())
+    model = copy.deepcopy(server.model).to(device)
+    path = DevicePath(model, ROWS, server.inputs, server.outputs, torch.device(device), ServerOptions())
     return channels, server, path
 
 
@@ -64,10 +71,11 @@ def answers(channels: InferenceChannels) -> dict:
     return {"actions": channels.actions.clone(), "logits": channels.logits.clone(), "value": channels.value.clone()}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("clients, rows", [([0], 4), ([0, 1], 4), ([1, 3, 6], 4), (list(range(CLIENTS)), 4),
                                            ([2, 5], 2)])
-def test_a_batch_is_one_copy_per_field_each_way_whatever_its_clients(clients, rows):
-    channels, server, path = setup(MLP)
+def test_a_batch_is_one_copy_per_field_each_way_whatever_its_clients(clients, rows, device):
+    channels, server, path = setup(MLP, device)
     index = request(channels, range(CLIENTS), ROWS, seed=1)
     path.finish(range(CLIENTS), [ROWS] * CLIENTS, index, *path.launch(np.arange(CLIENTS), [ROWS] * CLIENTS, index))
     before = answers(channels)
@@ -90,7 +98,8 @@ def test_a_batch_is_one_copy_per_field_each_way_whatever_its_clients(clients, ro
 
 def test_an_lstm_core_s_states_go_back_only_to_the_clients_that_asked():
     """A client writes its rows' states into the area before it asks: a span copy back
-    would overwrite those of a client between two askers that is preparing its request."""
+    would overwrite those of a client between two askers that is preparing its request.
+    (On the CPU only: on a GPU the client's write would race the asynchronous copies.)"""
     channels, server, path = setup(LSTM)
     index = request(channels, [1, 3], ROWS, seed=3)
     channels.core_state[2] = 7.0
