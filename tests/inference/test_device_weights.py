@@ -25,7 +25,7 @@ from herd.weights import SharedWeights
 CONTEXT = mp.get_context("spawn")
 DEADLINE = 120.0            # s: generous, for a busy 2-core machine; never a synchronisation
 SIZE = 1_000_000            # floats: a copy takes a fraction of a millisecond, so readers overlap writes
-TARGET = 100                # the readers of the race read until they saw this version
+TARGET = 100                # the readers of the race read until this many versions past their first read
 MLP = dict(network="mlp", obs_shape=(4,), obs_dtype="float32", num_actions=3, feature_size=None)
 CNN = dict(network="nature_cnn", obs_shape=(4, 84, 84), obs_dtype="uint8", num_actions=6, feature_size=None)
 
@@ -41,18 +41,21 @@ def reap(processes) -> None:
 # A reader in a race with the writer.
 
 def read_until(board: DeviceWeightBoard, target: int, report, index: int, started) -> None:
-    """Reads until it saw `target`; report[4 i: 4 i + 4] = reads not one whole version
-    (not constant, or not the version returned), versions that went back, distinct
-    versions seen, reads turned back by the re-check."""
+    """Reads until it saw a version `target` past the one its first read took (counted from
+    there, so that a reader scheduled late still races the writer); report[4 i: 4 i + 4] =
+    reads not one whole version (not constant, or not the version returned), versions that
+    went back, distinct versions seen, reads turned back by the re-check."""
     out = torch.empty(board.slots.shape[1])
     started.release()
     last, bad, back, seen = -1, 0, 0, set()
-    while last < target:
+    first = None
+    while first is None or last < first + target:
         version = board.snapshot_into(out)
         if not bool((out == out[0]).all()) or float(out[0]) != float(version):
             bad += 1
         back += version < last
         last = version
+        first = version if first is None else first
         seen.add(version)
     report[4 * index:4 * index + 4] = [bad, back, len(seen), board.retries]
 
