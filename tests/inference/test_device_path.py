@@ -1,9 +1,8 @@
 """The CUDA server's copies (herd/inference/device.py DevicePath), run on the CPU (and on a
-GPU where there is one): a batch
-crosses between the shared areas and the device as one copy per field each way, whatever
-the number of clients in it; its answers equal the server's CPU path; clients in the
-copied span that did not ask keep their last answers byte for byte; an LSTM core's states
-go back only to the clients that asked."""
+GPU where there is one): a batch crosses between the shared areas and the device as one
+copy per field each way, whatever the number of clients in it; its answers equal the
+server's CPU path; clients in the copied span that did not ask keep their last answers
+byte for byte; an LSTM core's states go back only to the clients that asked."""
 from __future__ import annotations
 
 import copy
