@@ -152,7 +152,7 @@ class DevicePath:
         if self.registered:
             first = int(clients[0]) * self.max_rows                               # the span's rows
             end = max(int(c) * self.max_rows + int(r) for c, r in zip(clients, rows))
-            dev = self.span_in(s, first, end, index)
+            dev, local = self.span_in(s, first, end, index)
         else:
             dev = {}
             for name, source in self.inputs.items():
@@ -165,7 +165,7 @@ class DevicePath:
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.options.bf16):
                     results = policy_outputs(self.model, dev, self.recurrent, self.features)
         if self.registered:
-            self.span_out(s, first, end, n, clients, rows, results)
+            self.span_out(first, end, local, clients, rows, results)
         else:
             results = {name: s["back"][name][:n].copy_(t, non_blocking=True) for name, t in results.items()}
         event = None
@@ -174,22 +174,22 @@ class DevicePath:
             event.record()
         return results, event
 
-    def span_in(self, s: dict, first: int, end: int, index: torch.Tensor) -> dict:
+    def span_in(self, s: dict, first: int, end: int, index: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
         """One copy per input of rows first..end-1 to the device, then the batch's rows [n]
-        gathered there (none to gather when the span is exactly the batch)."""
+        gathered there; returns them and where they lie in the span ([n] on the device, or
+        None when the span is exactly the batch: nothing to gather)."""
         span = end - first
         for name, source in self.inputs.items():
             s["device"][name][:span].copy_(source[first:end], non_blocking=True)
         if span == len(index):
-            return {name: t[:span] for name, t in s["device"].items()}
+            return {name: t[:span] for name, t in s["device"].items()}, None
         local = s["index"][:len(index)].copy_(index - first, non_blocking=True)      # [n] rows in the span
-        return {name: t[:span].index_select(0, local) for name, t in s["device"].items()}
+        return {name: t[:span].index_select(0, local) for name, t in s["device"].items()}, local
 
-    def span_out(self, s: dict, first: int, end: int, n: int, clients, rows, results: dict) -> None:
-        """The batch's outputs into the mirror, then one copy per output of the mirror's rows
-        first..end-1 back to the shared areas; an LSTM core's states client by client."""
-        span = end - first
-        local = None if span == n else s["index"][:n]
+    def span_out(self, first: int, end: int, local: torch.Tensor | None, clients, rows, results: dict) -> None:
+        """The batch's outputs into the mirror (at `local`, span_in's), then one copy per
+        output of the mirror's rows first..end-1 back to the shared areas; an LSTM core's
+        states client by client."""
         for name, t in results.items():
             if name == "core_state":
                 continue
