@@ -33,7 +33,6 @@ from herd.devices import fast_bf16
 
 from herd.learner.autotune import Choice, StepConfig, candidates, choose, timed_updates
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
-from herd.learner.step_metrics import MetricSums
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
 from herd.models.base import TrainingLayout
@@ -106,8 +105,8 @@ def options_sweep(args) -> None:
                        f"--network {args.network}", "results": results})
 
 
-METRICS = ("loss", "pg_loss", "value_loss", "entropy", "policy_cloning_loss", "value_cloning_loss",
-           "kl_mask_fraction", "mean_rho", "grad_norm", "lr")
+LOSS_METRICS = ("loss", "pg_loss", "value_loss", "entropy", "policy_cloning_loss", "value_cloning_loss",
+                "kl_mask_fraction", "mean_rho")
 
 
 def pair(network: str, obs: tuple, obs_dtype: str, actions: int, optimizer: str, lr: float, precision: str,
@@ -127,7 +126,8 @@ def pair(network: str, obs: tuple, obs_dtype: str, actions: int, optimizer: str,
                    40.0, precision=config.precision, **extra)
 
     def new(config: StepConfig) -> Learner:
-        return build(Learner, build_optimizer, build_scheduler, impala_loss, config, capture=device.type == "cuda")
+        return build(Learner, build_optimizer, build_scheduler, impala_loss, config, capture=device.type == "cuda",
+                     metric_names=LOSS_METRICS)
 
     has_layout = network in ("nature_cnn", "resnet")
     old = build(ReferenceLearner, reference_optimizer, reference_scheduler, reference_impala_loss,
@@ -143,15 +143,12 @@ def pair(network: str, obs: tuple, obs_dtype: str, actions: int, optimizer: str,
 def interleaved(learners: dict, batch, repeats: int, device: torch.device) -> dict:
     """{name: (fastest ms, median ms, host reads, aten ops) per update}: after a warm-up each,
     the learners take turns, one update each per round, so that load from other processes
-    on a shared machine falls on all of them alike; the new learner's metrics go into a
-    MetricSums as a run's do (read once, after the timing)."""
-    sums = {name: MetricSums(METRICS, device) if isinstance(learner, Learner) else None
-            for name, learner in learners.items()}
+    on a shared machine falls on all of them alike; the new learner sums its metrics inside
+    its update as a run's does (read once, after the timing)."""
+    sums = {name: learner.metric_sums if isinstance(learner, Learner) else None for name, learner in learners.items()}
 
     def update(name):
-        result = learners[name].step(batch)
-        if sums[name] is not None:
-            sums[name].add(result.metrics)
+        learners[name].step(batch)
 
     counts = {}
     for name in learners:

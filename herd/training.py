@@ -126,7 +126,8 @@ def make_learner(plan: Plan, model: torch.nn.Module, step: StepConfig, grad_sync
             if cfg.loss.entropy_decay else algorithm.build_loss(cfg, model))
     return Learner(model, optimizer, scheduler, loss,
                    cfg.train.gradient_clip_by_norm_threshold, precision=step.precision, compile_model=step.compiled,
-                   grad_sync=grad_sync, capture=capture, reuse=algorithm.reuse(cfg))
+                   grad_sync=grad_sync, capture=capture, reuse=algorithm.reuse(cfg),
+                   metric_names=algorithm.metric_names)
 
 
 def step_config(plan: Plan, model: torch.nn.Module, device: torch.device, several_learners: bool,

@@ -1,8 +1,9 @@
 """The learner step: batch -> model -> the algorithm's loss -> clipped gradient ->
 optimizer and learning-rate step. Publishing weights and pacing live in the backend.
 
-An update makes no host read (docs/learner-speed.md): the loss's metrics stay on the device
-(herd/learner/step_metrics.py sums them), whether the update is applied is a device flag
+An update makes no host read (docs/learner-speed.md): the loss's metrics stay on the device,
+summed by the update itself into the learner's MetricSums (herd/learner/step_metrics.py),
+whether the update is applied is a device flag
 (a non-finite loss, gradient norm or resulting weight skips it, changing no weight and no
 optimizer or schedule state: herd/learner/optim.py), and the learning rate is a device
 tensor. So on a GPU the whole update can be captured once as a CUDA graph and replayed
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from herd.learner.reuse import Reuse, take_columns
+from herd.learner.step_metrics import MetricSums
 from herd.learner.optim import build_optimizer, build_scheduler  # noqa: F401  (re-exported: callers build both here)
 from herd.losses.base import as_loss
 from herd.models import ModelOutput
@@ -73,7 +75,7 @@ class StepResult(NamedTuple):
 class Learner:
     def __init__(self, model: torch.nn.Module, optimizer, scheduler, loss_fn, grad_clip_norm: float,
                  precision: str = "fp32", compile_model: bool = False, grad_sync=None, capture: bool = False,
-                 reuse: Reuse | None = None):
+                 reuse: Reuse | None = None, metric_names: tuple[str, ...] = ()):
         """loss_fn(batch, out) -> (scalar loss, metrics): the algorithm's (herd/algos), a
         herd.losses.base.Loss or a plain function (wrapped);
         metrics are detached 0-dim tensors, and "priorities" [B] a tensor for the replays.
@@ -88,7 +90,10 @@ class Learner:
         and this update must not be applied. None: one learner.
         capture: on a CUDA device, capture the whole update as one CUDA graph after
         CAPTURE_WARMUP eager updates (one learner, fixed batch shapes); if capturing
-        fails the learner goes on eagerly and says so in the log."""
+        fails the learner goes on eagerly and says so in the log.
+        metric_names: the loss's metrics that each update adds, with LEARNER_METRICS, to
+        self.metric_sums, on the device and inside the captured graph; the session reads
+        the sums once per log interval."""
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"unknown learner precision '{precision}' (use fp32 or bf16)")
         self.model = model
@@ -108,6 +113,7 @@ class Learner:
         self.static_metrics: dict[str, torch.Tensor] | None = None
         self.eager_updates = 0
         self.reuse = reuse
+        self.metric_sums = MetricSums((*metric_names, *LEARNER_METRICS), self.device)
 
     def run_model(self, obs: torch.Tensor, core=None):
         """The training forward pass; a torch.compile that fails (no C compiler, an
@@ -132,11 +138,18 @@ class Learner:
         the tensors are the graph's outputs: read them (or add them to a MetricSums)
         before the next step overwrites them."""
         if self.reuse is None:
-            return StepResult.of(self.step_once(batch))
+            return self.counted(StepResult.of(self.step_once(batch)))
         self.loss_fn.begin_batch()          # host side: the target's first sync, outside any graph
         metrics = self.step_once(batch)
         self.loss_fn.end_batch()            # host side: the periodic target sync
-        return StepResult.of(metrics)
+        return self.counted(StepResult.of(metrics))
+
+    def counted(self, result: StepResult) -> StepResult:
+        """The host's part of the metric sums for an update that ran (update() summed its
+        metrics on the device)."""
+        if not result.stopped:
+            self.metric_sums.counted()
+        return result
 
     def step_once(self, batch: dict[str, torch.Tensor]) -> dict:
         """One update, replayed from the captured graph where there is one."""
@@ -166,6 +179,7 @@ class Learner:
             return metrics                  # several learners: the group stopped, nothing applied
         self.scheduler.step(applied)
         metrics.update(lr=self.scheduler.lr.detach().clone(), skipped=(~applied).float())
+        self.metric_sums.accumulate(metrics)
         return metrics
 
     def reused_steps(self, batch: dict[str, torch.Tensor]) -> tuple[dict, torch.Tensor]:

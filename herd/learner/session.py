@@ -19,7 +19,6 @@ from herd.files import write_json
 from herd.learner.distributed import GroupSync, Tally
 from herd.learner.learner import LEARNER_METRICS, Learner
 from herd.learner.saver import BackgroundSaver, host_snapshot, write_checkpoint
-from herd.learner.step_metrics import MetricSums
 from herd.monitor.metrics import EPISODE_COLUMNS, RunMetrics
 from herd.monitor.progress import ProgressLine, format_score
 from herd.monitor.stats import EpisodeStats
@@ -106,8 +105,9 @@ class TrainingSession:
         self.recent_lag: list[float] = []       # each batch's mean policy lag (updates), this interval
         self.recent_lag_max = float("nan")      # the oldest rollout's lag this interval
         self.lag_sum, self.lag_batches, self.lag_max = 0.0, 0, float("nan")    # over the session
-        # The updates' metrics, summed on the device and read once per log interval.
-        self.metric_sums = MetricSums((*options.metric_names, *LEARNER_METRICS), options.device)
+        # The updates' metrics, summed on the device by the update itself and read once per
+        # log interval.
+        self.metric_sums = learner.metric_sums
         self.last_metrics: dict[str, float] = {}    # the last interval's means
         self.trained = False        # the first update of this session is logged: warm-up is over
         # The run's processes by role (learner, actor-<i>, inference), kept by the backend
@@ -199,7 +199,6 @@ class TrainingSession:
                 # Handed over as a tensor: a replay in device memory takes it there, a host
                 # replay (or the replay server) reads it back (herd/replay/prioritized.py).
                 self.batches.update(mixed.keys, result.priorities.detach())
-            self.metric_sums.add(result.metrics)
             # A skipped update (non-finite loss, gradient or weights) changed nothing; they
             # are counted on the device, and the run of them read from an asynchronous copy.
             if self.metric_sums.latest_skip_run() >= self.options.max_bad_updates:

@@ -13,8 +13,11 @@ from torch import Tensor
 class MetricSums:
     """Sums of a fixed set of 0-dim metrics over the updates of one interval.
 
-    add(metrics) costs two small kernels (a stack and an add) and no host read; read()
-    makes the interval's one host read and starts the next interval."""
+    accumulate(metrics) is device work only (a stack and a few in-place adds, no host
+    read), so the learner runs it inside its update and a CUDA graph of the update
+    captures it (herd/learner/learner.py); counted() is the host's part after each update
+    (the update count, the skip run's mirror). add() does both, for an update made
+    elsewhere. read() makes the interval's one host read and starts the next interval."""
 
     def __init__(self, names: tuple[str, ...], device: torch.device):
         self.names = tuple(names)
@@ -34,17 +37,28 @@ class MetricSums:
         self.last_run = 0
 
     def add(self, metrics: dict[str, Tensor]) -> None:
+        """Both parts, for an update whose sums were not accumulated inside it."""
+        self.accumulate(metrics)
+        self.counted()
+
+    def accumulate(self, metrics: dict[str, Tensor]) -> None:
+        """Adds one update's metrics (each named one, and "skipped") to the sums: device
+        ops on the sums in place, the same kernels every update, so they can be captured."""
         with torch.no_grad():       # one stack, one conversion: a few ops whatever the number of metrics
             values = torch.stack([metrics[name] for name in self.names]).to(torch.float64)   # [M]
-        # A skipped update's non-finite loss is not averaged in (its update changed nothing);
-        # the skip itself is counted below.
-        finite = torch.isfinite(values)
-        self.sums += torch.where(finite, values, 0.0)
-        self.counts += finite
-        skipped = metrics["skipped"].detach().to(torch.float64)
-        self.skipped += skipped
-        self.skip_run.mul_(skipped).add_(skipped)           # +1 on a skip, back to 0 on an update
-        torch.maximum(self.longest_skip_run, self.skip_run, out=self.longest_skip_run)
+            # A skipped update's non-finite loss is not averaged in (its update changed
+            # nothing); the skip itself is counted below.
+            finite = torch.isfinite(values)
+            self.sums += torch.where(finite, values, 0.0)
+            self.counts += finite
+            skipped = metrics["skipped"].detach().to(torch.float64)
+            self.skipped += skipped
+            self.skip_run.mul_(skipped).add_(skipped)           # +1 on a skip, back to 0 on an update
+            torch.maximum(self.longest_skip_run, self.skip_run, out=self.longest_skip_run)
+
+    def counted(self) -> None:
+        """The host's part of one update, after it was accumulated: the update count (known
+        without a read) and the asynchronous mirror of the skip run."""
         self.updates += 1
         if self.mirrored is None or self.mirrored.query():
             self.skip_run_mirror.copy_(self.skip_run, non_blocking=True)

@@ -21,6 +21,7 @@ NETWORKS = {  # name -> (observation shape, dtype, build_model keywords)
     "mlp": ((6,), "float32", {"hidden_sizes": (16,), "feature_size": 8, "use_feature_layer": True}),
     "nature_cnn": ((4, 84, 84), "uint8", {"feature_size": None}),
 }
+LOSS_NAMES = ("loss", "pg_loss", "value_loss", "entropy", "mean_rho")     # summed by the update, in its graph
 
 
 def make(network: str, capture: bool, loss_fn=None) -> Learner:
@@ -29,7 +30,8 @@ def make(network: str, capture: bool, loss_fn=None) -> Learner:
     model = build_model(network=network, obs_shape=obs, obs_dtype=dtype, num_actions=A, **kwargs).cuda()
     opt = build_optimizer("rmsprop", model.parameters(), 1e-3, 0.01)
     return Learner(model, opt, build_scheduler(opt, 1e-3, 1e-5, 100),
-                   loss_fn or functools.partial(impala_loss, weights=ImpalaLossWeights()), 40.0, capture=capture)
+                   loss_fn or functools.partial(impala_loss, weights=ImpalaLossWeights()), 40.0, capture=capture,
+                   metric_names=LOSS_NAMES)
 
 
 def cuda_batch(network: str, seed: int, nan_reward: bool = False) -> dict:
@@ -48,6 +50,11 @@ def test_captured_updates_give_the_eager_weights(network):
     assert eager.graph is None
     for (name, want), got in zip(eager.model.state_dict().items(), captured.model.state_dict().values()):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=f"{name} differs after replays")
+    # The metric sums are part of the graph: every replay added its update's metrics.
+    assert captured.metric_sums.updates == eager.metric_sums.updates == CAPTURE_WARMUP + 8
+    (want, _, _), (got, _, _) = eager.metric_sums.read(), captured.metric_sums.read()
+    for name in (*LOSS_NAMES, "grad_norm", "lr"):
+        assert got[name] == pytest.approx(want[name], rel=1e-3, abs=1e-6), name
 
 
 def test_a_captured_update_skips_a_poisoned_batch_on_the_device():
@@ -57,8 +64,10 @@ def test_a_captured_update_skips_a_poisoned_batch_on_the_device():
     assert learner.graph is not None
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
     steps_before = learner.scheduler.last_epoch
+    learner.metric_sums.read()
     metrics = learner.step(cuda_batch("mlp", 99, nan_reward=True)).metrics
     assert float(metrics["skipped"]) == 1.0
+    assert learner.metric_sums.read()[1] == 1           # the skip counted inside the graph
     assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
     assert learner.scheduler.last_epoch == steps_before
     # ... and the next clean batch trains again, through the same graph.

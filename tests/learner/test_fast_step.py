@@ -30,8 +30,8 @@ from op_counts import count  # noqa: E402
 from reference_step import ReferenceLearner, reference_impala_loss, reference_optimizer, reference_scheduler  # noqa: E402
 
 T, A, OBS = 6, 4, (5,)
-NAMES = ("loss", "pg_loss", "value_loss", "entropy", "policy_cloning_loss", "value_cloning_loss",
-         "kl_mask_fraction", "mean_rho", "grad_norm", "lr")
+LOSS_NAMES = ("loss", "pg_loss", "value_loss", "entropy", "policy_cloning_loss", "value_cloning_loss",
+              "kl_mask_fraction", "mean_rho")
 
 
 def batches(n: int, B: int = 4, replayed: int = 0, seed: int = 0) -> list[dict]:
@@ -56,7 +56,8 @@ def model(seed: int = 0):
 def fast(weights: ImpalaLossWeights, optimizer: str = "rmsprop", lr: float = 3e-3, lr_end: float = 1e-4) -> Learner:
     m = model()
     opt = build_optimizer(optimizer, m.parameters(), lr, 0.01)
-    return Learner(m, opt, build_scheduler(opt, lr, lr_end, 40), functools.partial(impala_loss, weights=weights), 1.0)
+    return Learner(m, opt, build_scheduler(opt, lr, lr_end, 40), functools.partial(impala_loss, weights=weights), 1.0,
+                   metric_names=LOSS_NAMES)
 
 
 def reference(weights: ImpalaLossWeights, optimizer: str = "rmsprop", lr: float = 3e-3,
@@ -71,13 +72,12 @@ def host_reads(fn) -> int:
     return count(fn).host_reads
 
 
-def train(learner, data, sums: MetricSums | None = None, read_every: int = 0) -> None:
+def train(learner, data, read_every: int = 0) -> None:
+    """Updates on each batch; the learner sums their metrics, read every read_every updates."""
     for i, batch in enumerate(data, 1):
-        result = learner.step(batch)
-        if sums is not None:
-            sums.add(result.metrics)
-            if read_every and i % read_every == 0:
-                sums.read()
+        learner.step(batch)
+        if read_every and i % read_every == 0:
+            learner.metric_sums.read()
 
 
 WITH_REPLAY = ImpalaLossWeights(use_policy_cloning=True, use_value_cloning=True, use_kl_mask=True,
@@ -92,19 +92,17 @@ def test_steady_state_updates_make_no_host_read(weights, replayed):
     creeps back into the loss, the clipping, the skip decision or the optimizer."""
     learner = fast(weights)
     data = batches(22, replayed=replayed)
-    sums = MetricSums(NAMES, torch.device("cpu"))
-    train(learner, data[:2], sums)                      # the optimizer's state is created here
-    assert host_reads(lambda: train(learner, data[2:], sums)) == 0
+    train(learner, data[:2])                            # the optimizer's state is created here
+    assert host_reads(lambda: train(learner, data[2:])) == 0
 
 
 def test_metrics_are_read_once_per_logging_interval():
     """Over 20 updates with a log interval of 10: exactly 2 host reads, the intervals'."""
     learner = fast(WITH_REPLAY)
     data = batches(22, replayed=2)
-    sums = MetricSums(NAMES, torch.device("cpu"))
-    train(learner, data[:2], sums)
-    sums.read()
-    assert host_reads(lambda: train(learner, data[2:], sums, read_every=10)) == 2
+    train(learner, data[:2])
+    learner.metric_sums.read()
+    assert host_reads(lambda: train(learner, data[2:], read_every=10)) == 2
 
 
 def test_the_host_read_count_sees_a_single_item():
@@ -126,6 +124,22 @@ def test_the_host_read_count_sees_a_single_item():
     assert host_reads(lambda: train(learner, data[2:])) == 20
     replayed = data[0]["replayed"]
     assert host_reads(lambda: data[0]["reward"][:, replayed]) == 1
+
+
+def test_the_update_sums_its_own_metrics():
+    """Each update adds its metrics to the learner's sums inside the update (so a CUDA
+    graph of the update captures the sums too): the interval's means are the means of the
+    metrics the updates returned, one count per update."""
+    learner = fast(WITH_REPLAY)
+    returned = []
+    for batch in batches(6, replayed=2):
+        metrics = learner.step(batch).metrics
+        returned.append({name: float(metrics[name]) for name in (*LOSS_NAMES, "grad_norm", "lr")})
+    assert learner.metric_sums.updates == 6
+    means, skipped, _ = learner.metric_sums.read()
+    assert skipped == 0
+    for name in (*LOSS_NAMES, "grad_norm", "lr"):
+        assert means[name] == pytest.approx(sum(r[name] for r in returned) / 6, rel=1e-6), name
 
 
 def test_the_interval_means_are_the_means_of_the_updates():
