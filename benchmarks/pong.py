@@ -14,8 +14,8 @@ run does up to that point; the frames-to-20 record (docs/benchmarks.md):
 `--keep DIR` keeps the run folder there (its episodes.csv grows while the run goes on).
 Writes benchmarks/results/pong_<device><tag>.json with the whole curve (every game), the
 frames and seconds at which the 100-game average first reaches each of THRESHOLDS, the
-average at every 5 minutes, the policy lag (mean and max), the run's resolved config and
-its log tail.
+average at every 5 minutes, the policy lag (mean and max), how many of the last 100 games
+were won 21-0, the run's resolved config and its log tail.
 """
 from __future__ import annotations
 
@@ -56,6 +56,12 @@ def lag_of(train_rows: list[dict]) -> dict:
     means = [r["policy_lag"] for r in train_rows if r.get("policy_lag") == r.get("policy_lag")]
     maxes = [r["policy_lag_max"] for r in train_rows if r.get("policy_lag_max") == r.get("policy_lag_max")]
     return {"mean": round(sum(means) / len(means), 2) if means else None, "max": max(maxes) if maxes else None}
+
+
+def shutouts(episodes: list[dict], window: int = 100) -> int:
+    """Games won 21-0 among the last `window`: a game that scores 21 won every rally,
+    the opening one too (docs/benchmarks.md, "What the runs that stop at 19-19.6 lose")."""
+    return sum(1 for row in episodes[-window:] if float(row["score"]) >= 21)
 
 
 def minute_marks(full: list[dict], minutes: float, every: int = 5) -> dict[int, float | None]:
@@ -99,7 +105,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir, launch, code = run_herd(herd_args, Path(args.keep or tmp), stop_after=args.minutes * 60,
                                          timeout=args.minutes * 60 + 300)
-        points = curve(read_csv(run_dir / "episodes.csv"), launch)
+        episodes = read_csv(run_dir / "episodes.csv")
+        points = curve(episodes, launch)
         lag = lag_of(read_csv(run_dir / "train.csv"))
         log_tail = (run_dir / "log.txt").read_text().splitlines()[-20:]
         config = (run_dir / "config.json").read_text()
@@ -116,6 +123,8 @@ def main() -> None:
     print_table(["100-game average", "first at frames", "seconds from launch"],
                 [[t, f"{r['frames']:,}" if r else "-", r["seconds"] if r else "-"] for t, r in reached_at.items()])
     print(f"policy lag (updates): mean {lag['mean']}, max {lag['max']}")
+    won_all = shutouts(episodes)
+    print(f"games won 21-0 (the opening rally won too) among the last 100: {won_all}")
     device = "cuda" if '"device": "cuda"' in config else "cpu"
     minutes = minute_marks(full, args.minutes)
     print_table(["minutes from launch", *map(str, minutes)], [["avg of last 100 games", *minutes.values()]])
@@ -123,6 +132,7 @@ def main() -> None:
                               "herd_args": herd_args, "exit_code": code, "target": args.target,
                               "reached": reached, "first_reaching": reached_at, "policy_lag": lag,
                               "best_average": best, "average_at_minute": minutes,
+                              "won_21_0_of_last_100": won_all,
                               "config": json.loads(config), "log_tail": log_tail,
                               "curve": points})                       # every game: the whole curve
 
