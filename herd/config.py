@@ -81,7 +81,7 @@ class TrainingConfig:
     lr_scheduler_steps: Optional[int] = opt(None, "polynomial (linear) LR decay horizon in learner updates (unset: the whole run)")
     lr_end_value: float = opt(0.00001, "learning rate at the end of the decay")
     environment_max_steps: Optional[int] = opt(None, "stop after this many environment (agent) steps in total")
-    learner_thread_count: Optional[int] = opt(None, "torch threads of the learner (unset on Atari: one per CPU core in fp32, one per two cores in bf16)")
+    learner_thread_count: Optional[int] = opt(None, "torch threads of the learner (unset on Atari: one per CPU core in fp32 or with synchronous sampling, one per two cores in bf16; one on a GPU)")
     max_bad_updates: int = opt(10, "non-finite losses in a row after which the run stops (each one skips its update)")
     max_policy_lag: Optional[int] = opt(None, "drop fresh rollouts made by a policy more than N updates older than the learner's (default: no bound; train.csv logs the lag)")
     learner_compile: Optional[bool] = opt(None, "compile the learner's forward and backward with torch.compile (the first update then takes 20-40 s longer; unset: tried for Atari IMPALA, IMPACT and APPO runs of 1M steps or more, where a CPU learner keeps it only if its start-up timing finds it faster, and off otherwise)")
@@ -416,11 +416,13 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     if cfg.train.learner_thread_count is None:
         # Measured on 2 cores (benchmarks/throughput.py): a bf16 learner is fast enough that
         # a second thread gains less than it takes from the actors; an fp32 one needs them all.
+        # With synchronous sampling the actors wait while the learner trains, so it takes
+        # every core (docs/appo.md, "The policy lag").
         # A GPU learner's host work is launching kernels: on an H100 with 16 cores, 8
         # threads took 4 cores for the throughput of 1 (shared/gpu/README.md).
         cores = max(1, os.cpu_count() or 1)
-        cfg.train.learner_thread_count = (1 if on_gpu else max(1, cores // 2) if cfg.train.learner_precision == "bf16"
-                                          else cores)
+        shares_cores = cfg.train.learner_precision == "bf16" and not cfg.parallel.synchronous_sampling
+        cfg.train.learner_thread_count = 1 if on_gpu else max(1, cores // 2) if shares_cores else cores
     if cfg.train.learner_compile is None:
         # On a CPU compiling measured 1.0-1.1x faster for long Atari runs; on an H100 it was
         # slower than eager (13.2 against 9.4 ms at batch 32), where the captured graph wins.
