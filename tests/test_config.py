@@ -1,5 +1,6 @@
 """Config parsing, precedence, profiles and validation (no processes started)."""
 import json
+import os
 
 import pytest
 
@@ -78,7 +79,6 @@ def test_a_synchronous_learner_takes_every_core_and_an_asynchronous_bf16_one_hal
     """With synchronous sampling the actors wait while the learner trains, so a CPU learner
     takes a thread per core (APPO on Atari: 1.35x faster stored batches on 2 cores,
     docs/appo.md); asynchronous, a bf16 learner leaves half the cores to the actors."""
-    import os
     cores = os.cpu_count() or 1
     appo = resolve({"env": "PongNoFrameskip-v4", "algorithm": "appo", "device": "cpu"}, env_kind=kind_of)
     assert appo.parallel.synchronous_sampling and appo.train.learner_thread_count == cores
