@@ -190,13 +190,16 @@ class CallRecorder(TorchFunctionMode):
 
 def test_the_optimizers_run_foreach_kernels():
     """The optimizers' arithmetic is called as foreach ops (one kernel for all parameters
-    on a GPU), not as a Python loop of per-parameter addcdiv/addcmul/lerp as torch's
+    on a GPU), or for Adam on a CPU as aten's fused kernel, not as a Python loop of per-parameter addcdiv/addcmul/lerp as torch's
     single-tensor path runs. (Recorded at the Python level: on a CPU, aten itself runs a
     foreach op tensor by tensor, and the square roots are taken tensor by tensor into
     their buffers, herd/learner/optim.py _square_roots.)"""
     for name, foreach in (("rmsprop", {"_foreach_addcmul_", "_foreach_addcdiv_", "_foreach_div_"}),
-                          ("adam", {"_foreach_lerp_", "_foreach_addcmul_", "_foreach_addcdiv_"})):
-        learner = fast(ImpalaLossWeights(), name)
+                          ("adam", {"_foreach_lerp_", "_foreach_addcmul_", "_foreach_addcdiv_"}),
+                          ("adam-fused", {"_fused_adam_"})):
+        learner = fast(ImpalaLossWeights(), name.removesuffix("-fused"))
+        if name.startswith("adam"):
+            learner.optimizer.fused_on_cpu = name.endswith("-fused")   # else the foreach path, a GPU's
         data = batches(2)
         learner.step(data[0])
         with CallRecorder() as calls:

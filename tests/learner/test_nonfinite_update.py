@@ -3,6 +3,7 @@ huge but finite --lr): the learner must keep the previous weights, never publish
 non-finite ones, and count the update as skipped."""
 import functools
 
+import pytest
 import torch
 
 from impala_testing import impala_batch
@@ -22,9 +23,15 @@ def make_learner(lr: float, optimizer: str = "adam") -> Learner:
                    functools.partial(impala_loss, weights=ImpalaLossWeights()), 40.0)
 
 
-def test_an_update_that_overflows_the_weights_is_undone():
-    # RMSprop's first step is lr * g / (0.1 |g|): 1e39, beyond float32, from a finite lr.
-    learner = make_learner(lr=1e38, optimizer="rmsprop")
+@pytest.mark.parametrize("optimizer,fused", [("rmsprop", False), ("adam", True), ("adam", False)],
+                         ids=["rmsprop", "adam-fused", "adam-foreach"])
+def test_an_update_that_overflows_the_weights_is_undone(optimizer, fused):
+    # RMSprop's first step is lr * g / (0.1 |g|): 1e39, beyond float32, from a finite lr;
+    # Adam's bound (about 320 lr) is beyond it too. Adam on a CPU runs aten's fused kernel
+    # unless told otherwise (herd/learner/optim.py): both paths are checked.
+    learner = make_learner(lr=1e38, optimizer=optimizer)
+    if optimizer == "adam":
+        learner.optimizer.fused_on_cpu = fused
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
     metrics = learner.step(impala_batch(T, B, A, OBS, seed=1)).metrics
     assert metrics["skipped"] == 1.0 and torch.isfinite(torch.tensor(metrics["grad_norm"]))
