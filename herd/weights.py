@@ -12,13 +12,18 @@ x86-64 guarantees. On a weakly ordered CPU a pull could, rarely, mix two consecu
 versions: harmless to the learning maths, because every trajectory records the behaviour
 policy's own outputs (logits, Q values) and the losses correct against those.
 
+A CPU learner's own parameters can live in the shared vector (`adopt`): the optimizer then
+writes the weights where the actors read them, inside `writing()` (the sequence odd while
+it writes), and a publish only moves the version: no copy per update.
+
 The one writer can die too (kill -9 inside its few-millisecond copy), leaving the sequence
 odd for good: a reader that sees the same odd sequence for PUBLISH_DEADLINE_S gives up with
 an error instead of spinning on as an orphan."""
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -53,6 +58,46 @@ class SharedWeights:
         self._sequence = context.Value("q", 0, lock=False)   # odd while a publish is copying in
         self.views: tuple[tuple, list[torch.Tensor]] = ((), [])  # (the parts' shapes, flat's views for them)
         self.host_views: tuple[tuple, list[np.ndarray]] = ((), [])   # the same as numpy arrays
+        self.adopted = False        # the learner's parameters are views of flat (adopt)
+
+    def adopt(self, model: torch.nn.Module) -> bool:
+        """Makes the model's parameters views of the shared vector, in the order and shapes
+        readers load (their values kept), where every parameter is a float32 tensor
+        contiguous in host memory (a CPU learner's): its optimizer then updates the weights
+        in place, inside writing(), and publish_adopted() only moves the version. False,
+        with the model unchanged, for any other model (a GPU learner's weights are copied
+        off the device)."""
+        params = list(model.parameters())
+        if not all(p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous() for p in params):
+            return False
+        if sum(p.numel() for p in params) != self.flat.numel():
+            raise ValueError(f"the model has {sum(p.numel() for p in params)} weights; this store holds "
+                             f"{self.flat.numel()}")
+        with torch.no_grad():
+            for param, view in zip(params, flat_views(self.flat, params)):
+                view.copy_(param)
+                param.data = view
+        self.adopted = True
+        return True
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Around every in-place write of adopted parameters (the learner's optimizer step):
+        a reader whose copy overlaps it copies again."""
+        self._sequence.value += 1
+        try:
+            yield
+        finally:
+            self._sequence.value += 1
+
+    def publish_adopted(self, parts, version: int) -> int:
+        """publish_vector() for adopted parameters: they are already here, written under
+        writing(); only the version moves. `parts` (the publisher's view of them) is not
+        read."""
+        if not self.adopted:
+            raise RuntimeError("publish_adopted: no parameters were adopted; publish_vector copies them in")
+        self._version.value = version
+        return version
 
     @property
     def version(self) -> int:
@@ -60,7 +105,10 @@ class SharedWeights:
 
     def publish(self, model: torch.nn.Module, version: int | None = None) -> int:
         """Copies the model's parameters in and bumps (or sets) the version. One process
-        publishes into a given SharedWeights (the learner, or the primary of several)."""
+        publishes into a given SharedWeights (the learner, or the primary of several).
+        Adopted parameters are not copied onto themselves: the version moves."""
+        if self.adopted:
+            return self.publish_adopted(None, self.version + 1 if version is None else version)
         with torch.no_grad():
             vector = parameters_to_vector(model.parameters()).detach().cpu()  # off the GPU first
         return self.publish_vector(vector, version)

@@ -181,3 +181,98 @@ def test_a_cpu_learner_publishes_its_parameters_straight_into_shared_memory(monk
     assert copied == [p.numel() for p in model.parameters()]         # each weight once, whole
     assert torch.equal(store.flat, torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
     publish.close()
+
+
+def write_in_halves(params: list[torch.Tensor], value: float, guard) -> None:
+    """An in-place write of every weight in two halves with a pause between (as an
+    optimizer step that a reader's copy overlaps), inside guard()."""
+    flat = params[0]
+    half = flat.shape[0] // 2
+    with guard(), torch.no_grad():
+        flat[:half].fill_(value)
+        threading.Event().wait(0.005)
+        flat[half:].fill_(value)
+
+
+def read_until(weights: SharedWeights, stop, torn, reads) -> None:
+    """Snapshots until stop is set; counts those that are not one write's constant."""
+    while not stop.is_set():
+        vector, _ = weights.snapshot()
+        reads.value += 1
+        if not bool((vector == vector[0]).all()):
+            torn.value += 1
+
+
+def torn_reads_of_adopted_writes(guarded: bool) -> tuple[int, int]:
+    import contextlib
+    context = multiprocessing.get_context("spawn")
+    model = uniform_model(0.0)
+    weights = SharedWeights(model, context)
+    assert weights.adopt(model)
+    stop, torn, reads = context.Event(), context.Value("i", 0), context.Value("i", 0)
+    reader = context.Process(target=read_until, args=(weights, stop, torn, reads))
+    reader.start()
+    assert wait_for(lambda: reads.value >= 5, 60), "the reader never started"
+    params = [p.view(-1) for p in model.parameters()]
+    for step in range(1, 80):
+        write_in_halves(params, float(step), weights.writing if guarded else contextlib.nullcontext)
+    stop.set()
+    reader.join(60)
+    assert reader.exitcode == 0
+    return torn.value, reads.value
+
+
+def test_adopted_parameters_written_in_place_are_never_read_torn():
+    """A CPU learner's optimizer writes its weights where the actors read them (adopted):
+    inside writing() no reader keeps a copy that mixes two steps; without it (the negative
+    control) readers do see half-written weights."""
+    torn, reads = torn_reads_of_adopted_writes(guarded=True)
+    assert torn == 0 and reads > 5
+    torn, reads = torn_reads_of_adopted_writes(guarded=False)
+    assert torn > 0, reads
+
+
+def test_an_adopted_model_is_published_without_a_copy(monkeypatch):
+    """adopt() makes the parameters views of the shared vector with their values kept; a
+    publish then copies nothing (neither numpy nor torch) and only moves the version, and a
+    reader pulls the weights as the learner last wrote them. A model of another kind
+    (float64 parameters) is not adopted and keeps its own memory."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from herd.learner.publisher import WeightPublisher
+    from herd.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("mlp", (4,), "float32", 2, 8, hidden_sizes=(16,))
+    before = [p.detach().clone() for p in model.parameters()]
+    store = SharedWeights(model)
+    assert store.adopt(model)
+    start, end = store.flat.data_ptr(), store.flat.data_ptr() + store.flat.numel() * 4
+    assert all(start <= p.data_ptr() < end for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    publish = WeightPublisher(model, store.publish_adopted)
+    with store.writing(), torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.0).add_(1.0)
+    copied = []
+    monkeypatch.setattr(np, "copyto", lambda *args, **kw: copied.append(1))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        publish(7)
+    ops = {event.key for event in prof.key_averages()}
+    assert not copied and not {"aten::cat", "aten::copy_", "aten::_foreach_copy_"} & ops, sorted(ops)
+    twin = build_model("mlp", (4,), "float32", 2, 8, hidden_sizes=(16,))
+    assert store.pull(twin, have_version=0) == 7
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
+    publish.close()
+
+    other = torch.nn.Linear(3, 2).double()
+    other_store = SharedWeights(other)
+    own = other.weight.data_ptr()
+    assert not other_store.adopt(other) and not other_store.adopted
+    assert other.weight.data_ptr() == own
+    try:
+        other_store.publish_adopted(None, 1)
+    except RuntimeError as err:
+        assert "no parameters were adopted" in str(err)
+    else:
+        raise AssertionError("publish_adopted without adopted parameters must refuse")

@@ -274,10 +274,13 @@ def start_inference_servers(spec: ActorSpec, worker_count: int, weights: SharedW
 
 def host_weight_store(weights: SharedWeights, servers, board: DeviceWeightBoard | None):
     """Where each update's weights go in host memory: `weights`, which actors running
-    their own model and servers away from the learner's device read; None when inference
+    their own model and servers away from the learner's device read (where it holds the
+    learner's own parameters, adopted, a publish is only the version); None when inference
     servers act for every actor and read the learner's device board (a copy off the GPU
     per update that nothing would read)."""
-    return None if servers is not None and board is not None else weights.publish_vector
+    if servers is not None and board is not None:
+        return None
+    return weights.publish_adopted if weights.adopted else weights.publish_vector
 
 
 def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, slots_per_actor: int,
@@ -292,6 +295,10 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     context = actor_context()          # forked from a server that imported torch already (backends/start.py)
     slots = TrajectorySlots(session.layout, worker_count * slots_per_actor, spec.envs_per_worker)
     weights = SharedWeights(session.learner.model, context)
+    # A CPU learner's parameters live in the shared vector: its optimizer writes the
+    # weights where the actors read them (under the store's sequence lock), no copy per update.
+    if weights.adopt(session.learner.model):
+        session.learner.write_weights_within(weights.writing)
     weights.publish(session.learner.model, version=session.counters.updates)
     servers = board = None
     stop_actors = context.Event()

@@ -10,8 +10,9 @@ tensor. So on a GPU the whole update can be captured once as a CUDA graph and re
 (`capture`), one launch instead of hundreds; on a CPU the same code runs eagerly."""
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import NamedTuple
+from typing import Callable, ContextManager, NamedTuple
 
 import numpy as np
 import torch
@@ -114,6 +115,15 @@ class Learner:
         self.eager_updates = 0
         self.reuse = reuse
         self.metric_sums = MetricSums((*metric_names, *LEARNER_METRICS), self.device)
+        # What every in-place write of the parameters runs inside: nothing, unless readers
+        # in other processes share them (write_weights_within).
+        self.weight_writes: Callable[[], ContextManager] = contextlib.nullcontext
+
+    def write_weights_within(self, writing: Callable[[], ContextManager]) -> None:
+        """The parameters are shared with readers in other processes (a CPU learner's, in
+        herd/weights.py SharedWeights, adopted): every optimizer step runs inside
+        writing(), so that a reader copies again when a step overlapped its copy."""
+        self.weight_writes = writing
 
     def run_model(self, obs: torch.Tensor, core=None):
         """The training forward pass; a torch.compile that fails (no C compiler, an
@@ -229,7 +239,8 @@ class Learner:
         max_norm = self.grad_clip_norm if self.grad_clip_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, max_norm, foreach=True)
         ok = loss_finite & torch.isfinite(grad_norm)
-        applied = self.optimizer.step(ok, self.scheduler.lr)      # also False if a weight would overflow
+        with self.weight_writes():
+            applied = self.optimizer.step(ok, self.scheduler.lr)  # also False if a weight would overflow
         metrics["grad_norm"] = grad_norm.detach()
         return metrics, applied
 

@@ -6,8 +6,10 @@ Here the copy is queued on a side stream into a pinned host buffer, behind the
 update that made the weights, and a publisher thread waits for the copy's event and
 writes the versioned weights the actors pull. One copy is in flight at a time; a publish
 asked for while one is still on its way is skipped, and the next one carries newer
-weights (actors only ever want the newest). On a CPU learner the copy is a memcpy and
-is done in place.
+weights (actors only ever want the newest). On a CPU learner there is no copy where its
+parameters live in the host store itself (herd/weights.py SharedWeights.adopt: the
+optimizer writes them there, and the publish moves the version); else one memcpy in
+place.
 
 Given a board (herd/device_weights.py: an inference server on the learner's own GPU), the
 same side stream also copies the weights into the board's free slot, device to device, and

@@ -72,6 +72,33 @@ def test_every_stored_batch_is_trained_in_passes_times_minibatches_steps_over_pe
     assert fast.scheduler.last_epoch == 5                                   # the schedule: once per stored batch
 
 
+def test_every_minibatch_step_writes_the_weights_inside_the_writing_guard():
+    """A CPU learner's parameters shared with the actors (herd/weights.py adopt): each of the
+    K x M optimizer steps of a stored batch runs inside weight_writes, so that a reader
+    whose copy overlaps one copies again."""
+    import contextlib
+
+    fast, _ = learner()
+    inside, entered, steps_inside = [], [], []
+
+    @contextlib.contextmanager
+    def writing():
+        entered.append(1)
+        inside.append(True)
+        try:
+            yield
+        finally:
+            inside.pop()
+
+    fast.write_weights_within(writing)
+    step = fast.optimizer.step
+    fast.optimizer.step = lambda ok, lr: (steps_inside.append(bool(inside)), step(ok, lr))[1]
+    for batch in batches(3):
+        fast.step(batch)
+    assert len(entered) == 3 * 3 * 4
+    assert steps_inside == [True] * (3 * 3 * 4)
+
+
 def test_twenty_multi_pass_updates_make_no_host_read_and_sync_the_target_every_period():
     fast, loss = learner(reuse=Reuse(2, 2), period=3)
     data = batches(22)
