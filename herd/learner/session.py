@@ -143,7 +143,11 @@ class TrainingSession:
         that its batch source forwards there: this process never reads it (validate()
         refuses the options whose rollout hooks would)."""
         if self.observation_stats is not None:
-            self.observation_stats.update_from_rollout(views["obs"])     # obs [T+1, E, ...]
+            # The statistics are frozen parameters of the learner's model: where readers in
+            # other processes share them (a CPU learner's, herd/weights.py adopt), written
+            # under the same guard as the optimizer's steps.
+            with self.learner.weight_writes():
+                self.observation_stats.update_from_rollout(views["obs"])     # obs [T+1, E, ...]
         lag = self.counters.updates - version
         # Too far off-policy to train on; its steps and games still count.
         stale = self.options.max_policy_lag is not None and lag > self.options.max_policy_lag

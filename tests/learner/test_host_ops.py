@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -82,3 +81,36 @@ def test_one_update_costs_the_host_a_bounded_number_of_torch_ops(pong_plan, tmp_
 def test_the_bound_sees_metrics_summed_outside_the_update(pong_plan, tmp_path):
     total, ops = ops_of_one_update(pong_plan, tmp_path, sums_outside=True)
     assert total > HOST_OPS_PER_UPDATE, sorted(ops.items())
+
+
+def test_the_frame_statistics_are_written_inside_the_weight_guard(pong_plan, tmp_path):
+    """Pong's per-pixel statistics are frozen parameters of the learner's model, which a
+    CPU run shares with its actors (herd/weights.py adopt): each rollout's update of them
+    runs inside the learner's weight_writes, as the optimizer's steps do (else a reader
+    could copy a mean of one rollout beside a variance of the one before)."""
+    import contextlib
+
+    session = build_session(pong_plan, tmp_path)
+    stats = session.observation_stats
+    assert stats is not None and any(p is stats.mean for p in session.learner.model.parameters())
+    inside, merged_inside = [], []
+
+    @contextlib.contextmanager
+    def writing():
+        inside.append(True)
+        try:
+            yield
+        finally:
+            inside.pop()
+
+    session.learner.write_weights_within(writing)
+    merge = stats.merge
+    stats.merge = lambda *args: (merged_inside.append(bool(inside)), merge(*args))[1]
+    slots = TrajectorySlots(pong_plan.layout, 1, 8)
+    try:
+        session.ingest(slots.views(0), version=0, steps=160, episodes=[])
+    finally:
+        session.batches.close()
+        if session.metrics is not None:
+            session.metrics.close()
+    assert merged_inside == [True]
