@@ -306,7 +306,9 @@ class TrainingSession:
         if not self.options.primary:
             return None
         self.saver.wait()
-        return write_checkpoint(self.state_dict(), self.run_dir, self.counters.updates)
+        # Copied as the periodic checkpoints are: each tensor in a storage of its own (a CPU
+        # learner's parameters are views of the actors' shared vector, herd/weights.py adopt).
+        return write_checkpoint(host_snapshot(self.state_dict()), self.run_dir, self.counters.updates)
 
     def checkpoint_due(self) -> bool:
         """Every save_model_period updates, and (--save_model_seconds) once that long has
