@@ -2,7 +2,7 @@
 
 Plays PongNoFrameskip-v4 with herd's preprocessing (4 stacked 84x84 grayscale frames)
 and random actions, writes the trajectories (T = r_f_steps, Ape-X's layout) into the
-replay's TrajectoryStorage with and without LZ4, and divides the bytes it holds (plus the
+replay's TrajectoryStore with and without LZ4, and divides the bytes it holds (plus the
 sampler's priorities) by the transitions stored. A transition's frames are not copied:
 each trajectory keeps its T+1 observations once, per-step LZ4 frames (so a stacked
 observation still repeats 3 of its 4 frames from the previous step; LZ4 sees each step
@@ -20,7 +20,7 @@ from common import print_table, record
 
 from herd.algos import APEX, trajectory_layout
 from herd.envs import make_env
-from herd.replay.storage import TrajectoryStorage
+from herd.store import TrajectoryStore
 
 
 def pong_trajectories(steps: int, unroll: int, seed: int = 0) -> list[dict]:
@@ -53,7 +53,7 @@ def main() -> None:
     transitions = len(trajectories) * args.unroll
     rows, results = [], {}
     for compress in (False, True):
-        storage = TrajectoryStorage(layout, len(trajectories), compress_obs=compress)
+        storage = TrajectoryStore(layout, len(trajectories), compress_obs=compress)
         for position, data in enumerate(trajectories):
             storage.write(position, data, 0)
         tree_bytes = 8 * transitions               # the sampler's float64 priority per leaf

@@ -36,7 +36,7 @@ from common import print_table, record
 from herd.actors.actor import Rollout
 from herd.algos import get_algorithm
 from herd.algos.base import trajectory_layout
-from herd.trajectory import TrajectorySlots
+from herd.store import TrajectorySlots
 
 PAYLOADS = {
     "pong": dict(T=20, E=4, obs_shape=(4, 84, 84), obs_dtype="uint8", actions=6, features=512),

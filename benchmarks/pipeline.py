@@ -37,7 +37,7 @@ from herd.backends.start import actor_context
 from herd.models import build_model
 from herd.plan import prepare
 from herd.training import actor_spec, inference_setup
-from herd.trajectory import TrajectorySlots
+from herd.store import TrajectorySlots
 from herd.weights import SharedWeights
 
 GOAL = 0.9

@@ -25,7 +25,7 @@ from common import print_table, record
 from herd.actors.rollout import RolloutWriter
 from herd.algos.impala import impala_layout
 from herd.interfaces import EnvBatch, PolicyStep
-from herd.trajectory import TrajectorySlots
+from herd.store import TrajectorySlots
 
 T, ACTIONS, FEATURES, FRAMES = 20, 6, 512, (4, 84, 84)
 SLOTS = 4

@@ -23,8 +23,9 @@ With an LSTM core (--use_lstm) one more field holds what the trajectory STARTS f
     core_state        [1, 2, L, H]       float32, the actor's (h, c) before step 0 (herd/models/core.py)
 
 Slots hold one actor rollout: every field with an extra env axis after time, e.g.
-obs [T+1, E, *obs_shape]. Slots are preallocated once, in shared memory, filled with
-sentinels, and passed between processes by index.
+obs [T+1, E, *obs_shape]. They are positions of one shared store (herd/store.py
+TrajectorySlots), preallocated once, filled with sentinels, and passed between processes
+by index.
 """
 from __future__ import annotations
 
@@ -102,33 +103,6 @@ def stack_columns(trajectories: list[dict[str, np.ndarray]]) -> dict[str, np.nda
 
 def torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
-
-
-class TrajectorySlots:
-    """Preallocated shared-memory slots: field -> tensor [num_slots, time, E, ...].
-
-    Built in the main process, handed to actor processes as arguments (torch shares the
-    memory by file descriptor, so nothing is copied and nothing is left in /dev/shm)."""
-
-    def __init__(self, layout: TrajectoryLayout, num_slots: int, envs_per_slot: int):
-        self.layout = layout
-        self.num_slots = num_slots
-        self.envs_per_slot = envs_per_slot
-        self.tensors: dict[str, torch.Tensor] = {}
-        for name, (shape, dtype) in layout.fields().items():
-            full = (num_slots, shape[0], envs_per_slot, *shape[1:])
-            tensor = torch.empty(full, dtype=torch_dtype(dtype)).share_memory_()
-            tensor.fill_(layout.sentinel(name))
-            self.tensors[name] = tensor
-
-    def views(self, slot: int) -> dict[str, np.ndarray]:
-        """numpy views of one slot, [time, E, ...]: writing them writes shared memory."""
-        return {name: tensor[slot].numpy() for name, tensor in self.tensors.items()}
-
-    def reset(self, slot: int) -> None:
-        """Refills a slot with sentinels, so a half-written slot can never pass as data."""
-        for name, tensor in self.tensors.items():
-            tensor[slot].fill_(self.layout.sentinel(name))
 
 
 class FreeSlots:

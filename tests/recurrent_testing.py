@@ -16,7 +16,7 @@ from herd.algos.impala import IMPALA
 from herd.envs import make_env
 from herd.interfaces import EnvBatch
 from herd.models import build_model
-from herd.trajectory import TrajectorySlots
+from herd.store import TrajectorySlots
 from herd.weights import SharedWeights
 
 T, E, H, F, ROLLOUTS = 8, 3, 16, 8, 6

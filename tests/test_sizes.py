@@ -120,7 +120,7 @@ def big_replay_plan(tmp_path, gib_of_replay: int):
 
 
 def test_a_gpu_learners_replays_are_checked_against_the_gpus_free_memory(tmp_path, monkeypatch):
-    """On a GPU learner every replay lives in GPU memory (herd/replay/device_storage.py).
+    """On a GPU learner every replay lives in GPU memory (herd/store.py).
     Catches a check that counts them against the host (a 4 GiB replay on a GPU with 1 GiB
     free would pass, then fail allocating at start; one that fits the GPU would be refused
     for want of host memory), and one that forgets the replay server keeps them on the host."""

@@ -23,7 +23,7 @@ from herd.envs.actor_envs import make_actor_envs
 from herd.actors.double_buffer import collect_double_buffered, double_buffered
 from herd.inference import InferenceClient, InferenceServerGone
 from herd.inference.routing import InferenceRoute
-from herd.trajectory import TrajectorySlots
+from herd.store import TrajectorySlots
 from herd.weights import SharedWeights
 
 

@@ -41,7 +41,8 @@ from herd.inference import ServerOptions
 from herd.learner.loop import Arrival, run_loop
 from herd.learner.publisher import WeightPublisher
 from herd.learner.session import TrainingSession
-from herd.trajectory import FreeSlots, TrajectorySlots
+from herd.store import TrajectorySlots
+from herd.trajectory import FreeSlots
 from herd.weights import SharedWeights
 
 log = logging.getLogger("herd")

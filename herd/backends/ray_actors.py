@@ -39,7 +39,8 @@ from herd.actors.policy import LocalPolicy
 from herd.envs.actor_envs import make_actor_envs
 from herd.actors.rollout import RolloutWriter
 from herd.backends.ray_wire import pack_obs
-from herd.trajectory import TrajectoryLayout, TrajectorySlots
+from herd.store import TrajectorySlots
+from herd.trajectory import TrajectoryLayout
 
 # The concurrency group of offer_weights: its own thread, never queued behind next_rollout.
 WEIGHTS_GROUP = "weights"

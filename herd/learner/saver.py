@@ -23,7 +23,7 @@ def host_snapshot(state: Any) -> Any:
     """`state` with every tensor copied to host memory and every dict, list and tuple
     rebuilt, so that training on after this returns changes nothing in it. numpy arrays
     are kept: the only ones in a session's state are the replays', copies already
-    (herd/replay/storage.py state_dict)."""
+    (herd/store.py state_dict)."""
     if isinstance(state, torch.Tensor):
         return state.detach().to("cpu", copy=True)
     if isinstance(state, dict):

@@ -146,7 +146,7 @@ def frames_of(obs: Tensor, name: str, memory_format: torch.memory_format = torch
               normalizer: Optional[nn.Module] = None) -> tuple[Tensor, int, int]:
     """[T, B, C, H, W] frames -> (the network's input [T*B, C, H, W] as frames_to_float
     makes it, T, B). Frames strided in time (a batch the on-policy queue lent in place,
-    herd/replay/storage.py lend) cannot be flattened without copying every frame: they are
+    herd/store.py lend) cannot be flattened without copying every frame: they are
     converted straight into [T*B, ...] floats instead, in the pass the conversion makes
     anyway, with the same numbers."""
     if obs.dim() != 5:

@@ -228,8 +228,8 @@ class EliteSampler(Sampler):
 def model_scorers(storage, model: torch.nn.Module, device: torch.device, dist_function: str,
                   p: float = 2, score_steps: Optional[int] = None,
                   bf16: bool = False) -> tuple[Scorer, AttentiveScorer]:
-    """The two scorers over `storage` (a TrajectoryStorage, or a DeviceTrajectoryStorage on a
-    GPU learner: read_steps then gives device tensors and no frame is copied to the host;
+    """The two scorers over `storage` (a TrajectoryStore on the host, or on a
+    GPU learner's device: read_steps then gives device tensors and no frame is copied to the host;
     only the distances [C] come back, for the numpy strategies) with the current `model`.
 
     The learner trains `model` in another thread: the forward passes run under no_grad

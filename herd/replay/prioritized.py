@@ -14,7 +14,7 @@ Priorities come from two places: the actors' own estimate when a trajectory is a
 item is drawn at least once soon); and the learner's |TD error| through `update`.
 
 One sampler for every learner: the priorities are one float64 tensor on the device of the
-replay's storage (the host, or a GPU learner's device beside a DeviceTrajectoryStorage),
+replay's storage (the host, or a GPU learner's device beside a TrajectoryStore there),
 seen as blocks of BLOCK leaves with one sum per block: a two-level sum tree. sample() scans
 the block sums, finds each stratified target's block with searchsorted, then scans only
 those n blocks ([n, BLOCK]) for the leaf: O(N / BLOCK + n * BLOCK) work in a few tensor

@@ -19,8 +19,8 @@ from herd.replay.distances import distance
 
 
 def on_device(data, device: torch.device) -> torch.Tensor:
-    """A host array (read from a TrajectoryStorage: shared, then copied over) or a tensor
-    already on `device` (a DeviceTrajectoryStorage's: returned as it is) as a tensor there."""
+    """A host array (read from a host TrajectoryStore: shared, then copied over) or a tensor
+    already on `device` (read from a store on that device: returned as it is) as a tensor there."""
     return torch.as_tensor(data).to(device)
 
 
@@ -42,7 +42,7 @@ def recurrent_scorers(storage, model: torch.nn.Module, device: torch.device, dis
         obs = storage.read_steps(positions, steps, ("obs",))["obs"]                          # [last+1, C, ...]
         done = storage.read_steps(positions, steps[: min(last, T)], ("done",))["done"]       # [last, C]
         start = storage.read_steps(positions, np.array([0]), (CORE_STATE,))[CORE_STATE][0]   # [C, 2, L, H]
-        # Host arrays or device tensors (DeviceTrajectoryStorage): either way joined on `device`.
+        # Host arrays or device tensors (a store on the device): either way joined on `device`.
         done = on_device(done, device).bool()
         reset = torch.cat([torch.zeros((1, len(positions)), dtype=torch.bool, device=device), done])  # [last+1, C]
         core = CoreInput(state_from_rows(on_device(start, device)), reset)

@@ -9,14 +9,13 @@ from typing import Any, Callable
 from herd.errors import ConfigError
 from herd.inputs import excerpt
 from herd.replay.circular import CircularSampler
-from herd.replay.device_storage import DeviceTrajectoryStorage
+from herd.store import TrajectoryStore
 from herd.replay.distances import DISTANCES
 from herd.replay.elite import (DEFAULT_SCORE_STEPS, ELITE_STRATEGIES, INSERT_STRATEGIES, SAMPLE_STRATEGIES,
                                EliteSampler)
 from herd.replay.prioritized import PrioritizedSampler
 from herd.replay.replay import Replay
 from herd.replay.samplers import FifoSampler, UniformSampler
-from herd.replay.storage import TrajectoryStorage
 from herd.replay.transitions import TransitionReplay
 from herd.trajectory import TrajectoryLayout
 
@@ -31,8 +30,8 @@ class BuildOptions:
     seed: int = 0
     n_step: int = 1                 # prioritized: transitions carry n-step windows (Ape-X's --n_step)
     # Where every replay keeps its items: None on the host (numpy), or a torch device (the
-    # learner's GPU): queue, standard, custom (elite/attentive) and circular replays then use
-    # herd/replay/device_storage.py, and a prioritized replay's priorities with them.
+    # learner's GPU): queue, standard, custom (elite/attentive) and circular replays then keep
+    # their herd/store.py TrajectoryStore there, and a prioritized replay's priorities with them.
     storage_device: Any = None
     # queue: batches it may have lent at once (read in place by a CPU learner, herd/replay/
     # mixer.py `lends`: the one being trained and those prepared ahead), kept from new writes.
@@ -51,20 +50,19 @@ def build_queue(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
     # are never overwritten before the learner used them and a rollout never waits for a
     # lent batch to come back; never compressed (each is read once, soon). A whole number
     # of shares, so that no batch wraps around the ring: each is one run of positions, which
-    # a CPU learner reads in place (TrajectoryStorage.lend) instead of copying.
+    # a CPU learner reads in place (TrajectoryStore.lend) instead of copying.
     needed = max(spec.capacity, o.share * (o.lent_batches + 1) + o.rollout_size)
     capacity = -(-needed // o.share) * o.share if o.share > 0 else needed
-    storage = (TrajectoryStorage(layout, capacity) if o.storage_device is None
-               else DeviceTrajectoryStorage(layout, capacity, o.storage_device))
+    storage = TrajectoryStore(layout, capacity, o.storage_device)
     return Replay("queue", storage, FifoSampler(capacity), on_policy=True)
 
 
-def off_policy_storage(spec, layout: TrajectoryLayout, o: BuildOptions) -> TrajectoryStorage | DeviceTrajectoryStorage:
-    """Host storage (LZ4-packed observations with --use_replay_compression), or device
-    storage on a GPU learner (never compressed: see device_storage.py)."""
+def off_policy_storage(spec, layout: TrajectoryLayout, o: BuildOptions) -> TrajectoryStore:
+    """A host store (LZ4-packed observations with --use_replay_compression), or one on a
+    GPU learner's device (never compressed: decompressing on the host is the copy it removes)."""
     if o.storage_device is not None:
-        return DeviceTrajectoryStorage(layout, spec.capacity, o.storage_device)
-    return TrajectoryStorage(layout, spec.capacity, compress_obs=o.compress, compression_level=o.compression_level)
+        return TrajectoryStore(layout, spec.capacity, o.storage_device)
+    return TrajectoryStore(layout, spec.capacity, compress_obs=o.compress, compression_level=o.compression_level)
 
 
 def build_standard(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
@@ -187,8 +185,7 @@ def build_circular(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
     times. Never compressed: each batch is read K times within moments."""
     sampler = CircularSampler(spec.capacity, o.share, spec.option("iterations_per_batch", CIRCULAR_DEFAULT_ITERATIONS))
     # On a GPU learner the batches stay in device memory, as the queue's do.
-    storage = (TrajectoryStorage(layout, sampler.capacity) if o.storage_device is None
-               else DeviceTrajectoryStorage(layout, sampler.capacity, o.storage_device))
+    storage = TrajectoryStore(layout, sampler.capacity, o.storage_device)
     return Replay("circular", storage, sampler, on_policy=True)
 
 

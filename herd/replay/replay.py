@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from herd.replay.elite import EliteSampler, model_scorers
-from herd.replay.storage import TrajectoryStorage
+from herd.store import TrajectoryStore
 from herd.trajectory import env_columns
 
 
@@ -40,7 +40,7 @@ def kept(values, current: np.ndarray):
 
 
 class Replay:
-    def __init__(self, name: str, storage: TrajectoryStorage, sampler, on_policy: bool):
+    def __init__(self, name: str, storage: TrajectoryStore, sampler, on_policy: bool):
         self.name = name
         self.storage = storage
         self.sampler = sampler

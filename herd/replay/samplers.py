@@ -1,6 +1,6 @@
 """Samplers decide where a new trajectory is stored and which positions a batch reads.
 
-A sampler never touches the data; `Replay` composes it with a `TrajectoryStorage` and
+A sampler never touches the data; `Replay` composes it with a `TrajectoryStore` and
 keeps the keys (position + generation) that let updates find their item. The protocol
 every sampler implements (and tests/replay/test_sampler_protocol.py checks):
 

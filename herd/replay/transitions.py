@@ -1,6 +1,6 @@
 """Ape-X's replay: prioritized transitions read out of whole stored trajectories.
 
-Storage stays per trajectory (TrajectoryStorage: each trajectory's T+1 observations are
+Storage stays per trajectory (TrajectoryStore: each trajectory's T+1 observations are
 stored once, LZ4-packed per step with --use_replay_compression), and each of its T steps is
 one item of the PrioritizedSampler (leaf = position * T + t). A sampled leaf (position, t)
 becomes one column of an n-step transition batch, read straight from the storage:
@@ -20,8 +20,8 @@ never copied per transition. herd/ops/returns.py turns the window into the n-ste
 An episode end inside the window stops it there (done); the learner then bootstraps from
 trunc_value alone (0 for a terminal state).
 
-One gather for both storages (transition_batch, torch indexing): on a GPU learner the
-storage is a DeviceTrajectoryStorage and the batch and the sampler's priorities live on its
+One gather for a store on the host or a device (transition_batch, torch indexing): on a
+GPU learner the store is on its device, and the batch and the sampler's priorities live on its
 device; on a CPU learner the host storage's arrays are indexed as tensors. The sampled
 leaves come back to the host once per batch ([n] int64, with their probabilities): the
 keys, generations and policy versions are numpy."""
@@ -30,15 +30,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from herd.replay.device_storage import DeviceTrajectoryStorage
+from herd.store import TrajectoryStore
 from herd.replay.prioritized import PrioritizedSampler
 from herd.replay.replay import Replay, ReplayKeys, kept
-from herd.replay.storage import TrajectoryStorage
 
 WINDOW_FIELDS = ("reward", "done", "trunc_value")
 
 
-def transition_batch(storage: TrajectoryStorage | DeviceTrajectoryStorage, positions: np.ndarray, steps: np.ndarray,
+def transition_batch(storage: TrajectoryStore, positions: np.ndarray, steps: np.ndarray,
                      n_step: int) -> dict[str, torch.Tensor]:
     """The n-step transitions starting at step steps[b] of stored trajectory positions[b]
     (host [B] int64): tensors on the storage's device, gathered by torch indexing from its
@@ -60,7 +59,7 @@ def transition_batch(storage: TrajectoryStorage | DeviceTrajectoryStorage, posit
 
 
 class TransitionReplay(Replay):
-    def __init__(self, name: str, storage: TrajectoryStorage | DeviceTrajectoryStorage,
+    def __init__(self, name: str, storage: TrajectoryStore,
                  sampler: PrioritizedSampler, n_step: int):
         if sampler.steps != storage.unroll_length:
             raise ValueError(f"the sampler has {sampler.steps} leaves per trajectory, the storage "

@@ -13,7 +13,7 @@ from herd.actors.rollout import RolloutWriter
 from herd.algos import APEX, trajectory_layout
 from herd.ops.returns import trajectory_priorities
 from herd.models import build_model
-from herd.trajectory import TrajectorySlots
+from herd.store import TrajectorySlots
 from herd.weights import SharedWeights
 
 from actors.test_rollout import CountingEnvs   # its fake envs: counting observations, ends, truncations

@@ -12,7 +12,7 @@ from herd.algos.impala import impala_layout
 from herd.envs.gym_envs import GymEnvs
 from herd.models import build_model
 from herd.ops.distributions import DiagGaussian
-from herd.trajectory import TrajectorySlots
+from herd.store import TrajectorySlots
 from herd.weights import SharedWeights
 
 T, E = 8, 3

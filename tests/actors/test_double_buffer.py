@@ -23,7 +23,7 @@ from herd.inference import InferenceChannels, InferenceClient
 from herd.inference.routing import InferenceRoute
 from herd.inference.server import BatchServer, serve_forever
 from herd.models import build_model
-from herd.trajectory import TrajectorySlots
+from herd.store import TrajectorySlots
 from herd.weights import SharedWeights
 
 MLP = dict(network="mlp", obs_shape=(4,), obs_dtype="float32", num_actions=2, feature_size=None)

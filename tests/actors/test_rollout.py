@@ -10,7 +10,7 @@ from herd.actors.actor import act_and_collect
 from herd.interfaces import EnvBatch, PolicyStep
 from herd.actors.rollout import RolloutWriter
 from herd.algos.impala import impala_layout
-from herd.trajectory import TrajectorySlots
+from herd.store import TrajectorySlots
 
 T, E, A, F = 4, 5, 3, 2
 LAYOUT = impala_layout(unroll_length=T, obs_shape=(2,), obs_dtype="float32", num_actions=A, feature_size=F)

@@ -97,7 +97,7 @@ def test_a_restart_drops_the_slots_held_for_the_actor_it_replaces():
 
     from herd.backends.local import ActorPool
     from herd.training import actor_spec
-    from herd.trajectory import TrajectorySlots
+    from herd.store import TrajectorySlots
 
     plan = prepare({"env": "CartPole-v1", "worker_count": 2, "envs_per_worker": 4, "batch_size": 8,
                     "synchronous_sampling": True})

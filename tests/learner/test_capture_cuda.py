@@ -88,7 +88,7 @@ def test_another_thread_may_copy_to_the_gpu_while_the_update_is_captured():
     replay = torch.zeros(21, 2, 2**20, device="cuda")
     source = np.arange(21 * 2**20, dtype=np.float32).reshape(21, 2**20)
 
-    def writer():                                   # as herd/replay/device_storage.py writes
+    def writer():                                   # as herd/store.py writes
         if not capturing.wait(120):
             return
         try:

@@ -23,7 +23,7 @@ from herd.learner.batches import PrefetchedBatches
 from herd.learner.learner import StepResult
 from herd.plan import prepare
 from herd.training import build_session
-from herd.trajectory import TrajectorySlots
+from herd.store import TrajectorySlots
 
 ROLLOUTS = 2          # of 8 environments each: one batch of 8 each (Pong's CPU batch)
 ENVS = 8
@@ -72,12 +72,12 @@ def session_of(plan, tmp_path, caching: bool, monkeypatch, counter: CopyCounter)
 def filled_slots(plan) -> TrajectorySlots:
     slots = TrajectorySlots(plan.layout, ROLLOUTS, ENVS)
     rng = np.random.default_rng(0)
-    obs = slots.tensors["obs"].numpy()
+    obs = slots.store.tensors["obs"].numpy()
     obs[:] = rng.integers(0, 256, obs.shape, dtype=np.uint8)
-    slots.tensors["action"].zero_()
+    slots.store.tensors["action"].zero_()
     for name in ("reward", "trunc_value", "behaviour_value", "behaviour_logits"):
-        slots.tensors[name].zero_()
-    slots.tensors["done"].zero_()
+        slots.store.tensors[name].zero_()
+    slots.store.tensors["done"].zero_()
     return slots
 
 
@@ -103,7 +103,7 @@ def copies_per_trajectory(plan, tmp_path, caching: bool, monkeypatch) -> tuple[f
         session.batches.close()
     # The step got every frame of every slot, in order: the count is of a path that delivers.
     for slot, frames in enumerate(kept.frames):
-        assert torch.equal(frames, slots.tensors["obs"][slot])
+        assert torch.equal(frames, torch.from_numpy(np.asarray(slots.views(slot)["obs"])))
     trajectory_bytes = plan.layout.fields()["obs"][0][0] * int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
     return counter.bytes / (ROLLOUTS * ENVS * trajectory_bytes), counter.by_op
 

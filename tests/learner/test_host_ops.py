@@ -20,7 +20,7 @@ from herd.learner.learner import StepResult
 from herd.learner.publisher import WeightPublisher
 from herd.plan import prepare
 from herd.training import build_session
-from herd.trajectory import TrajectorySlots
+from herd.store import TrajectorySlots
 from herd.weights import SharedWeights
 
 HOST_OPS_PER_UPDATE = 12      # aten ops dispatched by train_ready_batches for one update, at most
@@ -55,7 +55,7 @@ def ops_of_one_update(plan, tmp_path, sums_outside: bool = False) -> tuple[int, 
     weights = SharedWeights(session.learner.model)
     publish = WeightPublisher(session.learner.model, weights.publish_vector)
     slots = TrajectorySlots(plan.layout, 1, 8)
-    for tensor in slots.tensors.values():
+    for tensor in slots.store.tensors.values():
         tensor.zero_()
     try:
         session.ingest(slots.views(0), version=0, steps=160, episodes=[])

@@ -11,7 +11,7 @@ import pytest
 from herd.algos.impala import impala_layout
 from herd.replay.registry import build_replay
 from herd.replay.spec import parse_replay_parameters
-from herd.replay.storage import TrajectoryStorage
+from herd.store import TrajectoryStore
 from herd.trajectory import env_columns
 
 OBS = (2, 5, 4)
@@ -45,11 +45,11 @@ def same_contents(a, b) -> None:
 
 
 class CountingStorage:
-    """Counts TrajectoryStorage's writes: one per trajectory, or one per run of them."""
+    """Counts TrajectoryStore's writes: one per trajectory, or one per run of them."""
 
     def __init__(self, monkeypatch):
         self.single = self.runs = 0
-        write, write_run = TrajectoryStorage.write, TrajectoryStorage.write_run
+        write, write_run = TrajectoryStore.write, TrajectoryStore.write_run
 
         def counted_write(storage, *args):
             self.single += 1
@@ -58,8 +58,8 @@ class CountingStorage:
         def counted_run(storage, *args):
             self.runs += 1
             return write_run(storage, *args)
-        monkeypatch.setattr(TrajectoryStorage, "write", counted_write)
-        monkeypatch.setattr(TrajectoryStorage, "write_run", counted_run)
+        monkeypatch.setattr(TrajectoryStore, "write", counted_write)
+        monkeypatch.setattr(TrajectoryStore, "write_run", counted_run)
 
 
 @pytest.mark.parametrize("spec", ['[{"type": "queue", "capacity": 10, "sample_ratio": 1}]',
@@ -96,8 +96,8 @@ def test_device_storage_writes_a_run_as_its_trajectories():
     """The device storage (a GPU learner's replays; on this CPU's device here): one copy per
     field for a run, the same contents as one write per trajectory."""
     import torch
-    from herd.replay.device_storage import DeviceTrajectoryStorage
-    whole, single = (DeviceTrajectoryStorage(LAYOUT, 10, torch.device("cpu")) for _ in range(2))
+    from herd.store import TrajectoryStore
+    whole, single = (TrajectoryStore(LAYOUT, 10, torch.device("cpu")) for _ in range(2))
     views = rollout(7)
     whole.write_run(3, views, version=5)
     for e, trajectory in enumerate(env_columns(views)):

@@ -306,10 +306,10 @@ def test_one_scored_set_serves_half_its_size_of_insertions_farthest_first():
 
 
 def test_storage_reads_chosen_steps_with_and_without_compression():
-    from herd.replay.storage import TrajectoryStorage
+    from herd.store import TrajectoryStore
     rng = np.random.default_rng(0)
     for compress in (False, True):
-        storage = TrajectoryStorage(LAYOUT, capacity=4, compress_obs=compress)
+        storage = TrajectoryStore(LAYOUT, capacity=4, compress_obs=compress)
         for position in range(4):
             storage.write(position, trajectory(rng.normal(size=(T + 1, 2)), rng.normal(size=(T, F))), version=0)
         positions, steps = np.array([3, 1]), np.array([0, 2])

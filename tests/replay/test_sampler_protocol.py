@@ -15,7 +15,7 @@ from herd.algos.impala import impala_layout
 from herd.learner.batches import DirectBatches, PrefetchedBatches
 from herd.models import MLPNet
 from herd.replay.circular import CircularSampler
-from herd.replay.device_storage import DeviceTrajectoryStorage
+from herd.store import TrajectoryStore
 from herd.replay.elite import EliteSampler
 from herd.replay.mixer import ReplayMixer
 from herd.replay.prioritized import PrioritizedSampler
@@ -23,7 +23,6 @@ from herd.replay.registry import REPLAY_KINDS, build_replay
 from herd.replay.replay import Replay
 from herd.replay.samplers import FifoSampler, UniformSampler
 from herd.replay.spec import batch_shares, parse_replay_parameters
-from herd.replay.storage import TrajectoryStorage
 
 CAPACITY = 6
 LAYOUT = impala_layout(unroll_length=2, obs_shape=(3,), obs_dtype="float32", num_actions=2, feature_size=2)
@@ -69,10 +68,10 @@ def test_a_device_learner_keeps_every_replay_kind_in_device_storage():
           if kind == "custom" else {})} for kind in REPLAY_KINDS]))
     for spec in specs:
         replay = build_replay(spec, LAYOUT, 1, 1, storage_device=torch.device("cpu"))
-        assert isinstance(replay.storage, DeviceTrajectoryStorage), spec.type
+        assert not replay.storage.on_host and replay.storage.arrays == {}, spec.type
         assert spec.type != "prioritized" or replay.sampler.device == replay.storage.device   # priorities too
         host = build_replay(spec, LAYOUT, 1, 1)
-        assert isinstance(host.storage, TrajectoryStorage), spec.type        # a CPU learner: nothing changes
+        assert host.storage.on_host and host.storage.arrays, spec.type        # a CPU learner: nothing changes
 
 
 @pytest.mark.parametrize("name", SAMPLERS)
@@ -125,10 +124,10 @@ def trajectory(tag: float) -> dict:
 
 
 def recording_replay(capacity: int = 3, on_device: bool = False) -> Replay:
-    """on_device: the storage a GPU learner's replays use (herd/replay/device_storage.py),
+    """on_device: the storage a GPU learner's replays use (herd/store.py),
     here holding CPU tensors: the protocol is the same whichever storage holds the items."""
-    storage = (DeviceTrajectoryStorage(LAYOUT, capacity, torch.device("cpu")) if on_device
-               else TrajectoryStorage(LAYOUT, capacity))
+    storage = (TrajectoryStore(LAYOUT, capacity, torch.device("cpu")) if on_device
+               else TrajectoryStore(LAYOUT, capacity))
     return Replay("recording", storage, RecordingSampler(capacity), on_policy=False)
 
 

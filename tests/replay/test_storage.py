@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from herd.replay.storage import TrajectoryStorage
+from herd.store import TrajectoryStore
 from herd.algos.impala import impala_layout
 
 LAYOUT = impala_layout(unroll_length=4, obs_shape=(4, 84, 84), obs_dtype="uint8", num_actions=6, feature_size=8)
@@ -23,7 +23,7 @@ def trajectory(rng, tag):
 @pytest.mark.parametrize("compress", [False, True])
 def test_reads_back_what_was_written(compress):
     rng = np.random.default_rng(0)
-    storage = TrajectoryStorage(LAYOUT, capacity=6, compress_obs=compress)
+    storage = TrajectoryStore(LAYOUT, capacity=6, compress_obs=compress)
     written = [trajectory(rng, tag) for tag in range(6)]
     for position, traj in enumerate(written):
         storage.write(position, traj, version=position)
@@ -35,8 +35,8 @@ def test_reads_back_what_was_written(compress):
 
 def test_compression_saves_memory_on_frames():
     rng = np.random.default_rng(0)
-    plain = TrajectoryStorage(LAYOUT, capacity=8)
-    packed = TrajectoryStorage(LAYOUT, capacity=8, compress_obs=True)
+    plain = TrajectoryStore(LAYOUT, capacity=8)
+    packed = TrajectoryStore(LAYOUT, capacity=8, compress_obs=True)
     for position in range(8):
         traj = trajectory(rng, position)
         plain.write(position, traj, 0)
@@ -46,24 +46,24 @@ def test_compression_saves_memory_on_frames():
 
 def test_state_round_trip_between_compressed_and_plain():
     rng = np.random.default_rng(1)
-    source = TrajectoryStorage(LAYOUT, capacity=3, compress_obs=True)
+    source = TrajectoryStore(LAYOUT, capacity=3, compress_obs=True)
     trajs = [trajectory(rng, t) for t in range(3)]
     for position, traj in enumerate(trajs):
         source.write(position, traj, position)
-    for target in (TrajectoryStorage(LAYOUT, 3, compress_obs=True), TrajectoryStorage(LAYOUT, 3)):
+    for target in (TrajectoryStore(LAYOUT, 3, compress_obs=True), TrajectoryStore(LAYOUT, 3)):
         target.load_state_dict(source.state_dict(3))
         np.testing.assert_array_equal(target.read(np.array([2]))["obs"][:, 0], trajs[2]["obs"])
-    plain = TrajectoryStorage(LAYOUT, 3)
+    plain = TrajectoryStore(LAYOUT, 3)
     for position, traj in enumerate(trajs):
         plain.write(position, traj, position)
-    packed = TrajectoryStorage(LAYOUT, 3, compress_obs=True)
+    packed = TrajectoryStore(LAYOUT, 3, compress_obs=True)
     packed.load_state_dict(plain.state_dict(3))
     np.testing.assert_array_equal(packed.read(np.array([0]))["obs"][:, 0], trajs[0]["obs"])
 
 
 def test_checkpoint_state_packs_observations():
     rng = np.random.default_rng(2)
-    storage = TrajectoryStorage(LAYOUT, capacity=4)
+    storage = TrajectoryStore(LAYOUT, capacity=4)
     for position in range(4):
         storage.write(position, trajectory(rng, position), position)
     state = storage.state_dict(4)
@@ -76,13 +76,13 @@ def test_checkpoints_saved_with_one_frame_per_trajectory_still_load():
     import lz4.frame
     rng = np.random.default_rng(3)
     trajs = [trajectory(rng, t) for t in range(2)]
-    source = TrajectoryStorage(LAYOUT, 2)
+    source = TrajectoryStore(LAYOUT, 2)
     for position, traj in enumerate(trajs):
         source.write(position, traj, position)
     state = source.state_dict(2)
     del state["packed_offsets"]
     state["packed_obs"] = [np.frombuffer(lz4.frame.compress(t["obs"].tobytes()), dtype=np.uint8) for t in trajs]
-    for target in (TrajectoryStorage(LAYOUT, 2, compress_obs=True), TrajectoryStorage(LAYOUT, 2)):
+    for target in (TrajectoryStore(LAYOUT, 2, compress_obs=True), TrajectoryStore(LAYOUT, 2)):
         target.load_state_dict(state)
         np.testing.assert_array_equal(target.read(np.array([1, 0]))["obs"][:, 0], trajs[1]["obs"])
         np.testing.assert_array_equal(target.read_steps(np.array([0]), np.array([3]), ("obs",))["obs"][0, 0],

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from herd.checkpoint import load_checkpoint, save_checkpoint
-from herd.replay.storage import TrajectoryStorage
+from herd.store import TrajectoryStore
 from herd.algos.impala import impala_layout
 
 LAYOUT = impala_layout(unroll_length=3, obs_shape=(2, 6, 6), obs_dtype="uint8", num_actions=3, feature_size=4)
@@ -19,14 +19,14 @@ def trajectory(rng):
 @pytest.mark.parametrize("filled", [0, 2])
 def test_state_survives_a_checkpoint(tmp_path, filled, source_compressed, target_compressed):
     rng = np.random.default_rng(filled)
-    source = TrajectoryStorage(LAYOUT, capacity=4, compress_obs=source_compressed)
+    source = TrajectoryStore(LAYOUT, capacity=4, compress_obs=source_compressed)
     written = [trajectory(rng) for _ in range(filled)]
     for position, traj in enumerate(written):
         source.write(position, traj, version=10 + position)
 
     save_checkpoint({"replay": source.state_dict(filled)}, tmp_path, update=1)
     state, _ = load_checkpoint(tmp_path)
-    target = TrajectoryStorage(LAYOUT, capacity=4, compress_obs=target_compressed)
+    target = TrajectoryStore(LAYOUT, capacity=4, compress_obs=target_compressed)
     target.load_state_dict(state["replay"])
 
     assert state["replay"]["packed_offsets"].shape == (filled, LAYOUT.unroll_length + 2)
@@ -42,19 +42,19 @@ def test_state_survives_a_checkpoint(tmp_path, filled, source_compressed, target
 @pytest.mark.parametrize("saved_on_device", [False, True])
 @pytest.mark.parametrize("filled", [0, 3])
 def test_device_storage_keeps_the_checkpoint_format(tmp_path, saved_on_device, filled):
-    """Replays in device memory (herd/replay/device_storage.py, here with CPU tensors) save
+    """Replays in device memory (herd/store.py, here with CPU tensors) save
     the host storage's format and load it: a checkpoint from a GPU learner resumes on a CPU
     one and the other way round. Catches a device storage that saves its own format or
     loses a field, a position or a version."""
     import torch
-    from herd.replay.device_storage import DeviceTrajectoryStorage
+    from herd.store import TrajectoryStore
 
     rng = np.random.default_rng(filled + 10)
     written = [trajectory(rng) for _ in range(filled)]
 
     def make(device_side: bool):
-        return (DeviceTrajectoryStorage(LAYOUT, 4, torch.device("cpu")) if device_side
-                else TrajectoryStorage(LAYOUT, capacity=4, compress_obs=True))
+        return (TrajectoryStore(LAYOUT, 4, torch.device("cpu")) if device_side
+                else TrajectoryStore(LAYOUT, capacity=4, compress_obs=True))
 
     source = make(saved_on_device)
     for position, traj in enumerate(written):

@@ -10,8 +10,7 @@ import torch
 
 from herd.algos import trajectory_layout
 from herd.algos.apex import APEX
-from herd.replay.device_storage import DeviceTrajectoryStorage
-from herd.replay.storage import TrajectoryStorage
+from herd.store import TrajectoryStore
 from herd.replay.transitions import transition_batch
 
 CPU = torch.device("cpu")
@@ -57,8 +56,8 @@ def test_every_storage_gathers_the_transcribed_windows(n_step):
     and episode ends inside them: the same fields, shapes, dtypes and values from each
     storage as from the transcription. Catches a window gathered from the wrong rows or
     columns, a missing cut (valid, zeros past the end) or a wrong bootstrap observation."""
-    storages = (TrajectoryStorage(LAYOUT, 4), TrajectoryStorage(LAYOUT, 4, compress_obs=True),
-                DeviceTrajectoryStorage(LAYOUT, 4, CPU))
+    storages = (TrajectoryStore(LAYOUT, 4), TrajectoryStore(LAYOUT, 4, compress_obs=True),
+                TrajectoryStore(LAYOUT, 4, CPU))
     data = stored(storages, np.random.default_rng(n_step))
     positions, steps = np.divmod(np.random.default_rng(0).permutation(4 * T), T)
     expected = slow_transitions(data, positions, steps, n_step)

@@ -1,0 +1,278 @@
+"""The one trajectory store: field -> tensor [time, capacity, ...], with a layout
+(herd/trajectory.py TrajectoryLayout), a capacity, a device and a shared flag.
+
+It serves as
+- the actors' slots (`TrajectorySlots` below: a shared store on the host, each slot a run
+  of envs_per_slot positions that an actor writes step by step),
+- the replays' rings (herd/replay/registry.py: on the host, or on a GPU learner's device
+  where a batch is gathered by index without leaving it),
+- the one checkpoint format (`state_dict`: observations LZ4-packed per step, the other
+  fields as arrays; a store on any device saves and loads the same format).
+
+Storing capacity on the second axis means that reading a batch of positions with one
+gather already gives the learner's time-major layout [time, B, ...], and that a run of
+adjacent positions is a view [time, n, ...] of it (a slot, a lent batch).
+
+On the host the store's tensors are also seen as numpy arrays (`arrays`, the same
+memory): replays and actors work on those. With `compress_obs` (host only),
+observations, by far the largest field for frames, are kept LZ4-compressed instead of in
+a preallocated tensor, one LZ4 frame per time step, all steps of a trajectory in one bytes
+object with their offsets beside it: a batch read decompresses every step, elite scoring
+only the few steps it looks at. (One frame per trajectory compresses about 2x better, but
+stacked Atari frames already shrink 20-45x per step, and then the float features are
+most of a stored trajectory.) benchmarks/replay_sampling.py measures what this saves."""
+from __future__ import annotations
+
+import lz4.frame
+import numpy as np
+import torch
+
+from herd.trajectory import TrajectoryLayout, torch_dtype
+
+
+class TrajectoryStore:
+    def __init__(self, layout: TrajectoryLayout, capacity: int, device: torch.device | str | None = None,
+                 shared: bool = False, compress_obs: bool = False, compression_level: int = 0):
+        self.layout = layout
+        self.capacity = capacity
+        # device None: the host store, seen as numpy (`arrays`), which lends, compresses and
+        # shares; a device (a GPU learner's, or the CPU's in tests of that path): tensors
+        # written by copy_ and gathered there, reads returning tensors on it.
+        self.on_host = device is None
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        if (compress_obs or shared) and not self.on_host:
+            raise ValueError(f"a store on the device {self.device} is neither compressed nor shared between processes")
+        self.compress_obs = compress_obs
+        self.compression_level = compression_level
+        fields = layout.fields()
+        self.obs_shape, self.obs_dtype = fields["obs"]              # [T+1, *obs_shape]
+        self.unroll_length = layout.unroll_length                    # T
+        self.tensors: dict[str, torch.Tensor] = {}                   # field -> [time, capacity, ...]
+        for name, (shape, dtype) in fields.items():
+            if name == "obs" and compress_obs:
+                continue
+            tensor = torch.empty((shape[0], capacity, *shape[1:]), dtype=torch_dtype(dtype), device=self.device)
+            if shared:
+                tensor.share_memory_()
+            tensor.fill_(layout.sentinel(name))
+            self.tensors[name] = tensor
+        self.arrays = self.numpy_views()
+        self.packed_obs: list[bytes | None] = [None] * capacity if compress_obs else []
+        self.offsets = np.zeros((capacity if compress_obs else 0, self.obs_shape[0] + 1), dtype=np.int64)
+        # The policy version that acted, per position: on the host (the mixer reads it every batch).
+        self.version = np.full(capacity, -1, dtype=np.int64)
+
+    def numpy_views(self) -> dict[str, np.ndarray]:
+        """The host tensors as numpy arrays sharing their memory (none on a device)."""
+        return {name: tensor.numpy() for name, tensor in self.tensors.items()} if self.on_host else {}
+
+    # A store travels to actor processes with its tensors shared (torch's reductions pass
+    # their memory by file descriptor); numpy views of them would be pickled as copies, so
+    # they are remade on arrival.
+    def __getstate__(self) -> dict:
+        return {key: value for key, value in self.__dict__.items() if key != "arrays"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.arrays = self.numpy_views()
+
+    def positions(self, start: int, n: int) -> dict[str, np.ndarray]:
+        """numpy views of positions start .. start + n - 1, field -> [time, n, ...] (host only):
+        writing them writes the store."""
+        return {name: array[:, start:start + n] for name, array in self.arrays.items()}
+
+    def fill_sentinels(self, start: int, n: int) -> None:
+        """Positions start .. start + n - 1 back to their sentinels (unwritten memory)."""
+        for name, tensor in self.tensors.items():
+            tensor[:, start:start + n].fill_(self.layout.sentinel(name))
+
+    def write(self, position: int, trajectory: dict[str, np.ndarray], version: int) -> None:
+        """trajectory: field -> [time, ...] for one environment (host arrays)."""
+        self.put(position, {name: value[:, None] for name, value in trajectory.items()}, version)
+
+    def write_run(self, start: int, rollout: dict[str, np.ndarray], version: int) -> None:
+        """rollout: field -> [time, n, ...] host arrays, its n trajectories into positions
+        start .. start + n - 1 (inside the capacity): one copy per field, not one per
+        trajectory (on a device, one host-to-device copy per field)."""
+        self.put(start, rollout, version)
+
+    def put(self, start: int, rollout: dict[str, np.ndarray], version: int) -> None:
+        """What write and write_run do: rollout field -> [time, n, ...] into start .. start + n - 1."""
+        n = rollout["action"].shape[1]
+        if self.on_host:
+            for name, array in self.arrays.items():
+                array[:, start:start + n] = rollout[name]
+        else:
+            for name, tensor in self.tensors.items():
+                source = torch.as_tensor(np.ascontiguousarray(rollout[name]))
+                tensor[:, start:start + n].copy_(source, non_blocking=True)
+        if self.compress_obs:
+            for e in range(n):
+                self.packed_obs[start + e], self.offsets[start + e] = self.pack(rollout["obs"][:, e])
+        self.version[start:start + n] = version
+
+    def pack(self, obs: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """obs [T+1, ...] -> (the steps' LZ4 frames back to back, offsets [T+2])."""
+        obs = np.ascontiguousarray(obs, dtype=self.obs_dtype)
+        frames = [lz4.frame.compress(step.tobytes(), compression_level=self.compression_level) for step in obs]
+        return b"".join(frames), np.cumsum([0] + [len(f) for f in frames])
+
+    def unpack(self, packed: bytes, offsets: np.ndarray, steps) -> np.ndarray:
+        """Time steps `steps` of one packed trajectory: [k, ...]."""
+        raw = b"".join(lz4.frame.decompress(packed[offsets[t]:offsets[t + 1]]) for t in steps)
+        return np.frombuffer(raw, dtype=self.obs_dtype).reshape(len(steps), *self.obs_shape[1:])
+
+    def unpack_steps(self, position: int, steps) -> np.ndarray:
+        """The observations of the given time steps of one stored trajectory: [k, ...]."""
+        return self.unpack(self.packed_obs[position], self.offsets[position], steps)
+
+    def unpack_obs(self, position: int) -> np.ndarray:
+        return self.unpack_steps(position, range(self.obs_shape[0]))
+
+    def device_index(self, indices) -> torch.Tensor:
+        """Host indices [N] as an int64 tensor on the store's device."""
+        return torch.as_tensor(np.asarray(indices, dtype=np.int64)).to(self.device, non_blocking=True)
+
+    def read(self, positions: np.ndarray) -> dict:
+        """field -> [time, B, ...] copies for the given positions: on the host C-contiguous
+        numpy arrays (np.take: `array[:, positions]` would come out batch-major in memory,
+        and making it time-major for the learner would copy every frame once more); on a
+        device a gather there (the index goes over as [B] int64)."""
+        if not self.on_host:
+            index = self.device_index(positions)
+            return {name: tensor.index_select(1, index) for name, tensor in self.tensors.items()}
+        batch = {name: np.take(array, positions, axis=1) for name, array in self.arrays.items()}
+        if self.compress_obs:
+            batch["obs"] = np.stack([self.unpack_obs(p) for p in positions], axis=1)
+        return batch
+
+    def lend(self, positions: np.ndarray) -> dict[str, np.ndarray] | None:
+        """read(positions) with the observations as a view into the store, no copy, when the
+        positions are one ascending run (the on-policy queue's batches are): obs
+        [T+1, B, ...] strided in time, valid until the positions are written again (the
+        queue's sampler keeps them from that until they are given back). None when the
+        positions are not such a run, the observations are LZ4-packed, or the store is on a
+        device (a GPU step reads its batch after the host has moved on, so positions given
+        back when the host returns from the step could be written before that read; there
+        the copy is the gather into the step)."""
+        start = int(positions[0]) if len(positions) else 0
+        if (not self.on_host or self.compress_obs
+                or not np.array_equal(positions, np.arange(start, start + len(positions)))):
+            return None
+        batch = {name: np.take(array, positions, axis=1) for name, array in self.arrays.items() if name != "obs"}
+        batch["obs"] = self.arrays["obs"][:, start:start + len(positions)]
+        return batch
+
+    def column(self, name: str) -> torch.Tensor:
+        """A stored field [time, capacity, ...] (the observations too, unless they are
+        LZ4-packed: obs_at reads those)."""
+        return self.tensors[name]
+
+    def obs_at(self, positions, steps) -> torch.Tensor:
+        """The observation of step steps[b] of trajectory positions[b], for each b: [B, ...]
+        (a transition batch reads one or two steps of many trajectories); positions and
+        steps [B] int64, numpy or tensors on the store's device."""
+        if not self.compress_obs:
+            return self.tensors["obs"][torch.as_tensor(steps), torch.as_tensor(positions)]
+        return torch.from_numpy(np.stack([self.unpack_steps(p, (t,))[0]
+                                          for p, t in zip(np.asarray(positions).tolist(), np.asarray(steps).tolist())]))
+
+    def read_steps(self, positions: np.ndarray, steps: np.ndarray, names: tuple) -> dict:
+        """Only the time steps `steps` [k] of the fields `names`: field -> [k, C, ...] for
+        positions [C]. What elite scoring reads: a few steps of many trajectories (on a
+        device, the frames never leave it)."""
+        if not self.on_host:
+            rows, columns = self.device_index(steps), self.device_index(positions)       # [k], [C]
+            return {name: self.tensors[name].index_select(0, rows).index_select(1, columns) for name in names}
+        out = {}
+        for name in names:
+            if name == "obs" and self.compress_obs:
+                out[name] = np.stack([self.unpack_steps(p, steps) for p in positions], axis=1)
+            else:
+                out[name] = self.arrays[name][np.ix_(steps, positions)]
+        return out
+
+    def nbytes(self) -> int:
+        """Memory held by the stored data (what compression saves)."""
+        packed = sum(len(p) for p in self.packed_obs if p is not None)
+        return sum(t.numel() * t.element_size() for t in self.tensors.values()) + packed
+
+    def host_copy(self, filled: int) -> TrajectoryStore:
+        """The first `filled` positions in a store on the host (a device store's checkpoint)."""
+        host = TrajectoryStore(self.layout, max(filled, 1))
+        for name, tensor in self.tensors.items():
+            host.tensors[name][:, :filled].copy_(tensor[:, :filled])
+        host.version[:filled] = self.version[:filled]
+        return host
+
+    def state_dict(self, filled: int) -> dict:
+        """The first `filled` positions; observations always LZ4-packed per step (checkpoints
+        stay small), as uint8 arrays with their offsets: a checkpoint holds arrays, nothing
+        that needs unpickling. The same format from a store on any device."""
+        if not self.on_host:
+            return self.host_copy(filled).state_dict(filled)
+        state = {"arrays": {name: a[:, :filled].copy() for name, a in self.arrays.items() if name != "obs"},
+                 "version": self.version[:filled].copy()}
+        if self.compress_obs:
+            packed, offsets = self.packed_obs[:filled], self.offsets[:filled].copy()
+        else:
+            pairs = [self.pack(self.arrays["obs"][:, p]) for p in range(filled)]
+            packed = [pair[0] for pair in pairs]
+            # Shaped explicitly: with nothing stored yet (a stop before the first rollout
+            # reached the replay) there is no row to infer the width from.
+            offsets = np.zeros((filled, self.obs_shape[0] + 1), dtype=np.int64)
+            for position, pair in enumerate(pairs):
+                offsets[position] = pair[1]
+        state["packed_obs"] = [np.frombuffer(p, dtype=np.uint8).copy() for p in packed]
+        state["packed_offsets"] = offsets
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if not self.on_host:
+            filled = len(state["version"])
+            host = TrajectoryStore(self.layout, max(filled, 1))
+            host.load_state_dict(state)
+            for name, tensor in self.tensors.items():
+                if name in host.tensors:
+                    tensor[:, :filled].copy_(host.tensors[name][:, :filled])
+            self.version[:filled] = host.version[:filled]
+            return
+        for name, array in state["arrays"].items():
+            if name not in self.arrays:
+                continue
+            self.arrays[name][:, : array.shape[1]] = array
+        self.version[: len(state["version"])] = state["version"]
+        for position, packed in enumerate(state.get("packed_obs", [])):
+            packed = packed.tobytes()
+            if "packed_offsets" in state:
+                offsets = np.asarray(state["packed_offsets"][position], dtype=np.int64)
+            else:  # saved before per-step packing: one LZ4 frame for the whole trajectory
+                whole = np.frombuffer(lz4.frame.decompress(packed), dtype=self.obs_dtype).reshape(self.obs_shape)
+                packed, offsets = self.pack(whole)
+            if self.compress_obs:
+                self.packed_obs[position], self.offsets[position] = packed, offsets
+            else:
+                self.arrays["obs"][:, position] = self.unpack(packed, offsets, range(self.obs_shape[0]))
+
+
+class TrajectorySlots:
+    """The actors' slots: a shared store on the host, slot s being the envs_per_slot
+    positions from s x envs_per_slot, so one actor rollout is field -> [time, E, ...].
+
+    Built in the main process, handed to actor processes as arguments (torch shares the
+    memory by file descriptor, so nothing is copied and nothing is left in /dev/shm);
+    passed between processes by index."""
+
+    def __init__(self, layout: TrajectoryLayout, num_slots: int, envs_per_slot: int):
+        self.layout = layout
+        self.num_slots = num_slots
+        self.envs_per_slot = envs_per_slot
+        self.store = TrajectoryStore(layout, num_slots * envs_per_slot, shared=True)
+
+    def views(self, slot: int) -> dict[str, np.ndarray]:
+        """numpy views of one slot, [time, E, ...]: writing them writes shared memory."""
+        return self.store.positions(slot * self.envs_per_slot, self.envs_per_slot)
+
+    def reset(self, slot: int) -> None:
+        """Refills a slot with sentinels, so a half-written slot can never pass as data."""
+        self.store.fill_sentinels(slot * self.envs_per_slot, self.envs_per_slot)

@@ -1,0 +1,92 @@
+"""herd/store.py: one trajectory store for the actors' slots and the replays' rings."""
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing  # noqa: F401  registers the tensor reductions with ForkingPickler
+from multiprocessing.reduction import ForkingPickler
+
+from herd.store import TrajectorySlots, TrajectoryStore
+from herd.trajectory import TrajectoryLayout
+
+LAYOUT = TrajectoryLayout(unroll_length=5, obs_shape=(4, 84, 84), obs_dtype="uint8")
+E = 3
+
+
+def test_a_slot_is_a_run_of_positions_of_the_shared_store():
+    slots = TrajectorySlots(LAYOUT, num_slots=4, envs_per_slot=E)
+    assert slots.store.capacity == 4 * E and slots.store.on_host
+    views = slots.views(2)                                        # [time, E, ...]
+    assert views["obs"].shape == (6, E, 4, 84, 84) and views["action"].shape == (5, E)
+    views["obs"][:] = 7
+    views["action"][:] = 3
+    # The same memory as positions 6, 7, 8 of the store: what a replay would read from it.
+    read = slots.store.read(np.arange(2 * E, 3 * E))
+    assert (read["obs"] == 7).all() and (read["action"] == 3).all()
+    untouched = slots.store.read(np.array([0, 5, 9]))
+    assert (untouched["obs"] == 0).all() and (untouched["action"] == -1).all()      # sentinels
+    slots.reset(2)
+    assert (slots.views(2)["action"] == -1).all() and (slots.views(2)["obs"] == 0).all()
+    assert (slots.views(1)["action"] == -1).all()
+
+
+def forking_pickle(value) -> bytes:
+    buffer = io.BytesIO()
+    ForkingPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
+def test_slots_travel_to_another_process_as_shared_memory_not_as_a_copy():
+    """The store's numpy views would pickle the frames themselves; they are left out and
+    remade on arrival (TrajectoryStore.__getstate__), so what travels is a few hundred bytes
+    per field whatever the slots hold."""
+    slots = TrajectorySlots(LAYOUT, num_slots=8, envs_per_slot=E)
+    frames = slots.store.nbytes()
+    assert len(forking_pickle(slots)) < 20_000 < frames / 100
+    # Negative control: the views pickled as they are carry every frame.
+    assert len(forking_pickle(slots.store.arrays)) > frames
+
+
+def write_slot(slots: TrajectorySlots, slot: int) -> None:
+    slots.views(slot)["obs"][:] = 42
+    slots.views(slot)["reward"][:] = 1.5
+
+
+def test_what_a_child_process_writes_into_a_slot_the_parent_reads():
+    slots = TrajectorySlots(LAYOUT, num_slots=2, envs_per_slot=E)
+    child = mp.get_context("spawn").Process(target=write_slot, args=(slots, 1))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert (slots.views(1)["obs"] == 42).all() and (slots.views(1)["reward"] == 1.5).all()
+    assert (slots.views(0)["obs"] == 0).all()
+
+
+@pytest.mark.parametrize("options", [dict(compress_obs=True), dict(shared=True)])
+def test_a_store_on_a_device_is_neither_compressed_nor_shared(options):
+    with pytest.raises(ValueError, match="neither compressed nor shared"):
+        TrajectoryStore(LAYOUT, 4, torch.device("cpu"), **options)
+
+
+def test_the_host_and_a_device_store_read_the_same_and_save_the_same_checkpoint():
+    host, device = TrajectoryStore(LAYOUT, 6), TrajectoryStore(LAYOUT, 6, torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    rollout = {name: (rng.integers(0, 256, (shape[0], 4, *shape[1:])).astype(dtype))
+               for name, (shape, dtype) in LAYOUT.fields().items()}
+    for store in (host, device):
+        store.write_run(1, rollout, version=3)
+    positions = np.array([4, 1, 2])
+    a, b = host.read(positions), device.read(positions)
+    assert isinstance(a["obs"], np.ndarray) and isinstance(b["obs"], torch.Tensor)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name].numpy(), err_msg=name)
+    saved_host, saved_device = host.state_dict(5), device.state_dict(5)
+    for name in saved_host["arrays"]:
+        np.testing.assert_array_equal(saved_host["arrays"][name], saved_device["arrays"][name], err_msg=name)
+    assert all(np.array_equal(x, y) for x, y in zip(saved_host["packed_obs"], saved_device["packed_obs"]))
+    assert host.lend(np.arange(1, 4)) is not None and device.lend(np.arange(1, 4)) is None
