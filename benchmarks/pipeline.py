@@ -89,6 +89,7 @@ def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: flo
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--env", default="PongNoFrameskip-v4")
+    parser.add_argument("--label", default=None, help="names the results file (default pipeline_<game>_<workers>x<envs>)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--envs", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=30.0,
@@ -131,10 +132,10 @@ def main() -> None:
                      " ".join(f"{r:.2f}" for r in run["ratios"])])
     print(f"median of {args.rounds} rounds of a ceiling and then each mode, {each:.0f} s each")
     print_table(["what runs", "env backend", "frames/s", "share of the ceiling", "each round"], rows)
-    name = f"pipeline_{args.env.split('NoFrameskip')[0].split('-')[0]}_{args.workers}x{args.envs}"
+    name = args.label or f"pipeline_{args.env.split('NoFrameskip')[0].split('-')[0]}_{args.workers}x{args.envs}"
     record(name, {"command": f"python benchmarks/pipeline.py --env {args.env} --workers {args.workers} --envs "
                              f"{args.envs} --seconds {args.seconds} --rounds {args.rounds} --warmup {args.warmup} "
-                             f"--modes {args.modes}",
+                             f"--modes {args.modes}" + (f" --label {args.label}" if args.label else ""),
                   "env_backend": backend, "frame_skip": FRAME_SKIP, "goal": GOAL,
                   "ceiling_steps_per_s": round(top, 1), "runs": runs, "rounds": rounds})
     print("pipeline: ceiling_fps=%d %s" % (top * FRAME_SKIP, " ".join(
