@@ -112,7 +112,7 @@ class RolloutWorker:
         torch.manual_seed(spec.seed)
         self.actor_id = actor_id
         self.compress_obs = compress_obs
-        self.slots = TrajectorySlots(layout, slots, spec.envs_per_worker)    # field -> [slots, T(+1), E, ...]
+        self.slots = TrajectorySlots(layout, slots, spec.envs_per_worker)    # field -> [T(+1), slots x E, ...]
         self.free = deque(range(slots))
         self.handed: list[int] = []    # slots returned by the previous call
         self.weights = PulledWeights(version, refs[0])
