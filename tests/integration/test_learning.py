@@ -48,15 +48,18 @@ def test_impact_learns_cartpole_with_its_defaults(tmp_path):
 def test_appo_learns_cartpole_with_its_defaults(tmp_path):
     """APPO (each stored batch in 4 passes of 4 shuffled minibatches, the clipped surrogate on
     V-trace(0.95) targets, normalised advantages, Adam clipped at 0.5) with its defaults.
-    Random play averages about 22. Threshold: a best 100-game average of 300 at 150,000
+    Random play averages about 22. Threshold: a best 100-game average of 300 at 200,000
     steps. Measured on the 2-core AMD EPYC shared with a Pong run (2026-11-28, python
     benchmarks/cartpole.py --seeds 1 2 3 --label cartpole_appo_defaults_150k_test_budget
     --extra="--algorithm=appo --environment_max_steps=150000":
     results/cartpole_appo_defaults_150k_test_budget.json): seeds 1, 2, 3 reached 475 at
-    136,448, 123,648 and 104,704 steps (best 500, 494, 500): 3 of 3 pass; this test runs seed
-    1, the slowest. Catches a broken surrogate, target, advantage normalisation or reuse
+    136,448, 123,648 and 104,704 steps (best 500, 494, 500); quiet (2026-11-30, the same with
+    --seeds 1 2 3 4 5 --label cartpole_appo_defaults_200k_test_budget and 200,000 steps):
+    89,088-105,728 steps. The sampling is asynchronous, so a seed's course depends on the
+    policy lag: one run of seed 1 in the full suite had a best of 279.81 at 150,000 steps,
+    hence the budget of 200,000. Catches a broken surrogate, target, advantage normalisation or reuse
     loop (a loss that does not learn, or minibatches that cover the wrong columns)."""
-    summary = learned(tmp_path, ["--env=CartPole-v1", "--algorithm=appo", "--seed=1"], 150_000, timeout=360)
+    summary = learned(tmp_path, ["--env=CartPole-v1", "--algorithm=appo", "--seed=1"], 200_000, timeout=360)
     assert summary["max_average_score"] is not None and summary["max_average_score"] >= 300, summary
 
 
