@@ -82,7 +82,7 @@ def test_mixer_draws_each_share_and_marks_replayed_columns():
         mixer.add(trajectory(tag), version=tag)
         assert mixer.ready() is (tag == 2)
     mixed = mixer.sample()
-    batch, replayed, versions = mixed.data, mixed.replayed, mixed.versions
+    batch, replayed = mixed.data, mixed.replayed
     assert batch["obs"].shape == (4, 4, 2)
     assert list(replayed) == [False, False, True, True]
     assert list(batch["action"][0, :2]) == [1, 2]          # the queue share is the fresh data, in order
