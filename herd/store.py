@@ -79,6 +79,8 @@ class TrajectoryStore:
     def positions(self, start: int, n: int) -> dict[str, np.ndarray]:
         """numpy views of positions start .. start + n - 1, field -> [time, n, ...] (host only):
         writing them writes the store."""
+        if not self.on_host:
+            raise ValueError(f"a store on the device {self.device} has no numpy views")
         return {name: array[:, start:start + n] for name, array in self.arrays.items()}
 
     def fill_sentinels(self, start: int, n: int) -> None:

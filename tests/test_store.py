@@ -90,3 +90,10 @@ def test_the_host_and_a_device_store_read_the_same_and_save_the_same_checkpoint(
         np.testing.assert_array_equal(saved_host["arrays"][name], saved_device["arrays"][name], err_msg=name)
     assert all(np.array_equal(x, y) for x, y in zip(saved_host["packed_obs"], saved_device["packed_obs"]))
     assert host.lend(np.arange(1, 4)) is not None and device.lend(np.arange(1, 4)) is None
+
+
+def test_a_device_store_has_no_numpy_views_to_write():
+    store = TrajectoryStore(LAYOUT, 4, torch.device("cpu"))
+    assert store.arrays == {}
+    with pytest.raises(ValueError, match="no numpy views"):
+        store.positions(0, 2)

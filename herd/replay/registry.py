@@ -9,7 +9,6 @@ from typing import Any, Callable
 from herd.errors import ConfigError
 from herd.inputs import excerpt
 from herd.replay.circular import CircularSampler
-from herd.store import TrajectoryStore
 from herd.replay.distances import DISTANCES
 from herd.replay.elite import (DEFAULT_SCORE_STEPS, ELITE_STRATEGIES, INSERT_STRATEGIES, SAMPLE_STRATEGIES,
                                EliteSampler)
@@ -17,6 +16,7 @@ from herd.replay.prioritized import PrioritizedSampler
 from herd.replay.replay import Replay
 from herd.replay.samplers import FifoSampler, UniformSampler
 from herd.replay.transitions import TransitionReplay
+from herd.store import TrajectoryStore
 from herd.trajectory import TrajectoryLayout
 
 

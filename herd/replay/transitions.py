@@ -30,9 +30,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from herd.store import TrajectoryStore
 from herd.replay.prioritized import PrioritizedSampler
 from herd.replay.replay import Replay, ReplayKeys, kept
+from herd.store import TrajectoryStore
 
 WINDOW_FIELDS = ("reward", "done", "trunc_value")
 
