@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 import torch
@@ -69,7 +69,9 @@ class ActorHandle:
     receiver: object        # read end of its rollout pipe
     last_seen: float        # when it last delivered a rollout, started, or got a slot back while it had none
     delivered: bool = False  # any rollout yet: until then START_GRACE applies
-    held: int = 0           # its slots delivered and not yet released: all held, it waits on us, not hung
+    # Its slots delivered and not yet released (read in place, withheld, or being ingested):
+    # all of them out, it waits on us, not hung.
+    out: set[int] = field(default_factory=set)
 
 
 class ActorPool:
@@ -101,9 +103,16 @@ class ActorPool:
             self.start_actor(actor_id, generation=0)
 
     def start_actor(self, actor_id: int, generation: int) -> None:
+        withheld = {slot for other, slot in self.withheld if other == actor_id}
         self.withheld = [(other, slot) for other, slot in self.withheld if other != actor_id]   # refilled below
+        # A predecessor's slots the learner still reads in place (herd/replay/slot_queue.py)
+        # stay out until released; the rest are refilled and free.
+        previous = self.actors[actor_id]
+        reading = previous.out - withheld if previous is not None else set()
         free = FreeSlots(self.context)
         for slot in self.owned_slots(actor_id):
+            if slot in reading:
+                continue
             self.slots.reset(slot)
             free.put(slot)
         receiver, sender = self.context.Pipe(duplex=False)
@@ -117,7 +126,7 @@ class ActorPool:
         with sigint_blocked():   # Ctrl+C reaches the group: the child must never see it
             process.start()
         sender.close()  # the child holds the write end; EOF then means the actor is gone
-        self.actors[actor_id] = ActorHandle(process, free, receiver, time.monotonic())
+        self.actors[actor_id] = ActorHandle(process, free, receiver, time.monotonic(), out=set(reading))
         self.registry[f"actor-{actor_id}"] = process.pid
 
     def receive(self, timeout: float) -> list:
@@ -128,24 +137,26 @@ class ActorPool:
             actor_id = receivers[receiver]
             try:
                 while receiver.poll():
-                    rollouts.append(receiver.recv())
+                    rollout = receiver.recv()
+                    rollouts.append(rollout)
                     actor = self.actors[actor_id]
-                    actor.last_seen, actor.delivered, actor.held = time.monotonic(), True, actor.held + 1
+                    actor.last_seen, actor.delivered = time.monotonic(), True
+                    actor.out.add(rollout.slot)
             except (EOFError, OSError):
                 pass  # the actor died; check_health restarts it
         return rollouts
 
     def release(self, actor_id: int, slot: int) -> None:
         actor = self.actors[actor_id]
-        if actor.held < 1:
+        if slot not in actor.out:
             # A slot given back twice, or to an actor restarted since (whose slots were
             # refilled): two writers would share it.
-            raise RuntimeError(f"slot {slot} released to actor {actor_id}, which holds none of its slots")
-        if actor.held == self.slots_per_actor:
+            raise RuntimeError(f"slot {slot} released to actor {actor_id}, which does not hold it out")
+        if len(actor.out) == self.slots_per_actor:
             # It had no slot to fill: its hang clock starts now, not at its last delivery
             # (a slow learner holding every slot is back-pressure, not a hung actor).
             actor.last_seen = time.monotonic()
-        actor.held -= 1
+        actor.out.discard(slot)
         actor.free.put(slot)
 
     def withhold(self, actor_id: int, slot: int) -> None:
@@ -164,7 +175,7 @@ class ActorPool:
         for actor_id, actor in enumerate(self.actors):
             alive = actor.process.is_alive()
             limit = self.timeout if actor.delivered else max(self.timeout, START_GRACE)
-            waiting_on_us = actor.held >= self.slots_per_actor
+            waiting_on_us = len(actor.out) >= self.slots_per_actor
             hung = alive and not waiting_on_us and now - actor.last_seen > limit
             if alive and not hung:
                 continue
@@ -217,7 +228,9 @@ class LocalRollouts:
         # Holding slots, the next update may come from batches prepared in the background:
         # look for it often rather than wait on actors that wait for it.
         wait_for = min(timeout, 0.005) if self.pool.withheld else timeout
-        return [Arrival(r.actor_id, self.slots.views(r.slot), r.version, r.steps, r.episodes, ticket=r.slot)
+        envs = self.slots.envs_per_slot
+        return [Arrival(r.actor_id, self.slots.views(r.slot), r.version, r.steps, r.episodes, ticket=r.slot,
+                        start=r.slot * envs)
                 for r in self.pool.receive(wait_for)]
 
     def release(self, arrival: Arrival) -> None:

@@ -91,6 +91,8 @@ class RayRollouts:
     their refs handed on unread; each actor gets its next call once the updates that its
     rollout made ready are trained, so the call carries the newest weights."""
 
+    slots = None                    # rollouts arrive as arrays (or refs), not in slots of a store here
+
     def __init__(self, pool, driver_node: str):
         self.pool, self.driver_node = pool, driver_node
         self.remote = None          # the replay server's RemoteBatches, when there is one

@@ -130,6 +130,12 @@ class RemoteBatches:
         self.adds = self.reap(self.adds, lost_ok=True)
         return len(self.adds) < self.max_writes and not self.lagging
 
+    def read_slots(self, slots, rollout_size: int) -> bool:
+        return False            # the replay is in the server: rollouts travel to it
+
+    def keep(self, start: int, n: int, version: int, on_free) -> bool:
+        return False
+
     def put_rollout(self, arrays_ref, version: int) -> None:
         """arrays_ref: the object ref of a rollout's arrays (field -> [T(+1), E, ...]);
         passed as an argument, so Ray resolves it on the server's node."""

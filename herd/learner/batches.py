@@ -29,6 +29,7 @@ from herd.learner.learner import to_tensors
 from herd.learner.staging import Staging
 from herd.replay.mixer import ReplayMixer
 from herd.replay.writer import WriterQueue
+from herd.store import TrajectoryStore
 from herd.trajectory import stack_columns
 
 log = logging.getLogger("herd")
@@ -50,6 +51,15 @@ class DirectBatches:
 
     def put(self, trajectories: list, version: int) -> None:
         self.put_rollout(stack_columns(trajectories), version)
+
+    def read_slots(self, slots: TrajectoryStore, rollout_size: int) -> bool:
+        """Fresh rollouts may be kept where the actors wrote them from now on (ReplayMixer.read_slots)."""
+        return self.mixer.read_slots(slots, rollout_size)
+
+    def keep(self, start: int, n: int, version: int, on_free) -> bool:
+        """A rollout in the slots' positions start .. start + n - 1 taken where it is (True:
+        on_free() once trained on), or not (False: put_rollout it)."""
+        return self.mixer.keep(start, n, version, on_free)
 
     def next_ready(self):
         """(tensors, MixedBatch) or None."""
@@ -104,13 +114,27 @@ class PrefetchedBatches:
         return self.writer.discarded
 
     def has_room(self) -> bool:
-        """False while the writer queue is full or the learner lags its replay ratio: the
-        learner should take no more rollouts. (The mixer's figures are read without the
+        """False while the writer queue is full, the queue reading the actors' slots holds
+        its capacity, or the learner lags its replay ratio: the learner should take no more
+        rollouts. (The mixer's figures are read without the
         lock: a count one write old is close enough.)"""
-        return self.writer.has_room() and not self.mixer.lagging()
+        return self.writer.has_room() and not self.mixer.lagging() and not self.mixer.slots_full()
 
     def put(self, trajectories: list, version: int) -> None:
         self.put_rollout(stack_columns(trajectories), version)
+
+    def read_slots(self, slots: TrajectoryStore, rollout_size: int) -> bool:
+        with self.lock:
+            return self.mixer.read_slots(slots, rollout_size)
+
+    def keep(self, start: int, n: int, version: int, on_free) -> bool:
+        """DirectBatches.keep; not while copied rollouts wait for a worker (they come first)."""
+        with self.lock:
+            # Within the queue's capacity (has_room), as the copies would wait in the writer queue.
+            kept = self.writer.peek() is None and self.mixer.keep(start, n, version, on_free, overwrite=False)
+        if kept:
+            self.writer.poke()              # a worker prepares the batch this may complete
+        return kept
 
     def put_rollout(self, views: dict, version: int) -> None:
         """views: field -> [time, E, ...], the slot's (copied before this returns)."""
@@ -228,6 +252,12 @@ class ReplayElsewhere:
 
     def put_rollout(self, views, version: int) -> None:
         raise RuntimeError("the replay server has not started (or has ended): no rollout can be stored")
+
+    def read_slots(self, slots, rollout_size: int) -> bool:
+        return False            # the replay is in another process: rollouts travel to it
+
+    def keep(self, start: int, n: int, version: int, on_free) -> bool:
+        return False
 
     def next_ready(self):
         return None

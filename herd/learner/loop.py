@@ -1,7 +1,8 @@
 """The learner's loop, the same for every backend. A backend wires its actors into a
 RolloutSource; the loop does the rest:
 
-    source.receive -> session.ingest (count, write into the replays) -> source.release
+    source.receive -> session.ingest (count, write into the replays, or keep it in its
+        slot until trained on) -> source.release
         -> session.train_ready_batches (sample, gather, step, priorities, publish, log,
            checkpoint) -> source.after_training
     every second: source.check_health, the progress line
@@ -10,12 +11,17 @@ The sources: herd/backends/local.py LocalRollouts (actor processes, slots in sha
 memory) and herd/backends/ray_backend.py RayRollouts (Ray actors, object refs)."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Protocol
 
 from herd.learner.session import TrainingSession
+from herd.store import TrajectorySlots
+
+log = logging.getLogger("herd")
 
 RECEIVE_WAIT = 0.5          # seconds the loop waits for a rollout before looking at the rest
 HEALTH_EVERY = 1.0          # seconds between the source's health checks
@@ -30,10 +36,14 @@ class Arrival:
     steps: int              # environment steps in it
     episodes: list          # (score, length) of the games that ended in it
     ticket: Any = None      # what the source needs to take it back (the local backend's slot)
+    start: int | None = None    # where `fields` begin among the positions of source.slots (None: not slots)
 
 
 class RolloutSource(Protocol):
     """Where finished rollouts come from, and where their storage goes back to."""
+
+    slots: TrajectorySlots | None   # the store arrivals are positions of (start), if any: a
+                                    # CPU learner's queue may read them there (herd/replay/slot_queue.py)
 
     def receive(self, timeout: float) -> list[Arrival]:
         """The rollouts that arrived within `timeout` seconds (or sooner, as the source sees fit)."""
@@ -58,6 +68,8 @@ def run_loop(session: TrainingSession, source: RolloutSource, publish: Callable[
     set; returns why it ended ("finished" or "stopped"). publish(version) hands the
     weights of each trained batch to the actors."""
     session.source = source
+    if source.slots is not None and session.batches.read_slots(source.slots.store, source.slots.envs_per_slot):
+        log.info("the on-policy queue reads fresh rollouts in the actors' slots (no copy out of them)")
 
     def train() -> int:
         trained = session.train_ready_batches(publish)
@@ -72,8 +84,10 @@ def run_loop(session: TrainingSession, source: RolloutSource, publish: Callable[
                 time.sleep(0.001)
             continue
         for arrival in source.receive(RECEIVE_WAIT):
-            session.ingest(arrival.fields, arrival.version, arrival.steps, arrival.episodes, arrival.actor_id)
-            source.release(arrival)         # ingest copied what it keeps
+            # Released now if ingest copied what it keeps, else once the queue has trained on it.
+            if not session.ingest(arrival.fields, arrival.version, arrival.steps, arrival.episodes, arrival.actor_id,
+                                  start=arrival.start, on_free=partial(source.release, arrival)):
+                source.release(arrival)
             train()
             if session.done or stop.is_set():
                 break

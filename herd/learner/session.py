@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -136,12 +136,16 @@ class TrainingSession:
         """The step budget is spent, or (several learners) the group stopped."""
         return self.counters.env_steps >= self.options.max_env_steps or (self.sync is not None and self.sync.stopped)
 
-    def ingest(self, views, version: int, steps: int, episodes: list, actor_id: int | None = None) -> None:
+    def ingest(self, views, version: int, steps: int, episodes: list, actor_id: int | None = None,
+               start: int | None = None, on_free: Callable[[], None] | None = None) -> bool:
         """One finished rollout from actor `actor_id` (None: unknown): views field ->
-        [time, E, ...] (copied out, the slot may be reused); or, where the replay lives in
-        another process (the Ray backend's replay server), the reference to the rollout
-        that its batch source forwards there: this process never reads it (validate()
-        refuses the options whose rollout hooks would)."""
+        [time, E, ...]; or, where the replay lives in another process (the Ray backend's
+        replay server), the reference to the rollout that its batch source forwards there:
+        this process never reads it (validate() refuses the options whose rollout hooks
+        would). Returns True if the batch source keeps the views where they are, positions
+        start .. start + E - 1 of the slots it reads (herd/replay/slot_queue.py), and calls
+        on_free() once it has trained on them; False: it copied what it keeps, and the
+        caller may reuse the storage now."""
         if self.observation_stats is not None:
             # The statistics are frozen parameters of the learner's model: where readers in
             # other processes share them (a CPU learner's, herd/weights.py adopt), written
@@ -151,9 +155,11 @@ class TrainingSession:
         lag = self.counters.updates - version
         # Too far off-policy to train on; its steps and games still count.
         stale = self.options.max_policy_lag is not None and lag > self.options.max_policy_lag
+        kept = False
         if not stale:
-            # Views into the slot: the batch source copies what it keeps before this returns.
-            self.batches.put_rollout(views, version)
+            kept = start is not None and self.batches.keep(start, views["action"].shape[1], version, on_free)
+            if not kept:
+                self.batches.put_rollout(views, version)        # copied before this returns
         if self.marked_stats is not None:
             # Ape-X marks its least exploring actor's games (one learner: validate() refuses
             # it with several, whose rounds carry (score, length) pairs only).
@@ -166,6 +172,7 @@ class TrainingSession:
             self.sync.pending.add(steps, stale, episodes)
         else:
             self.count(Tally(steps, 1, int(stale), list(episodes)))
+        return kept
 
     def count(self, tally: Tally) -> None:
         """Adds one learner's steps, rollouts and finished games to the counters and statistics.

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from herd.replay.replay import Replay
+from herd.replay.slot_queue import SlotQueue
+from herd.store import TrajectoryStore
 
 # How far (in batches) a learner without a queue may fall behind its replay ratio before
 # its actors wait: enough that the actors rarely stop, few enough that the ratio holds.
@@ -89,6 +91,32 @@ class ReplayMixer:
         for replay in self.replays:
             replay.add_rollout(rollout, version)
         self.credit += self.items_per_add * rollout["action"].shape[1]
+
+    def read_slots(self, slots: TrajectoryStore, rollout_size: int) -> bool:
+        """A lending mixer whose only replay is the queue reads fresh rollouts where the
+        actors wrote them, in `slots` (herd/replay/slot_queue.py), if those can always make
+        a batch; True if it does from now on (keep() then takes rollouts in place)."""
+        queue = self.replays[0]
+        if not (self.lends and len(self.replays) == 1 and isinstance(queue, SlotQueue)
+                and SlotQueue.fits(self.batch_size, slots.capacity, rollout_size)):
+            return False
+        queue.read_slots(slots)
+        return True
+
+    def keep(self, start: int, n: int, version: int, on_free, overwrite: bool = True) -> bool:
+        """A rollout in the slots' positions start .. start + n - 1, taken where it is (True:
+        on_free() once it is trained on or dropped), or not (False: add_rollout copies it).
+        overwrite: SlotQueue.keep's."""
+        queue = self.replays[0]
+        if not (isinstance(queue, SlotQueue) and queue.keep(start, n, version, on_free, overwrite)):
+            return False
+        self.credit += n
+        return True
+
+    def slots_full(self) -> bool:
+        """The queue reads the actors' slots and holds its capacity: take no rollout now."""
+        queue = self.replays[0]
+        return isinstance(queue, SlotQueue) and queue.full()
 
     def warmed_up(self) -> bool:
         """Every off-policy replay holds its fill-in share."""

@@ -14,7 +14,8 @@ from herd.replay.elite import (DEFAULT_SCORE_STEPS, ELITE_STRATEGIES, INSERT_STR
                                EliteSampler)
 from herd.replay.prioritized import PrioritizedSampler
 from herd.replay.replay import Replay
-from herd.replay.samplers import FifoSampler, UniformSampler
+from herd.replay.samplers import UniformSampler
+from herd.replay.slot_queue import SlotQueue
 from herd.replay.transitions import TransitionReplay
 from herd.store import TrajectoryStore
 from herd.trajectory import TrajectoryLayout
@@ -54,7 +55,7 @@ def build_queue(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
     needed = max(spec.capacity, o.share * (o.lent_batches + 1) + o.rollout_size)
     capacity = -(-needed // o.share) * o.share if o.share > 0 else needed
     storage = TrajectoryStore(layout, capacity, o.storage_device)
-    return Replay("queue", storage, FifoSampler(capacity), on_policy=True)
+    return SlotQueue(storage, o.share)
 
 
 def off_policy_storage(spec, layout: TrajectoryLayout, o: BuildOptions) -> TrajectoryStore:

@@ -28,7 +28,8 @@ def pool_with(delivered: bool, silent_for: float, held: int = 0) -> tuple[ActorP
     restarted = []
     pool = ActorPool.__new__(ActorPool)
     pool.timeout, pool.max_restarts, pool.restarts, pool.slots_per_actor = 3.0, 20, 0, 2
-    pool.actors = [ActorHandle(Alive(), Slots(), None, time.monotonic() - silent_for, delivered=delivered, held=held)]
+    pool.actors = [ActorHandle(Alive(), Slots(), None, time.monotonic() - silent_for, delivered=delivered,
+                                out=set(range(held)))]
     pool.close_channels = lambda actor: None
     pool.start_actor = lambda actor_id, generation: restarted.append(actor_id)
     return pool, restarted
@@ -62,7 +63,7 @@ def test_the_clock_starts_when_a_waiting_actor_gets_a_slot_back():
     pool, restarted = pool_with(delivered=True, silent_for=60.0, held=2)
     pool.release(0, slot=1)
     pool.check_health()
-    assert restarted == [] and pool.actors[0].held == 1
+    assert restarted == [] and pool.actors[0].out == {0}
     # With a slot to fill and silent past the timeout, it is hung again.
     pool.actors[0].last_seen -= 4.0
     pool.check_health()

@@ -108,7 +108,7 @@ def test_a_restart_drops_the_slots_held_for_the_actor_it_replaces():
                      timeout=60, max_restarts=5)
     pool.start()
     slot = pool.actors[0].free.get(timeout=10)          # actor 0 fills its slot and delivers it ...
-    pool.actors[0].held += 1                            # ... as receive() counts it
+    pool.actors[0].out.add(slot)                        # ... as receive() counts it
     pool.withhold(0, slot)
     pool.start_actor(0, generation=1)                   # restarted with its slots refilled
     assert pool.withheld == []
@@ -116,5 +116,38 @@ def test_a_restart_drops_the_slots_held_for_the_actor_it_replaces():
     assert pool.actors[0].free.get(timeout=10) == slot
     with pytest.raises(queue.Empty):                    # the slot is there once
         pool.actors[0].free.get(timeout=0.5)
-    with pytest.raises(RuntimeError, match="holds none"):
+    with pytest.raises(RuntimeError, match="does not hold it"):
         pool.release(0, slot)
+
+
+def test_a_restart_keeps_the_slots_the_queue_still_reads():
+    """A slot whose rollout the queue reads in place (herd/replay/slot_queue.py: delivered,
+    neither released nor withheld) stays out across its actor's restart: not refilled with
+    sentinels, not handed to the new actor, which gets it when the queue frees it. Catches
+    a restart that refills every slot (the new actor would write over frames in training)."""
+    import multiprocessing
+
+    import numpy as np
+
+    from herd.backends.local import ActorPool
+    from herd.store import TrajectorySlots
+    from herd.training import actor_spec
+
+    plan = prepare({"env": "CartPole-v1", "worker_count": 1, "envs_per_worker": 4, "batch_size": 8})
+    spawn = multiprocessing.get_context("spawn")
+    context = type("NoStartContext", (), {"Queue": spawn.Queue, "Pipe": spawn.Pipe, "Event": spawn.Event,
+                                          "Process": NoProcess})()
+    slots = TrajectorySlots(plan.layout, 2, 4)
+    pool = ActorPool(actor_spec(plan), 1, slots, 2, weights=None, context=context, timeout=60, max_restarts=5)
+    pool.start()
+    read = pool.actors[0].free.get(timeout=10)          # filled and delivered; the queue reads it
+    slots.views(read)["reward"][:] = 1.0
+    pool.actors[0].out.add(read)
+    pool.start_actor(0, generation=1)
+    np.testing.assert_array_equal(slots.views(read)["reward"], 1.0)             # not refilled
+    other = pool.actors[0].free.get(timeout=10)
+    assert other != read
+    with pytest.raises(queue.Empty):                    # only the other slot is free
+        pool.actors[0].free.get(timeout=0.5)
+    pool.release(0, read)                               # the queue has trained on it
+    assert pool.actors[0].free.get(timeout=10) == read

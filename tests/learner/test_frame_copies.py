@@ -3,8 +3,10 @@ step, counted (not timed) on a CPU learner: the bytes of frames copied, per traj
 by numpy and torch (tests/copy_counting.py), through the real session, batch sources and
 replays of a Pong run (herd/training.py build_session) with the step replaced by one that
 keeps the batches it is given. The target is one copy: the queue's write out of the slot;
-the step reads the batch where the queue holds it (lent, herd/replay/mixer.py). The
-negative controls inject one more copy and see the count, and its check, move."""
+the step reads the batch where the queue holds it (lent, herd/replay/mixer.py). Where the
+queue reads the actors' slots (the local backend's, herd/replay/slot_queue.py), none: the
+step reads the batch in the slot. The negative controls inject one more copy and see the
+count, and its check, move."""
 from __future__ import annotations
 
 import threading
@@ -23,7 +25,7 @@ from herd.learner.batches import PrefetchedBatches
 from herd.learner.learner import StepResult
 from herd.plan import prepare
 from herd.training import build_session
-from herd.store import TrajectorySlots
+from herd.store import TrajectorySlots, TrajectoryStore
 
 ROLLOUTS = 2          # of 8 environments each: one batch of 8 each (Pong's CPU batch)
 ENVS = 8
@@ -81,19 +83,26 @@ def filled_slots(plan) -> TrajectorySlots:
     return slots
 
 
-def copies_per_trajectory(plan, tmp_path, caching: bool, monkeypatch) -> tuple[float, dict]:
-    """(frames' bytes copied / the frames' bytes of the trajectories trained, the bytes by op)."""
+def copies_per_trajectory(plan, tmp_path, caching: bool, monkeypatch, in_slots: bool = False) -> tuple[float, dict]:
+    """(frames' bytes copied / the frames' bytes of the trajectories trained, the bytes by op).
+    in_slots: the queue reads the rollouts in the slots (as the local backend's loop has it)."""
     obs_shape, obs_dtype = plan.layout.obs_shape, plan.layout.obs_dtype
     counter = CopyCounter(obs_shape, obs_dtype)
     monkeypatch.setattr(copy_counting, "COUNTER", counter)
     session, kept = session_of(plan, tmp_path, caching, monkeypatch, counter)
     slots = filled_slots(plan)
+    freed = []
+    if in_slots:
+        slots.store.arrays["obs"] = slots.store.arrays["obs"].view(ObsArray)
+        assert session.batches.read_slots(slots.store, ENVS)
     try:
         with TorchCopies(counter), numpy_wrapped(monkeypatch, counter):
             for slot in range(ROLLOUTS):
                 views = slots.views(slot)
                 views["obs"] = views["obs"].view(ObsArray)
-                session.ingest(views, version=0, steps=ENVS * 20, episodes=[])
+                in_place = session.ingest(views, version=0, steps=ENVS * 20, episodes=[], start=slot * ENVS,
+                                      on_free=lambda slot=slot: freed.append(slot))
+                assert in_place == in_slots
                 # Trained before the next rollout comes: no batch thread holds the mixer then,
                 # so the next rollout goes straight in (a held mixer costs one copy more:
                 # test_a_busy_mixer_costs_one_copy_more).
@@ -101,6 +110,7 @@ def copies_per_trajectory(plan, tmp_path, caching: bool, monkeypatch) -> tuple[f
                                 and len(kept.frames) == slot + 1, timeout=30, interval=0.01)
     finally:
         session.batches.close()
+    assert freed == (list(range(ROLLOUTS)) if in_slots else [])     # each slot back once trained on
     # The step got every frame of every slot, in order: the count is of a path that delivers.
     for slot, frames in enumerate(kept.frames):
         assert torch.equal(frames, torch.from_numpy(np.asarray(slots.views(slot)["obs"])))
@@ -110,6 +120,19 @@ def copies_per_trajectory(plan, tmp_path, caching: bool, monkeypatch) -> tuple[f
 
 def check_copies(caching: bool, copies: float, by_op: dict) -> None:
     assert copies == COPIES[caching], sorted(by_op.items())
+
+
+@pytest.mark.parametrize("caching", [True, False], ids=["prepared-ahead", "direct"])
+def test_no_frame_copy_where_the_queue_reads_the_slots(pong_plan, tmp_path, caching, monkeypatch):
+    copies, by_op = copies_per_trajectory(pong_plan, tmp_path, caching, monkeypatch, in_slots=True)
+    assert copies == 0, sorted(by_op.items())
+
+
+def test_a_batch_gathered_out_of_the_slots_is_counted(pong_plan, tmp_path, monkeypatch):
+    """Negative control of the above: the slots' store gathers instead of lending a view."""
+    monkeypatch.setattr(TrajectoryStore, "lend", lambda self, positions: None)
+    copies, by_op = copies_per_trajectory(pong_plan, tmp_path, False, monkeypatch, in_slots=True)
+    assert copies == 1, sorted(by_op.items())
 
 
 @pytest.mark.parametrize("caching", [True, False], ids=["prepared-ahead", "direct"])

@@ -1,0 +1,153 @@
+"""The on-policy queue, read where the actors wrote it.
+
+A CPU learner whose only replay is the queue (herd/replay/mixer.py `lends`) trains each
+fresh trajectory once, soon. Copying it out of the actor's slot into the queue's own store
+would be its one copy; reading it in the slot instead leaves none where a batch is one run
+of positions (a lent view, herd/store.py TrajectoryStore.lend), and one gather where it is
+not. The slot then stays with the learner until every trajectory in it has been trained
+on (or dropped, as the queue's ring drops the oldest unused trajectory when more arrive
+than its capacity): the batch source then calls the rollout's `on_free` (the backend gives
+the slot back to its actor). The queue holds as many trajectories as its own store would,
+so the policy lag is what it was with the copy.
+
+`read_slots(store)` switches the queue to the actors' store (herd/store.py TrajectorySlots,
+the local backend's, herd/learner/loop.py RolloutSource.store). Until then, and while
+trajectories loaded from a checkpoint or copied before the switch wait in the queue's own
+store, rollouts are copied as ever (keep() says no), so nothing is lost and the order
+stays first in, first out. A checkpoint saves the waiting trajectories in the queue's own
+format: a run resumes them from any build.
+
+No copy and no overwrite: the learner must be able to form a batch from what the slots
+hold, so the switch needs slots for a batch share and one rollout beside it
+(SlotQueue.fits); fewer, and the queue stays a copying one (herd/training.py says so in
+the log)."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from herd.replay.replay import Replay, ReplayKeys
+from herd.replay.samplers import FifoSampler
+from herd.store import TrajectoryStore
+
+
+@dataclass(frozen=True)
+class SlotKeys(ReplayKeys):
+    """Keys of a batch read from the actors' slots (positions of their store)."""
+
+
+@dataclass
+class Held:
+    """One rollout kept in its slot: freed once `remaining` of its trajectories are trained on."""
+    on_free: Callable[[], None]
+    remaining: int
+
+
+class SlotQueue(Replay):
+    def __init__(self, storage: TrajectoryStore, share: int):
+        super().__init__("queue", storage, FifoSampler(storage.capacity), on_policy=True)
+        self.share = share
+        self.slots: TrajectoryStore | None = None       # the actors' store, once read_slots() switched to it
+        self.waiting: deque[int] = deque()              # its positions not yet sampled, oldest first
+        self.versions = np.zeros(0, dtype=np.int64)     # [slot positions] the policy that acted
+        self.holds: dict[int, Held] = {}                # slot position -> the rollout it belongs to
+
+    @staticmethod
+    def fits(share: int, capacity: int, rollout_size: int) -> bool:
+        """Slots of `capacity` positions can always make a batch share: whatever the queue
+        holds without being able to serve is less than a share plus the one rollout it is
+        part way through, so with that much room an actor always has a slot to fill."""
+        return capacity >= share + rollout_size
+
+    def read_slots(self, slots: TrajectoryStore) -> None:
+        self.slots = slots
+        self.versions = np.full(slots.capacity, -1, dtype=np.int64)
+
+    def copying(self) -> bool:
+        """Rollouts are copied: no slots yet, or the own store still holds trajectories
+        (loaded, or copied before the switch) that come first."""
+        return self.slots is None or self.sampler.available() > 0 or bool(self.sampler.lent)
+
+    def keep(self, start: int, n: int, version: int, on_free: Callable[[], None], overwrite: bool = True) -> bool:
+        """The rollout in slot positions start .. start + n - 1 joins the queue where it is
+        (True: on_free() is called once all n are trained on or dropped); False: copy it
+        (add_rollout). overwrite: beyond the queue's capacity the oldest waiting
+        trajectories are dropped, as its ring would overwrite them (False: the caller keeps
+        the queue within it by taking no rollout while it is full)."""
+        if self.copying():
+            return False
+        held = Held(on_free, n)
+        for position in range(start, start + n):
+            self.holds[position] = held
+            self.waiting.append(position)
+        self.versions[start:start + n] = version
+        while overwrite and len(self.waiting) > self.storage.capacity:
+            self.release(self.waiting.popleft())
+        return True
+
+    def full(self) -> bool:
+        """Reading the slots and holding as many waiting trajectories as its capacity."""
+        return not self.copying() and len(self.waiting) >= self.storage.capacity
+
+    def release(self, position: int) -> None:
+        """A slot position trained on (or dropped): its rollout's slot is freed with its last one."""
+        held = self.holds.pop(position)
+        held.remaining -= 1
+        if held.remaining == 0:
+            held.on_free()
+
+    def add_rollout(self, rollout: dict[str, np.ndarray], version: int) -> None:
+        if self.waiting:
+            # Behind trajectories read in the slots: they would be served out of order.
+            raise RuntimeError("a queue reading the actors' slots takes rollouts in place (keep)")
+        super().add_rollout(rollout, version)
+
+    def available(self) -> int:
+        return self.sampler.available() + len(self.waiting)     # one of the two is 0
+
+    def room(self) -> int:
+        """Own store: as the FIFO's; in the slots, what is left of the capacity."""
+        return self.storage.capacity - len(self.waiting) if not self.copying() else super().room()
+
+    def lend(self, n: int, rng: np.random.Generator):
+        if not self.waiting:
+            return super().lend(n, rng)
+        positions = np.array([self.waiting.popleft() for _ in range(n)], dtype=np.int64)
+        data = self.slots.lend(positions)               # a view where the positions are one run
+        if data is None:
+            data = self.slots.read(positions)           # else the one gather
+        keys = SlotKeys(positions, np.zeros(n, dtype=np.int64))
+        return data, self.versions[positions].copy(), keys, np.ones(n), True
+
+    def sample(self, n: int, rng: np.random.Generator):
+        if self.waiting:
+            raise RuntimeError("a queue reading the actors' slots lends its batches (ReplayMixer(lends=True))")
+        return super().sample(n, rng)
+
+    def give_back(self, keys: ReplayKeys) -> None:
+        if not isinstance(keys, SlotKeys):
+            super().give_back(keys)
+            return
+        for position in keys.positions.tolist():
+            self.release(position)
+
+    def update(self, keys: ReplayKeys, values) -> int:
+        return 0 if isinstance(keys, SlotKeys) else super().update(keys, values)
+
+    def state_dict(self) -> dict:
+        """The waiting trajectories in the queue's own format (at most its capacity, the
+        newest: what its ring would have kept)."""
+        if not self.waiting:
+            return super().state_dict()
+        capacity = self.storage.capacity
+        positions = np.array(list(self.waiting)[-capacity:], dtype=np.int64)
+        k = len(positions)
+        saved = TrajectoryStore(self.storage.layout, k)
+        saved.put(0, self.slots.read(positions), 0)
+        saved.version[:] = self.versions[positions]
+        return {"storage": saved.state_dict(k),
+                "sampler": {"ring": {"next": k % capacity, "filled": k}, "pending": list(range(k))},
+                "generation": np.zeros(capacity, dtype=np.int64)}
