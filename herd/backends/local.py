@@ -217,8 +217,9 @@ class ActorPool:
 class LocalRollouts:
     """The local backend as the learner loop's RolloutSource (herd/learner/loop.py): the
     rollouts of the pool's actors, read as views into their slots; a slot goes back to its
-    actor once ingested or, with synchronous sampling, once an update trained on it and
-    its weights were published (the actor takes them before it acts again)."""
+    actor once ingested (copied), or once the queue that reads it there has trained on it
+    (herd/replay/slot_queue.py), or, with synchronous sampling, once an update trained on
+    it and its weights were published (the actor takes them before it acts again)."""
 
     def __init__(self, pool: ActorPool, slots: TrajectorySlots, servers: InferenceServers | None,
                  synchronous: bool = False):
