@@ -39,7 +39,7 @@ from herd.actors.policy import LocalPolicy
 from herd.envs.actor_envs import make_actor_envs
 from herd.actors.rollout import RolloutWriter
 from herd.backends.ray_wire import pack_obs
-from herd.store import TrajectorySlots
+from herd.store import TrajectoryStore
 from herd.trajectory import TrajectoryLayout
 
 # The concurrency group of offer_weights: its own thread, never queued behind next_rollout.
@@ -112,7 +112,10 @@ class RolloutWorker:
         torch.manual_seed(spec.seed)
         self.actor_id = actor_id
         self.compress_obs = compress_obs
-        self.slots = TrajectorySlots(layout, slots, spec.envs_per_worker)    # field -> [T(+1), slots x E, ...]
+        # A store of its own per slot, each [T(+1), E, ...] C-contiguous: Ray serializes such
+        # arrays out of band, with no copy (a slot of one shared store is strided in time, and
+        # pickling a strided array copies it first).
+        self.stores = [TrajectoryStore(layout, spec.envs_per_worker) for _ in range(slots)]
         self.free = deque(range(slots))
         self.handed: list[int] = []    # slots returned by the previous call
         self.weights = PulledWeights(version, refs[0])
@@ -121,7 +124,7 @@ class RolloutWorker:
         self.policy = LocalPolicy(spec.model_kwargs, self.weights, seed=spec.seed, algorithm=spec.algorithm,
                                   actor_id=actor_id, num_actors=spec.worker_count, options=spec.act_options,
                                   record=spec.record_fields)
-        writer = RolloutWriter(self.slots.views, self.acquire, spec.unroll_length, spec.envs_per_worker)
+        writer = RolloutWriter(self.views, self.acquire, spec.unroll_length, spec.envs_per_worker)
         self.rollouts = collect_rollouts(envs, self.policy, writer, Never())
         self.progress = ActorProgress(actor_id, spec.verbose_interval)
 
@@ -129,10 +132,14 @@ class RolloutWorker:
         """Where this actor runs; its first call, so its answer also says it has started."""
         return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
+    def views(self, slot: int) -> dict:
+        """Slot `slot`'s fields, [T(+1), E, ...] numpy views of its store."""
+        return self.stores[slot].positions(0, self.stores[slot].capacity)
+
     def acquire(self) -> int:
         if not self.free:
             # Only asynchronous env batches open several slots at once; this many never should.
-            raise RuntimeError(f"actor {self.actor_id}: all {self.slots.num_slots} trajectory slots are open "
+            raise RuntimeError(f"actor {self.actor_id}: all {len(self.stores)} trajectory slots are open "
                                "(raise --shared_queue_size)")
         return self.free.popleft()
 
@@ -151,7 +158,7 @@ class RolloutWorker:
         self.handed = [delivery.slot]
         self.progress.delivered(delivery.steps, delivery.episodes)
         rollout = Rollout(delivery.slot, self.actor_id, delivery.version, delivery.steps, delivery.episodes)
-        views = self.slots.views(delivery.slot)
+        views = self.views(delivery.slot)
         return rollout, pack_obs(views) if self.compress_obs else views
 
     def offer_weights(self, version: int, refs: list) -> None:

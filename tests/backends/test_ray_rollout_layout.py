@@ -1,0 +1,42 @@
+"""A Ray actor's rollout leaves as C-contiguous arrays (herd/backends/ray_actors.py: a store
+per slot), which Ray serializes out of band without copying them; a slot of one shared
+store would be strided in time and copied by the pickling first. The actor runs here in
+this process (its class, not a Ray actor), its weights handed over as an array."""
+from __future__ import annotations
+
+import pickle
+
+from torch.nn.utils import parameters_to_vector
+
+import herd.backends.ray_actors as ray_actors
+from herd.models import build_model
+from herd.plan import prepare
+from herd.training import actor_spec
+
+
+def test_a_rollout_leaves_contiguous_and_pickles_out_of_band(monkeypatch):
+    plan = prepare({"env": "CartPole-v1", "envs_per_worker": 4, "r_f_steps": 8, "seed": 3})
+    spec = actor_spec(plan)
+    vector = parameters_to_vector(build_model(**plan.model_kwargs).parameters()).detach().numpy()
+    monkeypatch.setattr(ray_actors.ray, "get", lambda ref: ref)          # the "ref" is the vector itself
+    worker = ray_actors.RolloutWorker(0, spec, plan.layout, slots=3, version=0, refs=[vector])
+    for _ in range(4):                                                   # every slot, one twice
+        rollout, arrays = worker.next_rollout()
+        assert arrays["obs"].shape[:2] == (9, 4) and (arrays["action"] >= 0).all()
+        for name, array in arrays.items():
+            assert array.flags.c_contiguous, name
+        # Out of band: the frames' bytes are not inside the pickle stream (no copy into it).
+        buffers = []
+        stream = pickle.dumps(arrays["obs"], protocol=5, buffer_callback=buffers.append)
+        assert len(buffers) == 1 and len(stream) < arrays["obs"].nbytes
+
+
+def test_a_strided_slot_would_be_pickled_in_band():
+    """Negative control: the same field as a slot of a shared store of 3 slots (strided in time)."""
+    from herd.store import TrajectorySlots
+    plan = prepare({"env": "CartPole-v1", "envs_per_worker": 4, "r_f_steps": 8})
+    obs = TrajectorySlots(plan.layout, 3, 4).views(1)["obs"]
+    assert not obs.flags.c_contiguous
+    buffers = []
+    stream = pickle.dumps(obs, protocol=5, buffer_callback=buffers.append)
+    assert buffers == [] and len(stream) > obs.nbytes
