@@ -5,6 +5,7 @@ this process (its class, not a Ray actor), its weights handed over as an array."
 from __future__ import annotations
 
 import pickle
+import signal
 
 from torch.nn.utils import parameters_to_vector
 
@@ -19,7 +20,12 @@ def test_a_rollout_leaves_contiguous_and_pickles_out_of_band(monkeypatch):
     spec = actor_spec(plan)
     vector = parameters_to_vector(build_model(**plan.model_kwargs).parameters()).detach().numpy()
     monkeypatch.setattr(ray_actors.ray, "get", lambda ref: ref)          # the "ref" is the vector itself
+    # The worker ignores SIGINT, as a Ray actor should; not this test process (its later
+    # children would inherit the ignoring).
+    before = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(ray_actors.signal, "signal", lambda signum, handler: None)
     worker = ray_actors.RolloutWorker(0, spec, plan.layout, slots=3, version=0, refs=[vector])
+    assert signal.getsignal(signal.SIGINT) == before
     for _ in range(4):                                                   # every slot, one twice
         rollout, arrays = worker.next_rollout()
         assert arrays["obs"].shape[:2] == (9, 4) and (arrays["action"] >= 0).all()
