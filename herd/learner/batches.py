@@ -14,7 +14,10 @@ and the replays' keys make sure such values are dropped, not misapplied; and tak
 batch back with `give_back(mixed)` once the learner's step has read it. On a CPU learner
 whose only replay is the on-policy queue, batches are lent (herd/replay/mixer.py `lends`,
 herd/training.py build_mixer): the step reads the observations where the queue wrote
-them, and the queue keeps those positions from new rollouts until they are given back."""
+them, and the queue keeps those positions from new rollouts until they are given back.
+Where the local backend's loop has switched that queue to the actors' slots (`read_slots`,
+herd/replay/slot_queue.py), `keep(start, n, version, on_free)` takes a rollout where it
+is instead of `put_rollout`, and the slot goes back (on_free) once it was trained on."""
 from __future__ import annotations
 
 import logging
