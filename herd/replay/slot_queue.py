@@ -8,19 +8,18 @@ not. The slot then stays with the learner until every trajectory in it has been 
 on (or dropped, as the queue's ring drops the oldest unused trajectory when more arrive
 than its capacity): the batch source then calls the rollout's `on_free` (the backend gives
 the slot back to its actor). The queue holds as many trajectories as its own store would,
-so the policy lag is what it was with the copy.
+so where it reads them does not change the policy lag.
 
 `read_slots(store)` switches the queue to the actors' store (herd/store.py TrajectorySlots,
-the local backend's, herd/learner/loop.py RolloutSource.store). Until then, and while
+the local backend's: herd/learner/loop.py RolloutSource.slots). Until then, and while
 trajectories loaded from a checkpoint or copied before the switch wait in the queue's own
-store, rollouts are copied as ever (keep() says no), so nothing is lost and the order
-stays first in, first out. A checkpoint saves the waiting trajectories in the queue's own
-format: a run resumes them from any build.
+store, rollouts are copied (keep() says no), so nothing is lost and the order stays first
+in, first out. A checkpoint saves the waiting trajectories in the queue's own format: a
+run resumes them whether or not its queue reads slots.
 
-No copy and no overwrite: the learner must be able to form a batch from what the slots
-hold, so the switch needs slots for a batch share and one rollout beside it
-(SlotQueue.fits); fewer, and the queue stays a copying one (herd/training.py says so in
-the log)."""
+The learner must always be able to form a batch from what the slots hold, so the switch
+needs slots for a batch share and one rollout beside it (SlotQueue.fits); with fewer the
+queue keeps copying (and run_loop's log line saying that it reads the slots is absent)."""
 from __future__ import annotations
 
 from collections import deque
