@@ -75,7 +75,7 @@ def pong_options(batch_size: int, caching: bool, updates: int) -> dict:
 def fill_like_pong(slots, actions: int, seed: int = 0) -> None:
     """Every slot holds a plausible rollout: random frames, actions, rewards, no episode end."""
     rng = np.random.default_rng(seed)
-    for name, tensor in slots.store.tensors.items():
+    for name, tensor in slots.tensors.items():
         array = tensor.numpy()
         if name == "obs":
             array[:] = rng.integers(0, 256, array.shape, dtype=np.uint8)

@@ -76,3 +76,15 @@ def use_deterministic_algorithms(mode: bool) -> None:
             and not torch.is_deterministic_algorithms_warn_only_enabled()):
         return
     torch.use_deterministic_algorithms(mode)
+
+
+def host_register(tensor: torch.Tensor, device: torch.device) -> bool:
+    """Page-locks a shared-memory tensor in place for `device`; False where CUDA refuses
+    (a CPU device reads it as it is)."""
+    if device.type != "cuda":
+        return True
+    try:
+        error = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), 0)
+        return int(getattr(error, "value", error)) == 0
+    except Exception:   # an old driver, an unsupported mapping: the staging path works everywhere
+        return False

@@ -2,8 +2,9 @@
 (herd/trajectory.py TrajectoryLayout), a capacity, a device and a shared flag.
 
 It serves as
-- the actors' slots (`TrajectorySlots` below: a shared store on the host, each slot a run
-  of envs_per_slot positions that an actor writes step by step),
+- the actors' slots (`TrajectorySlots` below: the same fields with the capacity split into
+  slots, slot first, shared between processes; each slot a run of envs_per_slot positions
+  that an actor writes step by step),
 - the replays' rings (herd/replay/registry.py: on the host, or on a GPU learner's device
   where a batch is gathered by index without leaving it),
 - the one checkpoint format (`state_dict`: observations LZ4-packed per step, the other
@@ -23,16 +24,20 @@ stacked Atari frames already shrink 20-45x per step, and then the float features
 most of a stored trajectory.) benchmarks/replay_sampling.py measures what this saves."""
 from __future__ import annotations
 
+import contextlib
+
 import lz4.frame
 import numpy as np
 import torch
 
+from herd.device_copies import DeviceCopies
 from herd.trajectory import TrajectoryLayout, torch_dtype
 
 
 class TrajectoryStore:
     def __init__(self, layout: TrajectoryLayout, capacity: int, device: torch.device | str | None = None,
-                 shared: bool = False, compress_obs: bool = False, compression_level: int = 0):
+                 shared: bool = False, compress_obs: bool = False, compression_level: int = 0,
+                 copies: DeviceCopies | None = None):
         self.layout = layout
         self.capacity = capacity
         # device None: the host store, seen as numpy (`arrays`), which lends, compresses and
@@ -44,6 +49,9 @@ class TrajectoryStore:
             raise ValueError(f"a store on the device {self.device} is neither compressed nor shared between processes")
         self.compress_obs = compress_obs
         self.compression_level = compression_level
+        # A device store's rollouts are copied on the copy stream of herd/device_copies.py
+        # (the learner's one, shared by its replays); None: on the caller's stream.
+        self.copies = copies
         fields = layout.fields()
         self.obs_shape, self.obs_dtype = fields["obs"]              # [T+1, *obs_shape]
         self.unroll_length = layout.unroll_length                    # T
@@ -105,9 +113,12 @@ class TrajectoryStore:
             for name, array in self.arrays.items():
                 array[:, start:start + n] = rollout[name]
         else:
-            for name, tensor in self.tensors.items():
-                source = torch.as_tensor(np.ascontiguousarray(rollout[name]))
-                tensor[:, start:start + n].copy_(source, non_blocking=True)
+            # One transfer per field (a slot's fields are C-contiguous: no host copy here),
+            # asynchronous from page-locked slots.
+            with self.copies.copying() if self.copies is not None else contextlib.nullcontext():
+                for name, tensor in self.tensors.items():
+                    source = torch.as_tensor(np.ascontiguousarray(rollout[name]))
+                    tensor[:, start:start + n].copy_(source, non_blocking=True)
         if self.compress_obs:
             for e in range(n):
                 self.packed_obs[start + e], self.offsets[start + e] = self.pack(rollout["obs"][:, e])
@@ -258,23 +269,95 @@ class TrajectoryStore:
 
 
 class TrajectorySlots:
-    """The actors' slots: a shared store on the host, slot s being the envs_per_slot
-    positions from s x envs_per_slot, so one actor rollout is field -> [time, E, ...].
+    """The actors' slots: num_slots x envs_per_slot positions, slot s holding positions
+    s x envs_per_slot .. (s + 1) x envs_per_slot - 1, so one actor rollout is field ->
+    [time, E, ...].
+
+    Each field is one tensor [slot, time, E, ...] (the store's layout with its capacity
+    split into slots, slot first): a slot's rollout is C-contiguous, so it leaves in one
+    transfer per field (a GPU learner's copy from page-locked memory, herd/learner/ingest.py;
+    Ray's out-of-band pickling), and a batch of positions inside one slot is a view of it.
+    Positions across slots are one gather (read).
 
     Built in the main process, handed to actor processes as arguments (torch shares the
-    memory by file descriptor, so nothing is copied and nothing is left in /dev/shm);
-    passed between processes by index."""
+    memory by file descriptor, one per field, so nothing is copied and nothing is left in
+    /dev/shm); passed between processes by index. shared=False: one process's slots (a Ray
+    actor's)."""
 
-    def __init__(self, layout: TrajectoryLayout, num_slots: int, envs_per_slot: int):
+    def __init__(self, layout: TrajectoryLayout, num_slots: int, envs_per_slot: int, shared: bool = True):
         self.layout = layout
         self.num_slots = num_slots
         self.envs_per_slot = envs_per_slot
-        self.store = TrajectoryStore(layout, num_slots * envs_per_slot, shared=True)
+        self.capacity = num_slots * envs_per_slot           # positions
+        self.tensors: dict[str, torch.Tensor] = {}          # field -> [slot, time, E, ...]
+        for name, (shape, dtype) in layout.fields().items():
+            tensor = torch.empty((num_slots, shape[0], envs_per_slot, *shape[1:]), dtype=torch_dtype(dtype))
+            if shared:
+                tensor.share_memory_()
+            tensor.fill_(layout.sentinel(name))
+            self.tensors[name] = tensor
+        self.arrays = {name: tensor.numpy() for name, tensor in self.tensors.items()}
+
+    # As a store: the numpy views would be pickled as copies, so they are remade on arrival.
+    def __getstate__(self) -> dict:
+        return {key: value for key, value in self.__dict__.items() if key != "arrays"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.arrays = {name: tensor.numpy() for name, tensor in self.tensors.items()}
 
     def views(self, slot: int) -> dict[str, np.ndarray]:
-        """numpy views of one slot, [time, E, ...]: writing them writes shared memory."""
-        return self.store.positions(slot * self.envs_per_slot, self.envs_per_slot)
+        """numpy views of one slot, [time, E, ...] C-contiguous: writing them writes the slots."""
+        return {name: array[slot] for name, array in self.arrays.items()}
+
+    def slot_tensors(self, slot: int) -> dict[str, torch.Tensor]:
+        """One slot as tensors, [time, E, ...] C-contiguous (what a device copy reads)."""
+        return {name: tensor[slot] for name, tensor in self.tensors.items()}
 
     def reset(self, slot: int) -> None:
         """Refills a slot with sentinels, so a half-written slot can never pass as data."""
-        self.store.fill_sentinels(slot * self.envs_per_slot, self.envs_per_slot)
+        for name, tensor in self.tensors.items():
+            tensor[slot].fill_(self.layout.sentinel(name))
+
+    def runs(self, positions: np.ndarray) -> list[tuple[int, int, int]]:
+        """positions [B] as runs of adjacent positions inside one slot, in order: (slot,
+        first position in the slot, length)."""
+        E = self.envs_per_slot
+        runs: list[tuple[int, int, int]] = []
+        for position in np.asarray(positions).tolist():
+            slot, e = divmod(position, E)
+            if runs and runs[-1][0] == slot and runs[-1][1] + runs[-1][2] == e:
+                runs[-1] = (slot, runs[-1][1], runs[-1][2] + 1)
+            else:
+                runs.append((slot, e, 1))
+        return runs
+
+    def read(self, positions: np.ndarray) -> dict[str, np.ndarray]:
+        """field -> [time, B, ...] C-contiguous copies of the given positions: one copy of
+        each, a run of adjacent positions inside a slot at a time."""
+        B = len(positions)
+        runs = self.runs(positions)
+        batch = {}
+        for name, array in self.arrays.items():
+            out = np.empty((array.shape[1], B, *array.shape[3:]), dtype=array.dtype)
+            b = 0
+            for slot, e, n in runs:
+                np.copyto(out[:, b:b + n], array[slot, :, e:e + n])
+                b += n
+            batch[name] = out
+        return batch
+
+    def lend(self, positions: np.ndarray) -> dict[str, np.ndarray] | None:
+        """read(positions) with the observations as a view into the slots, no copy, when
+        the positions are one run inside one slot (the on-policy queue's batches of a
+        rollout or less are): obs [T+1, B, ...], valid until the slot is written again (the
+        queue keeps it from its actor until every position is given back). None otherwise."""
+        runs = self.runs(positions)
+        if len(runs) != 1:
+            return None
+        slot, e, n = runs[0]
+        return {name: array[slot, :, e:e + n] if name == "obs" else array[slot, :, e:e + n].copy()
+                for name, array in self.arrays.items()}
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())

@@ -28,6 +28,7 @@ from herd.backends import backend_options, get_backend
 from herd.backends.local import InferenceSetup
 from herd.backends.signals import install_stop_signals
 from herd.config import parse_eval_interval
+from herd.device_copies import DeviceCopies
 from herd.devices import fast_bf16, learner_device, use_deterministic_algorithms
 from herd.errors import ActorFailure, LearnerFailure, PublishFailed, ReplayLost, SaveFailed, TrainingDiverged
 from herd.eval_worker import EvalSpec, Evaluator
@@ -59,11 +60,12 @@ TIMED_ALGORITHMS = ("impala", "impact", "appo")
 
 
 def build_mixer(plan: Plan, model: torch.nn.Module | None, device: torch.device, rank: int = 0,
-                local: bool = False) -> ReplayMixer:
+                local: bool = False, copies: DeviceCopies | None = None) -> ReplayMixer:
     """The replays of --replay_parameters and their mixer; with several learners, learner
     `rank`'s own, drawing its 1/N of every batch. model: what elite/attentive replays
     score with (None where no replay needs it: a replay server's prioritized replay).
-    local: the batches go to a learner in this process (build_batches), not over a wire."""
+    local: the batches go to a learner in this process (build_batches), not over a wire.
+    copies: a GPU learner's copy stream, which its replays copy rollouts on."""
     cfg, r = plan.cfg, plan.cfg.replay
     specs = cfg.replays
     shares = batch_shares(specs, cfg.train.batch_size // cfg.parallel.learner_count)
@@ -84,7 +86,7 @@ def build_mixer(plan: Plan, model: torch.nn.Module | None, device: torch.device,
     replays = [build_replay(spec, plan.layout, share, cfg.parallel.envs_per_worker, compress=r.use_replay_compression,
                             compression_level=r.lz4_compression_level, anneal_rounds_base=cfg.train.lr_scheduler_steps,
                             seed=seed + index, n_step=cfg.train.n_step, storage_device=storage_device,
-                            lent_batches=lent)
+                            device_copies=copies if storage_device is not None else None, lent_batches=lent)
                for index, (spec, share) in enumerate(zip(specs, shares))]
     if model is not None:
         for replay in replays:
@@ -94,7 +96,8 @@ def build_mixer(plan: Plan, model: torch.nn.Module | None, device: torch.device,
                        lends=lends)
 
 
-def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device, rank: int = 0):
+def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device, rank: int = 0,
+                  copies: DeviceCopies | None = None):
     """The batch source over the replays (build_mixer): in this process, or, with the Ray
     backend's --replay_server, a stand-in until the backend starts the replay server,
     which builds the same mixer itself (validate() allows it for Ape-X only, whose
@@ -105,7 +108,7 @@ def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device, rank
         light = Plan(**{**plan.__dict__, "checkpoint": None})
         return ReplayElsewhere(partial(build_mixer, light, None, torch.device("cpu")),
                                requests_ahead=r.cache_output_buffer_size, writes_waiting=r.replay_writer_queue_size)
-    mixer = build_mixer(plan, model, device, rank, local=True)
+    mixer = build_mixer(plan, model, device, rank, local=True, copies=copies)
     if r.caching:
         return PrefetchedBatches(mixer, device, r.caching_threads, r.cache_sample_size, r.cache_output_buffer_size,
                                  r.replay_writer_queue_size, r.discarding_strategy)
@@ -204,8 +207,13 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
                          episode_columns=options.episode_columns()) if primary else None
     metrics = tracked(metrics, cfg.to_flat(), run_dir, cfg.stats.wandb_project)   # wandb, TensorBoard HParams
     progress = ProgressLine(cfg.train.environment_max_steps, enabled=cfg.stats.basic_verbose and primary)
-    session = TrainingSession(plan.layout, learner, build_batches(plan, model, device, group.rank if group else 0),
+    # A GPU learner's replays copy rollouts on a stream of their own; their slots go back
+    # once the copies are done (herd/device_copies.py).
+    copies = DeviceCopies(device)
+    session = TrainingSession(plan.layout, learner, build_batches(plan, model, device, group.rank if group else 0,
+                                                                  copies),
                               EpisodeStats(cfg.stats.avg_buff_size), metrics, progress, run_dir, options)
+    session.device_copies = copies
     session.sync = sync
     session.observation_stats = observation_normalizer(model)    # None without --normalize_observations
     if plan.checkpoint is not None:

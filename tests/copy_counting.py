@@ -9,7 +9,8 @@ instruments feed one CopyCounter:
                      replays' storage): its copy(), fancy indexing (a __getitem__ whose
                      result shares no memory with it), slice assignment (__setitem__ of
                      frames) and every numpy function dispatched on it (__array_function__:
-                     concatenate, stack, take, ...) that returns frames of its own count,
+                     concatenate, stack, take, ...) that returns frames of its own, or
+                     copies them into other memory (copyto), count,
                      and what numpy makes of it stays an ObsArray, followed further;
     numpy_wrapped()  np.array, np.asarray and np.ascontiguousarray, which numpy does not
                      dispatch on their argument, wrapped to count a result that shares no
@@ -83,6 +84,11 @@ class ObsArray(np.ndarray):
 
     def __array_function__(self, func, types, args, kwargs):
         result = super().__array_function__(func, types, args, kwargs)
+        if func is np.copyto and COUNTER is not None:
+            destination, source = (*args, *kwargs.values())[:2]
+            if COUNTER.is_frames(np.asarray(destination)) and not shares(np.asarray(destination), source):
+                COUNTER.add("numpy copyto", np.asarray(destination).nbytes)
+            return result
         if COUNTER is not None and isinstance(result, np.ndarray) and COUNTER.is_frames(result):
             inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray)]
             if not any(shares(result, a) for a in inputs):

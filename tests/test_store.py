@@ -18,21 +18,43 @@ LAYOUT = TrajectoryLayout(unroll_length=5, obs_shape=(4, 84, 84), obs_dtype="uin
 E = 3
 
 
-def test_a_slot_is_a_run_of_positions_of_the_shared_store():
+def test_a_slot_is_a_run_of_positions_of_the_shared_slots():
     slots = TrajectorySlots(LAYOUT, num_slots=4, envs_per_slot=E)
-    assert slots.store.capacity == 4 * E and slots.store.on_host
+    assert slots.capacity == 4 * E
     views = slots.views(2)                                        # [time, E, ...]
     assert views["obs"].shape == (6, E, 4, 84, 84) and views["action"].shape == (5, E)
+    # C-contiguous: a slot leaves in one transfer per field (a device copy, Ray's pickling).
+    assert all(view.flags.c_contiguous for view in views.values())
+    assert all(tensor.is_contiguous() for tensor in slots.slot_tensors(2).values())
     views["obs"][:] = 7
     views["action"][:] = 3
     # The same memory as positions 6, 7, 8 of the store: what a replay would read from it.
-    read = slots.store.read(np.arange(2 * E, 3 * E))
+    read = slots.read(np.arange(2 * E, 3 * E))
     assert (read["obs"] == 7).all() and (read["action"] == 3).all()
-    untouched = slots.store.read(np.array([0, 5, 9]))
+    untouched = slots.read(np.array([0, 5, 9]))
     assert (untouched["obs"] == 0).all() and (untouched["action"] == -1).all()      # sentinels
     slots.reset(2)
     assert (slots.views(2)["action"] == -1).all() and (slots.views(2)["obs"] == 0).all()
     assert (slots.views(1)["action"] == -1).all()
+
+
+def test_positions_inside_one_slot_are_lent_as_a_view_and_across_slots_gathered_in_order():
+    slots = TrajectorySlots(LAYOUT, num_slots=3, envs_per_slot=E)
+    for slot in range(3):
+        for e in range(E):
+            slots.views(slot)["obs"][:, e] = 10 * slot + e
+            slots.views(slot)["action"][:, e] = 10 * slot + e
+    lent = slots.lend(np.array([4, 5]))                           # slot 1, environments 1 and 2
+    assert np.shares_memory(lent["obs"], slots.arrays["obs"]) and lent["obs"].shape == (6, 2, 4, 84, 84)
+    assert list(lent["obs"][0, :, 0, 0, 0]) == [11, 12] and list(lent["action"][0]) == [11, 12]
+    assert not np.shares_memory(lent["action"], slots.arrays["action"])     # the small fields copied
+    # Not one run inside a slot: adjacent positions across two slots, or out of order.
+    for positions in ([2, 3], [1, 0], [0, 2]):
+        assert slots.lend(np.array(positions)) is None, positions
+    assert slots.runs(np.array([2, 3, 4, 8, 7, 1])) == [(0, 2, 1), (1, 0, 2), (2, 2, 1), (2, 1, 1), (0, 1, 1)]
+    read = slots.read(np.array([2, 3, 4, 8, 7, 1]))
+    assert read["obs"].flags.c_contiguous and read["obs"].shape == (6, 6, 4, 84, 84)
+    assert list(read["obs"][5, :, 3, 0, 0]) == list(read["action"][0]) == [2, 10, 11, 22, 21, 1]
 
 
 def forking_pickle(value) -> bytes:
@@ -46,10 +68,10 @@ def test_slots_travel_to_another_process_as_shared_memory_not_as_a_copy():
     remade on arrival (TrajectoryStore.__getstate__), so what travels is a few hundred bytes
     per field whatever the slots hold."""
     slots = TrajectorySlots(LAYOUT, num_slots=8, envs_per_slot=E)
-    frames = slots.store.nbytes()
+    frames = slots.nbytes()
     assert len(forking_pickle(slots)) < 20_000 < frames / 100
     # Negative control: the views pickled as they are carry every frame.
-    assert len(forking_pickle(slots.store.arrays)) > frames
+    assert len(forking_pickle(slots.arrays)) > frames
 
 
 def write_slot(slots: TrajectorySlots, slot: int) -> None:

@@ -34,6 +34,7 @@ from torch.nn.utils import parameters_to_vector
 from herd.actors.actor import ActorSpec, run_actor
 from herd.backends.start import actor_context
 from herd.device_weights import DeviceWeightBoard, same_cuda_device
+from herd.devices import host_register
 from herd.stopping import sigint_blocked
 from herd.errors import ActorFailure
 from herd.backends.inference_servers import InferenceServers
@@ -309,6 +310,12 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     (which trains on the oldest fresh rollouts first) and the publish of its weights."""
     context = actor_context()          # forked from a server that imported torch already (backends/start.py)
     slots = TrajectorySlots(session.layout, worker_count * slots_per_actor, spec.envs_per_worker)
+    if session.options.device.type == "cuda":
+        # Page-locked in place: a rollout's copies to the learner's device are asynchronous
+        # (herd/device_copies.py); where CUDA refuses, they are staged by the driver.
+        locked = all(host_register(tensor, session.options.device) for tensor in slots.tensors.values())
+        log.info("the actors' slots are %s", "page-locked: rollouts go to the device asynchronously" if locked
+                 else "not page-locked (CUDA refused): rollouts go to the device through the driver's staging")
     weights = SharedWeights(session.learner.model, context)
     # A CPU learner's parameters live in the shared vector: its optimizer writes the
     # weights where the actors read them (under the store's sequence lock), no copy per update.

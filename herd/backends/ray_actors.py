@@ -39,7 +39,7 @@ from herd.actors.policy import LocalPolicy
 from herd.envs.actor_envs import make_actor_envs
 from herd.actors.rollout import RolloutWriter
 from herd.backends.ray_wire import pack_obs
-from herd.store import TrajectoryStore
+from herd.store import TrajectorySlots
 from herd.trajectory import TrajectoryLayout
 
 # The concurrency group of offer_weights: its own thread, never queued behind next_rollout.
@@ -112,10 +112,9 @@ class RolloutWorker:
         torch.manual_seed(spec.seed)
         self.actor_id = actor_id
         self.compress_obs = compress_obs
-        # A store of its own per slot, each [T(+1), E, ...] C-contiguous: Ray serializes such
-        # arrays out of band, with no copy (a slot of one shared store is strided in time, and
-        # pickling a strided array copies it first).
-        self.stores = [TrajectoryStore(layout, spec.envs_per_worker) for _ in range(slots)]
+        # Slots of its own, each slot's fields [T(+1), E, ...] C-contiguous: Ray serializes
+        # such arrays out of band, with no copy (pickling a strided array copies it first).
+        self.slots = TrajectorySlots(layout, slots, spec.envs_per_worker, shared=False)
         self.free = deque(range(slots))
         self.handed: list[int] = []    # slots returned by the previous call
         self.weights = PulledWeights(version, refs[0])
@@ -133,13 +132,13 @@ class RolloutWorker:
         return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
     def views(self, slot: int) -> dict:
-        """Slot `slot`'s fields, [T(+1), E, ...] numpy views of its store."""
-        return self.stores[slot].positions(0, self.stores[slot].capacity)
+        """Slot `slot`'s fields, [T(+1), E, ...] numpy views."""
+        return self.slots.views(slot)
 
     def acquire(self) -> int:
         if not self.free:
             # Only asynchronous env batches open several slots at once; this many never should.
-            raise RuntimeError(f"actor {self.actor_id}: all {len(self.stores)} trajectory slots are open "
+            raise RuntimeError(f"actor {self.actor_id}: all {self.slots.num_slots} trajectory slots are open "
                                "(raise --shared_queue_size)")
         return self.free.popleft()
 

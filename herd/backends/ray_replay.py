@@ -130,7 +130,7 @@ class RemoteBatches:
         self.adds = self.reap(self.adds, lost_ok=True)
         return len(self.adds) < self.max_writes and not self.lagging
 
-    def read_slots(self, slots, rollout_size: int) -> bool:
+    def read_slots(self, slots) -> bool:
         return False            # the replay is in the server: rollouts travel to it
 
     def keep(self, start: int, n: int, version: int, on_free) -> bool:

@@ -41,22 +41,11 @@ import logging
 import torch
 
 from herd.device_weights import DeviceWeightBoard
+from herd.devices import host_register
 from herd.inference.forward import ServerOptions, policy_outputs
 from herd.weights import SharedWeights
 
 log = logging.getLogger("herd")
-
-
-def host_register(tensor: torch.Tensor, device: torch.device) -> bool:
-    """Page-locks a shared-memory tensor in place for `device`; False where CUDA refuses
-    (a CPU device reads it as it is)."""
-    if device.type != "cuda":
-        return True
-    try:
-        error = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), 0)
-        return int(getattr(error, "value", error)) == 0
-    except Exception:   # an old driver, an unsupported mapping: the staging path works everywhere
-        return False
 
 
 class DevicePath:

@@ -32,7 +32,7 @@ from herd.learner.learner import to_tensors
 from herd.learner.staging import Staging
 from herd.replay.mixer import ReplayMixer
 from herd.replay.writer import WriterQueue
-from herd.store import TrajectoryStore
+from herd.store import TrajectorySlots
 from herd.trajectory import stack_columns
 
 log = logging.getLogger("herd")
@@ -55,9 +55,9 @@ class DirectBatches:
     def put(self, trajectories: list, version: int) -> None:
         self.put_rollout(stack_columns(trajectories), version)
 
-    def read_slots(self, slots: TrajectoryStore, rollout_size: int) -> bool:
+    def read_slots(self, slots: TrajectorySlots) -> bool:
         """Fresh rollouts may be kept where the actors wrote them from now on (ReplayMixer.read_slots)."""
-        return self.mixer.read_slots(slots, rollout_size)
+        return self.mixer.read_slots(slots)
 
     def keep(self, start: int, n: int, version: int, on_free) -> bool:
         """A rollout in the slots' positions start .. start + n - 1 taken where it is (True:
@@ -126,9 +126,9 @@ class PrefetchedBatches:
     def put(self, trajectories: list, version: int) -> None:
         self.put_rollout(stack_columns(trajectories), version)
 
-    def read_slots(self, slots: TrajectoryStore, rollout_size: int) -> bool:
+    def read_slots(self, slots: TrajectorySlots) -> bool:
         with self.lock:
-            return self.mixer.read_slots(slots, rollout_size)
+            return self.mixer.read_slots(slots)
 
     def keep(self, start: int, n: int, version: int, on_free) -> bool:
         """DirectBatches.keep; not while copied rollouts wait for a worker (they come first)."""
@@ -256,7 +256,7 @@ class ReplayElsewhere:
     def put_rollout(self, views, version: int) -> None:
         raise RuntimeError("the replay server has not started (or has ended): no rollout can be stored")
 
-    def read_slots(self, slots, rollout_size: int) -> bool:
+    def read_slots(self, slots) -> bool:
         return False            # the replay is in another process: rollouts travel to it
 
     def keep(self, start: int, n: int, version: int, on_free) -> bool:

@@ -68,7 +68,7 @@ def run_loop(session: TrainingSession, source: RolloutSource, publish: Callable[
     set; returns why it ended ("finished" or "stopped"). publish(version) hands the
     weights of each trained batch to the actors."""
     session.source = source
-    if source.slots is not None and session.batches.read_slots(source.slots.store, source.slots.envs_per_slot):
+    if source.slots is not None and session.batches.read_slots(source.slots):
         log.info("the on-policy queue reads fresh rollouts in the actors' slots (no copy out of them)")
 
     def train() -> int:

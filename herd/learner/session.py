@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from herd.checkpoint import CHECKPOINT_DIR, list_checkpoints
+from herd.device_copies import DeviceCopies
 from herd.errors import LearnerFailure, ReplayLost, SaveFailed, TrainingDiverged
 from herd.files import write_json
 from herd.learner.distributed import GroupSync, Tally
@@ -117,6 +118,9 @@ class TrainingSession:
         # normalisation (herd/models/normalize.py), updated from every fresh rollout's raw
         # observations; they reach the actors with the next weights.
         self.observation_stats: ObservationNormalizer | None = None
+        # A GPU learner's copies of rollouts into its replays (herd/device_copies.py): a
+        # slot copied from goes back once its copy is done.
+        self.device_copies: DeviceCopies | None = None
         self.evaluator: Evaluator | None = None     # herd/eval_worker.py: told of every update
         self.source: RolloutSource | None = None    # herd/learner/loop.py: its summary goes into summary.json
         # With several learners (herd.learner.distributed): what this one counts waits in
@@ -144,7 +148,8 @@ class TrainingSession:
         this process never reads it (validate() refuses the options whose rollout hooks
         would). Returns True if the batch source keeps the views where they are, positions
         start .. start + E - 1 of the slots it reads (herd/replay/slot_queue.py), and calls
-        on_free() once it has trained on them; False: it copied what it keeps, and the
+        on_free() once it has trained on them, or the copy of them to the device is still
+        in flight (on_free() once it is done); False: it copied what it keeps, and the
         caller may reuse the storage now."""
         if self.observation_stats is not None:
             # The statistics are frozen parameters of the learner's model: where readers in
@@ -159,7 +164,10 @@ class TrainingSession:
         if not stale:
             kept = start is not None and self.batches.keep(start, views["action"].shape[1], version, on_free)
             if not kept:
-                self.batches.put_rollout(views, version)        # copied before this returns
+                self.batches.put_rollout(views, version)        # copied, or its copy queued on the device
+                # A copy still in flight reads the slot: it goes back when that is done.
+                kept = (on_free is not None and self.device_copies is not None
+                        and self.device_copies.release_after(on_free))
         if self.marked_stats is not None:
             # Ape-X marks its least exploring actor's games (one learner: validate() refuses
             # it with several, whose rounds carry (score, length) pairs only).
@@ -189,6 +197,8 @@ class TrainingSession:
 
     def train_ready_batches(self, on_update) -> int:
         """Trains on every batch the replays can give; calls on_update(version) after each."""
+        if self.device_copies is not None:
+            self.device_copies.release_done()       # the slots whose copies to the device are done
         trained = 0
         while (ready := self.batches.next_ready()) is not None:
             if self.sync is not None and self.done:

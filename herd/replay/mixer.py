@@ -19,7 +19,7 @@ import torch
 
 from herd.replay.replay import Replay
 from herd.replay.slot_queue import SlotQueue
-from herd.store import TrajectoryStore
+from herd.store import TrajectorySlots
 
 # How far (in batches) a learner without a queue may fall behind its replay ratio before
 # its actors wait: enough that the actors rarely stop, few enough that the ratio holds.
@@ -92,13 +92,13 @@ class ReplayMixer:
             replay.add_rollout(rollout, version)
         self.credit += self.items_per_add * rollout["action"].shape[1]
 
-    def read_slots(self, slots: TrajectoryStore, rollout_size: int) -> bool:
+    def read_slots(self, slots: TrajectorySlots) -> bool:
         """A lending mixer whose only replay is the queue reads fresh rollouts where the
         actors wrote them, in `slots` (herd/replay/slot_queue.py), if those can always make
         a batch; True if it does from now on (keep() then takes rollouts in place)."""
         queue = self.replays[0]
         if not (self.lends and len(self.replays) == 1 and isinstance(queue, SlotQueue)
-                and SlotQueue.fits(self.batch_size, slots.capacity, rollout_size)):
+                and SlotQueue.fits(self.batch_size, slots.capacity, slots.envs_per_slot)):
             return False
         queue.read_slots(slots)
         return True

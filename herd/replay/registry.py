@@ -34,6 +34,9 @@ class BuildOptions:
     # learner's GPU): queue, standard, custom (elite/attentive) and circular replays then keep
     # their herd/store.py TrajectoryStore there, and a prioritized replay's priorities with them.
     storage_device: Any = None
+    # With storage_device: the learner's copy stream (herd/device_copies.py), which every
+    # replay's store copies rollouts on.
+    device_copies: Any = None
     # queue: batches it may have lent at once (read in place by a CPU learner, herd/replay/
     # mixer.py `lends`: the one being trained and those prepared ahead), kept from new writes.
     lent_batches: int = 0
@@ -54,7 +57,7 @@ def build_queue(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
     # a CPU learner reads in place (TrajectoryStore.lend) instead of copying.
     needed = max(spec.capacity, o.share * (o.lent_batches + 1) + o.rollout_size)
     capacity = -(-needed // o.share) * o.share if o.share > 0 else needed
-    storage = TrajectoryStore(layout, capacity, o.storage_device)
+    storage = TrajectoryStore(layout, capacity, o.storage_device, copies=o.device_copies)
     return SlotQueue(storage, o.share)
 
 
@@ -62,7 +65,7 @@ def off_policy_storage(spec, layout: TrajectoryLayout, o: BuildOptions) -> Traje
     """A host store (LZ4-packed observations with --use_replay_compression), or one on a
     GPU learner's device (never compressed: decompressing on the host is the copy it removes)."""
     if o.storage_device is not None:
-        return TrajectoryStore(layout, spec.capacity, o.storage_device)
+        return TrajectoryStore(layout, spec.capacity, o.storage_device, copies=o.device_copies)
     return TrajectoryStore(layout, spec.capacity, compress_obs=o.compress, compression_level=o.compression_level)
 
 
@@ -186,7 +189,7 @@ def build_circular(spec, layout: TrajectoryLayout, o: BuildOptions) -> Replay:
     times. Never compressed: each batch is read K times within moments."""
     sampler = CircularSampler(spec.capacity, o.share, spec.option("iterations_per_batch", CIRCULAR_DEFAULT_ITERATIONS))
     # On a GPU learner the batches stay in device memory, as the queue's do.
-    storage = TrajectoryStore(layout, sampler.capacity, o.storage_device)
+    storage = TrajectoryStore(layout, sampler.capacity, o.storage_device, copies=o.device_copies)
     return Replay("circular", storage, sampler, on_policy=True)
 
 

@@ -3,14 +3,14 @@
 A CPU learner whose only replay is the queue (herd/replay/mixer.py `lends`) trains each
 fresh trajectory once, soon. Copying it out of the actor's slot into the queue's own store
 would be its one copy; reading it in the slot instead leaves none where a batch is one run
-of positions (a lent view, herd/store.py TrajectoryStore.lend), and one gather where it is
+of positions inside one slot (a lent view, herd/store.py TrajectorySlots.lend), and one gather where it is
 not. The slot then stays with the learner until every trajectory in it has been trained
 on (or dropped, as the queue's ring drops the oldest unused trajectory when more arrive
 than its capacity): the batch source then calls the rollout's `on_free` (the backend gives
 the slot back to its actor). The queue holds as many trajectories as its own store would,
 so where it reads them does not change the policy lag.
 
-`read_slots(store)` switches the queue to the actors' store (herd/store.py TrajectorySlots,
+`read_slots(slots)` switches the queue to the actors' slots (herd/store.py TrajectorySlots,
 the local backend's: herd/learner/loop.py RolloutSource.slots). Until then, and while
 trajectories loaded from a checkpoint or copied before the switch wait in the queue's own
 store, rollouts are copied (keep() says no), so nothing is lost and the order stays first
@@ -30,7 +30,7 @@ import numpy as np
 
 from herd.replay.replay import Replay, ReplayKeys
 from herd.replay.samplers import FifoSampler
-from herd.store import TrajectoryStore
+from herd.store import TrajectorySlots, TrajectoryStore
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class SlotQueue(Replay):
     def __init__(self, storage: TrajectoryStore, share: int):
         super().__init__("queue", storage, FifoSampler(storage.capacity), on_policy=True)
         self.share = share
-        self.slots: TrajectoryStore | None = None       # the actors' store, once read_slots() switched to it
+        self.slots: TrajectorySlots | None = None       # the actors' slots, once read_slots() switched to them
         self.waiting: deque[int] = deque()              # its positions not yet sampled, oldest first
         self.versions = np.zeros(0, dtype=np.int64)     # [slot positions] the policy that acted
         self.holds: dict[int, Held] = {}                # slot position -> the rollout it belongs to
@@ -61,7 +61,7 @@ class SlotQueue(Replay):
         part way through, so with that much room an actor always has a slot to fill."""
         return capacity >= share + rollout_size
 
-    def read_slots(self, slots: TrajectoryStore) -> None:
+    def read_slots(self, slots: TrajectorySlots) -> None:
         self.slots = slots
         self.versions = np.full(slots.capacity, -1, dtype=np.int64)
 
@@ -115,7 +115,7 @@ class SlotQueue(Replay):
         if not self.waiting:
             return super().lend(n, rng)
         positions = np.array([self.waiting.popleft() for _ in range(n)], dtype=np.int64)
-        data = self.slots.lend(positions)               # a view where the positions are one run
+        data = self.slots.lend(positions)               # a view where the positions are one run in a slot
         if data is None:
             data = self.slots.read(positions)           # else the one gather
         keys = SlotKeys(positions, np.zeros(n, dtype=np.int64))

@@ -1,6 +1,7 @@
-"""A Ray actor's rollout leaves as C-contiguous arrays (herd/backends/ray_actors.py: a store
-per slot), which Ray serializes out of band without copying them; a slot of one shared
-store would be strided in time and copied by the pickling first. The actor runs here in
+"""A Ray actor's rollout leaves as C-contiguous arrays (herd/backends/ray_actors.py: its
+TrajectorySlots, slot first), which Ray serializes out of band without copying them; a run
+of positions of a store (capacity second) would be strided in time and copied by the
+pickling first. The actor runs here in
 this process (its class, not a Ray actor), its weights handed over as an array."""
 from __future__ import annotations
 
@@ -38,10 +39,10 @@ def test_a_rollout_leaves_contiguous_and_pickles_out_of_band(monkeypatch):
 
 
 def test_a_strided_slot_would_be_pickled_in_band():
-    """Negative control: the same field as a slot of a shared store of 3 slots (strided in time)."""
-    from herd.store import TrajectorySlots
+    """Negative control: the same field as 4 positions of a store of 12 (strided in time)."""
+    from herd.store import TrajectoryStore
     plan = prepare({"env": "CartPole-v1", "envs_per_worker": 4, "r_f_steps": 8})
-    obs = TrajectorySlots(plan.layout, 3, 4).views(1)["obs"]
+    obs = TrajectoryStore(plan.layout, 12).positions(4, 4)["obs"]
     assert not obs.flags.c_contiguous
     buffers = []
     stream = pickle.dumps(obs, protocol=5, buffer_callback=buffers.append)

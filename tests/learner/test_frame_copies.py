@@ -25,7 +25,7 @@ from herd.learner.batches import PrefetchedBatches
 from herd.learner.learner import StepResult
 from herd.plan import prepare
 from herd.training import build_session
-from herd.store import TrajectorySlots, TrajectoryStore
+from herd.store import TrajectorySlots
 
 ROLLOUTS = 2          # of 8 environments each: one batch of 8 each (Pong's CPU batch)
 ENVS = 8
@@ -74,12 +74,12 @@ def session_of(plan, tmp_path, caching: bool, monkeypatch, counter: CopyCounter)
 def filled_slots(plan) -> TrajectorySlots:
     slots = TrajectorySlots(plan.layout, ROLLOUTS, ENVS)
     rng = np.random.default_rng(0)
-    obs = slots.store.tensors["obs"].numpy()
+    obs = slots.tensors["obs"].numpy()
     obs[:] = rng.integers(0, 256, obs.shape, dtype=np.uint8)
-    slots.store.tensors["action"].zero_()
+    slots.tensors["action"].zero_()
     for name in ("reward", "trunc_value", "behaviour_value", "behaviour_logits"):
-        slots.store.tensors[name].zero_()
-    slots.store.tensors["done"].zero_()
+        slots.tensors[name].zero_()
+    slots.tensors["done"].zero_()
     return slots
 
 
@@ -93,8 +93,8 @@ def copies_per_trajectory(plan, tmp_path, caching: bool, monkeypatch, in_slots: 
     slots = filled_slots(plan)
     freed = []
     if in_slots:
-        slots.store.arrays["obs"] = slots.store.arrays["obs"].view(ObsArray)
-        assert session.batches.read_slots(slots.store, ENVS)
+        slots.arrays["obs"] = slots.arrays["obs"].view(ObsArray)
+        assert session.batches.read_slots(slots)
     try:
         with TorchCopies(counter), numpy_wrapped(monkeypatch, counter):
             for slot in range(ROLLOUTS):
@@ -129,8 +129,8 @@ def test_no_frame_copy_where_the_queue_reads_the_slots(pong_plan, tmp_path, cach
 
 
 def test_a_batch_gathered_out_of_the_slots_is_counted(pong_plan, tmp_path, monkeypatch):
-    """Negative control of the above: the slots' store gathers instead of lending a view."""
-    monkeypatch.setattr(TrajectoryStore, "lend", lambda self, positions: None)
+    """Negative control of the above: the slots gather instead of lending a view."""
+    monkeypatch.setattr(TrajectorySlots, "lend", lambda self, positions: None)
     copies, by_op = copies_per_trajectory(pong_plan, tmp_path, False, monkeypatch, in_slots=True)
     assert copies == 1, sorted(by_op.items())
 

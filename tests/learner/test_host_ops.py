@@ -55,7 +55,7 @@ def ops_of_one_update(plan, tmp_path, sums_outside: bool = False) -> tuple[int, 
     weights = SharedWeights(session.learner.model)
     publish = WeightPublisher(session.learner.model, weights.publish_vector)
     slots = TrajectorySlots(plan.layout, 1, 8)
-    for tensor in slots.store.tensors.values():
+    for tensor in slots.tensors.values():
         tensor.zero_()
     try:
         session.ingest(slots.views(0), version=0, steps=160, episodes=[])

@@ -39,9 +39,9 @@ class ScriptedSource:
     def __init__(self, session):
         self.session = session
         self.slots = TrajectorySlots(session.layout, 1, ENVS)
-        for tensor in self.slots.store.tensors.values():
+        for tensor in self.slots.tensors.values():
             tensor.zero_()                  # slots start as -1 where unwritten (actions): a played rollout
-        self.slots.store.tensors["obs"].uniform_(-1.0, 1.0, generator=torch.Generator().manual_seed(0))
+        self.slots.tensors["obs"].uniform_(-1.0, 1.0, generator=torch.Generator().manual_seed(0))
         self.events: list[tuple] = []
         self.sent = 0
 

@@ -49,12 +49,12 @@ class Freed(list):
 
 def test_a_batch_in_one_slot_is_read_in_place_and_the_slot_freed_after_its_last_trajectory():
     slots, m, freed = TrajectorySlots(LAYOUT, SLOTS, E), mixer(), Freed()
-    assert m.read_slots(slots.store, E)
+    assert m.read_slots(slots)
     filled(slots, 1, mark=3)
     assert m.keep(1 * E, E, version=7, on_free=freed.on_free(1))
     first = m.sample()
     assert first.lent and list(first.versions) == [7, 7]
-    assert np.shares_memory(first.data["obs"], slots.store.arrays["obs"])       # no copy
+    assert np.shares_memory(first.data["obs"], slots.arrays["obs"])       # no copy
     assert marks(first.data["obs"]) == [30, 31]
     m.give_back(first)
     assert freed == []                           # half the slot is still to be trained on
@@ -70,18 +70,18 @@ def test_without_the_slots_the_queue_copies():
     m.add_rollout(filled(slots, 1, mark=3), version=7)
     batch = m.sample()
     assert marks(batch.data["obs"]) == [30, 31]
-    assert not np.shares_memory(batch.data["obs"], slots.store.arrays["obs"])
+    assert not np.shares_memory(batch.data["obs"], slots.arrays["obs"])
 
 
 def test_a_batch_across_slots_out_of_order_is_one_gather():
     slots, m, freed = TrajectorySlots(LAYOUT, SLOTS, 1), mixer(), Freed()
-    assert m.read_slots(slots.store, 1)
+    assert m.read_slots(slots)
     for slot, mark in ((2, 5), (0, 6)):                   # positions 2 then 0: not one run
         views = slots.views(slot)
         views["obs"][:] = 10 * mark
         assert m.keep(slot, 1, version=mark, on_free=freed.on_free(slot))
     batch = m.sample()
-    assert not np.shares_memory(batch.data["obs"], slots.store.arrays["obs"])
+    assert not np.shares_memory(batch.data["obs"], slots.arrays["obs"])
     assert marks(batch.data["obs"]) == [50, 60] and list(batch.versions) == [5, 6]
     m.give_back(batch)
     assert freed == [2, 0]
@@ -89,7 +89,7 @@ def test_a_batch_across_slots_out_of_order_is_one_gather():
 
 def test_past_its_capacity_the_oldest_waiting_are_dropped_and_their_slot_freed():
     slots, m, freed = TrajectorySlots(LAYOUT, 16, E), mixer(), Freed()
-    assert m.read_slots(slots.store, E)
+    assert m.read_slots(slots)
     capacity = m.replays[0].storage.capacity
     kept = capacity // E + 1
     for slot in range(kept):
@@ -105,7 +105,7 @@ def test_without_overwrite_the_batch_source_takes_no_rollout_while_the_queue_is_
     batches = PrefetchedBatches(mixer(), torch.device("cpu"), threads=1, per_round=1, buffer_size=1,
                                 writer_queue_size=4, discarding_strategy="wait")
     try:
-        assert batches.read_slots(slots.store, E)
+        assert batches.read_slots(slots)
         capacity = batches.mixer.replays[0].storage.capacity
         slot = 0
         while batches.has_room():
@@ -119,15 +119,15 @@ def test_without_overwrite_the_batch_source_takes_no_rollout_while_the_queue_is_
 
 def test_too_few_slots_for_a_batch_keep_the_queue_copying():
     m = mixer()
-    assert not m.read_slots(TrajectorySlots(LAYOUT, 1, 1).store, 1)        # 1 position < a share + a rollout
+    assert not m.read_slots(TrajectorySlots(LAYOUT, 1, 1))        # 1 position < a share + a rollout
     assert not m.keep(0, 1, 0, on_free=lambda: None)
-    assert not mixer(lends=False).read_slots(TrajectorySlots(LAYOUT, SLOTS, E).store, E)
+    assert not mixer(lends=False).read_slots(TrajectorySlots(LAYOUT, SLOTS, E))
 
 
 def test_loaded_trajectories_come_first_and_the_waiting_save_in_the_queues_format():
     slots, freed = TrajectorySlots(LAYOUT, SLOTS, E), Freed()
     saving = DirectBatches(mixer(), torch.device("cpu"))
-    assert saving.read_slots(slots.store, E)
+    assert saving.read_slots(slots)
     filled(slots, 2, mark=4)
     assert saving.keep(2 * E, E, version=9, on_free=freed.on_free(2))
     saving.give_back(saving.next_ready()[1])              # trajectories 40, 41 trained
@@ -135,7 +135,7 @@ def test_loaded_trajectories_come_first_and_the_waiting_save_in_the_queues_forma
 
     resumed = DirectBatches(mixer(), torch.device("cpu"))
     resumed.load_replay_state(state)
-    assert resumed.read_slots(slots.store, E)
+    assert resumed.read_slots(slots)
     filled(slots, 0, mark=1)
     assert not resumed.keep(0, E, version=10, on_free=freed.on_free(0))   # behind the loaded two: copied
     resumed.put_rollout(slots.views(0), 10)
@@ -147,7 +147,7 @@ def test_loaded_trajectories_come_first_and_the_waiting_save_in_the_queues_forma
 
 def test_rollouts_put_behind_trajectories_read_in_the_slots_are_refused():
     slots, m = TrajectorySlots(LAYOUT, SLOTS, E), mixer()
-    assert m.read_slots(slots.store, E)
+    assert m.read_slots(slots)
     assert m.keep(0, E, version=0, on_free=lambda: None)
     with pytest.raises(RuntimeError, match="in place"):
         m.add_rollout(filled(slots, 1, mark=1), version=1)
