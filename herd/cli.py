@@ -32,11 +32,20 @@ class OneLineParser(argparse.ArgumentParser):
 def default_text(f: dataclasses.Field) -> str:
     """' [default: ...]' as a run gets it: from the field, or per environment kind where a
     profile sets it (so --help can never disagree with what runs)."""
-    from herd.profiles import ALGORITHM_PROFILES, GAME_PROFILES, MACHINE_PROFILES, PROFILES
+    from herd.profiles import (ALGORITHM_PROFILES, DEFAULT_ALGORITHM, GAME_PROFILES, MACHINE_ALGORITHMS,
+                               MACHINE_PROFILES, PROFILES)
+    if f.name == "algorithm":
+        picks = [f"{KIND_NAMES[kind]} {DEVICE_NAMES[device]} {algorithm}"
+                 for kind, devices in MACHINE_ALGORITHMS.items() for device, algorithm in devices.items()]
+        return " [default: " + "; ".join([*picks, f"otherwise {DEFAULT_ALGORITHM}"]) + "]"
     per_kind = {KIND_NAMES[kind]: values[f.name] for kind, values in PROFILES.items() if f.name in values}
     for kind, devices in MACHINE_PROFILES.items():      # the defaults that depend on the machine
-        per_kind.update({f"{KIND_NAMES[kind]} {DEVICE_NAMES[device]}": values[f.name]
-                         for device, values in devices.items() if f.name in values})
+        for device, values in devices.items():
+            if f.name in values:
+                # Where the machine picks another algorithm, these are IMPALA's there.
+                other = MACHINE_ALGORITHMS.get(kind, {}).get(device, DEFAULT_ALGORITHM) != DEFAULT_ALGORITHM
+                label = f"{KIND_NAMES[kind]} {DEVICE_NAMES[device]}"
+                per_kind[label + (f" (--algorithm={DEFAULT_ALGORITHM})" if other else "")] = values[f.name]
     text = f" [default: {f.default}]" if f.default is not None else ""
     if per_kind:
         text = " [default: " + "; ".join(f"{kind} {value}" for kind, value in per_kind.items()) + "]"

@@ -28,9 +28,9 @@ from herd.errors import ConfigError
 from herd.inputs import FromFile, check_option_value, excerpt
 from herd.models import NETWORKS
 from herd.placement import refuse_placement, split_placement
-from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, FALLBACKS, MACHINE_PROFILES, PROFILES,
-                           game_profile, inference_servers_for, machine_profile, samples_synchronously,
-                           slots_for_bounded_lag)
+from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, FALLBACKS, MACHINE_ALGORITHMS, MACHINE_PROFILES,
+                           PROFILES, game_profile, inference_servers_for, machine_algorithm,
+                           machine_profile, samples_synchronously, slots_for_bounded_lag)
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters, passes_per_batch
 from herd.replay.writer import DISCARDING_STRATEGIES
 from herd.validation import parse_eval_interval, transition_items, validate
@@ -61,7 +61,7 @@ class GeneralConfig:
     results_dir: str = opt("results", "folder that holds one sub-folder per run")
     save_replay: bool = opt(True, "save the replays' contents (LZ4-packed) with every checkpoint; turn off for very large buffers")
     device: str = opt("auto", "learner device: auto (cuda when a GPU is present), cpu or cuda", ("cpu", "auto", "cuda"))
-    algorithm: str = opt("impala", "the algorithm: impala (V-trace actor-critic with CLEAR and LASER), apex (Ape-X: prioritized replay, n-step double dueling DQN; its own defaults, see README), impact (IMPACT: a target network, a clipped surrogate and a circular buffer that trains on each batch several times; docs/impact.md) or appo (PPO's epochs and minibatches over each stored batch with a clipped surrogate on V-trace targets; docs/appo.md)", tuple(ALGORITHMS))
+    algorithm: Optional[str] = opt(None, "the algorithm (unset: by the learner device, herd/profiles.py MACHINE_ALGORITHMS; a run that names an option only IMPALA has, such as a replay mix or LASER's mask, runs impala): impala (V-trace actor-critic with CLEAR and LASER), apex (Ape-X: prioritized replay, n-step double dueling DQN; its own defaults, see README), impact (IMPACT: a target network, a clipped surrogate and a circular buffer that trains on each batch several times; docs/impact.md) or appo (PPO's epochs and minibatches over each stored batch with a clipped surrogate on V-trace targets; docs/appo.md)", tuple(ALGORITHMS))
     # -- run names --
     name: Optional[str] = opt(None, "a name for the run: its folder is <results_dir>/<name>_<env>_<algorithm>_<date-time>")
     tag: Optional[str] = opt(None, "labels for the run, comma-separated (kept in config.json; the folder name carries them after the name; herd plot ignores both when grouping)")
@@ -146,7 +146,7 @@ class ParallelConfig:
     inference_weights_interval: int = opt(1, "inference server: take published weights once they are this many learner updates newer (1: every update)")
     inference_precision: str = opt("auto", "inference server arithmetic: fp32, bf16 (autocast), or auto (bf16 on a GPU with bf16 units, else fp32)", ("auto", "fp32", "bf16"))
     inference_cuda_graphs: bool = opt(False, "inference server on CUDA: replay CUDA graphs captured for padded batch sizes (8, 16, ... rows) instead of launching every kernel; refused on a CPU")
-    synchronous_sampling: Optional[bool] = opt(None, "local backend: an actor starts its next rollout only after the learner has trained on its last one and published the weights that update made (PPO's synchronous sampling, Sample Factory's async_rl=False): the policy lag stays near 0 at the cost of actors idle during updates; one slot per actor (--shared_queue_size=1, its default then), and a batch's fresh trajectories must fit in the actors' slots (unset: on for APPO on Atari with the local backend, one learner and one slot's worth of actors (no --env_batch_size, no double buffering), where a stored batch is then one rollout of every environment, as PPO's; off otherwise)")
+    synchronous_sampling: Optional[bool] = opt(None, "local backend: an actor starts its next rollout only after the learner has trained on its last one and published the weights that update made (PPO's synchronous sampling, Sample Factory's async_rl=False): the policy lag stays near 0 at the cost of actors idle during updates; one slot per actor (--shared_queue_size=1, its default then), and a batch's fresh trajectories must fit in the actors' slots (unset: on for APPO on Atari with the local backend, one learner and one slot's worth of actors (no --env_batch_size, no double buffering), where every rollout is then trained by the weights that acted in it, as PPO's; off otherwise)")
     actor_double_buffer: bool = opt(False, "with an inference server: each actor keeps two half-batches of its environments in flight, stepping one half while the server acts on the other (Sample Factory's double buffering); needs --envs_per_worker >= 2, --env_batch_size=0 and --shared_queue_size >= 2")
     # --- end inference servers ---
 
@@ -370,10 +370,14 @@ def check_option(name: Any, value: Any) -> None:
 def apply_profile(cfg: Config, kind: str) -> Config:
     """Fills the fields left at None with the defaults of the algorithm on this game
     (GAME_PROFILES), of the algorithm (for this kind of environment, ALGORITHM_PROFILES),
-    then of the environment's kind (PROFILES)."""
+    then of the environment's kind (PROFILES); an unset algorithm first, by the machine
+    (MACHINE_ALGORITHMS)."""
+    if cfg.general.algorithm is None:
+        cfg.general.algorithm = machine_algorithm(kind, cfg.general.device, names_impala_options(cfg))
     algorithm_profile = ALGORITHM_PROFILES.get(cfg.general.algorithm, {}).get(kind, {})
     queue_unset = cfg.parallel.shared_queue_size is None
-    batch_unset = cfg.train.batch_size is None
+    # Unset and no profile of the algorithm names it (APPO's on Atari does: PPO's 1,024 steps).
+    batch_unset = cfg.train.batch_size is None and "batch_size" not in algorithm_profile
     learners = cfg.parallel.learner_count or torchrun_world_size() or 1
     if cfg.continuous.normalize_observations is None and (learners > 1 or cfg.network.network in ("minatar_cnn",
                                                                                                    "constant")):
@@ -396,8 +400,8 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         p.synchronous_sampling = (samples_synchronously(cfg.general.algorithm, kind, p.multiprocessing_backend)
                                   and p.learner_count == 1 and not needs_two_slots)
     if batch_unset and cfg.parallel.synchronous_sampling and cfg.train.passes_per_batch * cfg.train.minibatches_per_pass > 1:
-        # Reuse with synchronous sampling: a stored batch is one rollout of every environment,
-        # as PPO's (2 actors x 4 games x 128 steps on 2 cores; docs/appo.md, Defaults).
+        # Reuse with synchronous sampling and no batch from a profile: a stored batch is one
+        # rollout of every environment, as PPO's (docs/appo.md, Defaults).
         cfg.train.batch_size = cfg.parallel.worker_count * cfg.parallel.envs_per_worker
     if queue_unset and cfg.parallel.synchronous_sampling:
         cfg.parallel.shared_queue_size = 1      # an actor with a second slot would go on filling it
@@ -450,6 +454,16 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     return cfg
 
 
+def names_impala_options(cfg: Config) -> bool:
+    """The config names an option only IMPALA has: a replay other than the queue, LASER's
+    mask, CLEAR's cloning terms or the entropy decay (APPO refuses them)."""
+    lo = cfg.loss
+    given = cfg.replay.replay_parameters
+    other_replay = given is not None and any(spec.type != "queue" for spec in parse_replay_parameters(given))
+    return bool(other_replay or lo.use_kl_mask or lo.use_policy_cloning_loss or lo.use_value_cloning_loss
+                or lo.entropy_decay)
+
+
 def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
     """What herd picked for the hardware in this run's config, with the hardware: the
     options of machine_profile, the actor count, and where the kind's profile leaves them to
@@ -458,6 +472,8 @@ def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
     flat, profile = cfg.to_flat(), PROFILES[kind]
     device = learner_device(cfg.general.device)
     names = [*machine_profile(kind, cfg.general.device), "worker_count"]     # one actor per core
+    if kind in MACHINE_ALGORITHMS:
+        names.insert(0, "algorithm")                # by the learner device (MACHINE_ALGORITHMS)
     if cfg.general.actor_inference == "server" or (cfg.general.actor_inference == "auto" and device.type == "cuda"):
         names.append("inference_servers")           # from the actors per server on this device
     if profile.get("learner_precision") == "auto":

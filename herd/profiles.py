@@ -92,11 +92,33 @@ PROFILES: dict[str, dict[str, Any]] = {
 # 175 s Pong's average reached -8.4 on 7.5M frames with 8 and -20.2 on 7.7M with 32
 # (herd 3e1816f; docs/benchmarks.md, "The entropy bonus on Atari"). The learning rate
 # decays over the whole run (15M steps: about 94,000 updates of 8 x 20 steps). Precision,
-# threads, compiling and capture are picked in apply_profile from the hardware.
+# threads, compiling and capture are picked in apply_profile from the hardware. APPO's
+# profile, applied before this one, sets its own (a GPU run is APPO unless it asks for
+# IMPALA: MACHINE_ALGORITHMS below).
 ATARI_ON_POLICY = dict(r_f_steps=20, lr=0.0006, envs_per_worker=8, replay_parameters=QUEUE_ONLY, batch_size=8)
 MACHINE_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "atari": {"cpu": ATARI_ON_POLICY, "cuda": ATARI_ON_POLICY},
 }
+# The algorithm where --algorithm is unset, per environment kind and learner device: the
+# one that needs the fewest frames where the learner has compute to spare. A GPU learner's
+# captured update is about 1 ms, a few percent of its time, so on Atari it runs APPO (16
+# gradient steps per 1,024 agent steps): on Pong APPO reached 20 within 5M frames where
+# IMPALA's one pass did not (docs/benchmarks.md, "APPO on Pong"). A CPU learner pays for each
+# pass with the actors' cores, and there IMPALA reached 20 sooner in wall time (16 minutes
+# against APPO's 28 on a 2-core EPYC). A run that names an option only IMPALA has (a replay
+# other than the queue, LASER's mask, CLEAR's cloning terms, the entropy decay) runs IMPALA.
+MACHINE_ALGORITHMS: dict[str, dict[str, str]] = {"atari": {"cuda": "appo"}}
+DEFAULT_ALGORITHM = "impala"
+
+
+def machine_algorithm(kind: str, device: str, needs_impala: bool) -> str:
+    """--algorithm's default for this kind of environment on the learner device that
+    --device gives here; needs_impala: the run names an option only IMPALA has."""
+    if needs_impala:
+        return DEFAULT_ALGORITHM
+    return MACHINE_ALGORITHMS.get(kind, {}).get(learner_device(device).type, DEFAULT_ALGORITHM)
+
+
 # A run this long (environment steps) compiles its Atari learner by default: compiling costs
 # 20-40 s at the start; over the channels-last learner it gains nothing at batch 8 and up
 # to 10% at batch 32 in bf16 on a 2-core Xeon (README, learner step).
@@ -118,16 +140,19 @@ IMPACT_PROFILE: dict[str, Any] = dict(replay_parameters=CIRCULAR, target_update_
 # network is the learner as each stored batch arrives (PPO's old policy).
 # On Atari, Sample Factory's shape, measured (docs/benchmarks.md, APPO on Pong): frames
 # normalised per pixel (as every Atari run) and returns by their running scale, 128-step rollouts sampled
-# synchronously (samples_synchronously), each stored batch one rollout of every game
-# (herd/config.py apply_profile: 2 actors x 4 games on 2 cores, 1,024 steps). On Pong the
-# normalisations took the 100-game average at 1.5M frames from -19.6 to +13.9 (18 at 2.8M
-# frames; 20 not reached within 5M).
+# synchronously (samples_synchronously). On Pong the normalisations took the 100-game
+# average at 1.5M frames from -19.6 to +13.9 (18 at 2.8M frames; 20 not reached within 5M
+# with the clip at 0.1).
 APPO_PROFILE: dict[str, Any] = dict(
     passes_per_batch=4, minibatches_per_pass=4, vtrace_lambda=0.95, clip_param=0.1, normalize_advantages=True,
     gradient_clip_by_norm_threshold=0.5, target_update_period=1, optimizer="adam", replay_parameters=QUEUE_ONLY,
     use_policy_cloning_loss=False, use_value_cloning_loss=False, entropy_loss_weight=0.01)
+# On Atari the clip is 0.3, not PPO's 0.1: with 0.1 no seed of 3 reached 20 within 5M frames
+# on Pong, with 0.2 one of 3, with 0.3 both seeds run (3.68M and 4.81M frames; docs/benchmarks.md,
+# "APPO on Pong"). A stored batch is 8 trajectories of 128 steps (PPO's 1,024 steps, in
+# minibatches of 256) whatever the actors' count: one rollout of every game on 2 cores.
 APPO_KINDS: dict[str, dict[str, Any]] = {
-    "atari": dict(lr=0.00025, r_f_steps=128, envs_per_worker=4, normalize_returns=True),
+    "atari": dict(lr=0.00025, r_f_steps=128, envs_per_worker=4, normalize_returns=True, clip_param=0.3, batch_size=8),
     "minatar": dict(batch_size=32),
     "vector": dict(batch_size=32),
     "continuous": dict(batch_size=32),
@@ -170,8 +195,11 @@ def slots_for_bounded_lag(batch_size: int, worker_count: int, envs_per_worker: i
 # points); 0.0003 reached 18 at 2.33M and 19.81; 0.0001 collapsed the entropy to 0.24 and
 # climbed slower. With both, the no-flag run reached 20 at 3.39M frames, 10.7 minutes from
 # launch on a 2-core Xeon (docs/benchmarks.md, "The learning rate's decay on Pong").
+# APPO on Pong runs 5M frames, its learning rate decaying over them: the schedule of both
+# measured seeds (docs/benchmarks.md, "APPO on Pong").
 GAME_PROFILES: dict[tuple[str, str], dict[str, Any]] = {
     ("impala", "PongNoFrameskip-v4"): dict(environment_max_steps=2_000_000, entropy_loss_weight=0.0003),
+    ("appo", "PongNoFrameskip-v4"): dict(environment_max_steps=1_250_000),
 }
 
 

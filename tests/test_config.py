@@ -32,21 +32,30 @@ def test_atari_defaults_depend_on_the_learner_device_and_say_what_was_picked():
     from herd.config import machine_picks
     cpu = resolve({"env": "PongNoFrameskip-v4", "device": "cpu"}, env_kind=kind_of)
     gpu = resolve({"env": "PongNoFrameskip-v4", "device": "cuda"}, env_kind=kind_of)
+    # A CPU learner runs IMPALA (the fewest minutes to 20 there), a GPU learner APPO (the
+    # fewest frames: herd/profiles.py MACHINE_ALGORITHMS); both in batches of 8 trajectories.
+    assert (cpu.general.algorithm, gpu.general.algorithm) == ("impala", "appo")
     assert (cpu.train.batch_size, gpu.train.batch_size) == (8, 8)
+    assert (cpu.train.r_f_steps, cpu.train.lr, cpu.parallel.envs_per_worker) == (20, 0.0006, 8)
+    assert (gpu.train.r_f_steps, gpu.train.lr, gpu.parallel.envs_per_worker, gpu.loss.clip_param) == (
+        128, 0.00025, 4, 0.3)
     for cfg in (cpu, gpu):
-        assert (cfg.train.r_f_steps, cfg.train.lr, cfg.parallel.envs_per_worker) == (20, 0.0006, 8)
         assert [s.type for s in cfg.replays] == ["queue"]
     # A CPU learner compiles (measured faster there); a GPU learner captures the update as
     # one CUDA graph instead (compiling measured slower than eager on an H100), on one thread.
     assert (cpu.train.learner_compile, cpu.train.learner_capture) == (True, False)
     assert (gpu.train.learner_compile, gpu.train.learner_capture, gpu.train.learner_thread_count) == (False, True, 1)
-    for cfg in (cpu, gpu):
-        # The learning rate decays over the whole run: Pong's is 2M steps (GAME_PROFILES).
-        assert cfg.train.lr_scheduler_steps == -(-2_000_000 // (cfg.train.batch_size * 20))
+    # The learning rate decays over the whole run (GAME_PROFILES): IMPALA's Pong is 2M steps
+    # in batches of 8 x 20, APPO's 1.25M (5M frames) in stored batches of 8 x 128.
+    assert cpu.train.lr_scheduler_steps == -(-2_000_000 // (8 * 20))
+    assert (gpu.train.environment_max_steps, gpu.train.lr_scheduler_steps) == (1_250_000, -(-1_250_000 // (8 * 128)))
     picks = machine_picks(cpu, "atari", given={"env", "device", "lr"})
     assert picks["hardware"]["device"] == "cpu" and picks["hardware"]["cpu_cores"] >= 1
     assert picks["options"]["batch_size"] == 8 and "lr" not in picks["options"]
-    assert {"worker_count", "learner_precision", "learner_thread_count", "learner_compile"} <= set(picks["options"])
+    assert {"algorithm", "worker_count", "learner_precision", "learner_thread_count",
+            "learner_compile"} <= set(picks["options"])
+    assert machine_picks(gpu, "atari", given={"env", "device"})["options"]["algorithm"] == "appo"
+    assert "algorithm" not in machine_picks(gpu, "atari", given={"env", "device", "algorithm"})["options"]
     # CartPole's precision and threads are its profile's, not the hardware's.
     assert set(machine_picks(resolve({"env": "CartPole-v1"}, env_kind=kind_of), "vector", {"env"})["options"]) == {
         "worker_count"}
@@ -59,6 +68,24 @@ def test_atari_defaults_depend_on_the_learner_device_and_say_what_was_picked():
     assert (apex.train.batch_size, apex.train.learner_compile, apex.replays[0].type) == (128, False, "prioritized")
 
 
+def test_a_gpu_atari_run_is_appo_unless_it_names_what_only_impala_has():
+    """--algorithm unset: APPO for Atari on a GPU learner; a replay mix, LASER's mask, CLEAR's
+    cloning terms or the entropy decay keep it IMPALA (APPO refuses them), as does a CPU
+    learner or another kind of environment; a given algorithm is kept."""
+    def algorithm(**options):
+        cfg = resolve({"env": "PongNoFrameskip-v4", "device": "cuda", **options}, env_kind=kind_of)
+        return cfg.general.algorithm
+    mix = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
+           '{"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]')
+    assert algorithm() == algorithm(env="BreakoutNoFrameskip-v4") == "appo"
+    assert algorithm(replay_parameters='[{"type": "queue", "capacity": 2, "sample_ratio": 1}]') == "appo"
+    for impala_only in ({"replay_parameters": mix}, {"use_kl_mask": "true"}, {"use_policy_cloning_loss": "true"},
+                        {"use_value_cloning_loss": "true"}, {"entropy_decay": "true"}):
+        assert algorithm(**impala_only) == "impala", impala_only
+    assert algorithm(device="cpu") == algorithm(env="CartPole-v1") == algorithm(env="MinAtar/Breakout-v1") == "impala"
+    assert algorithm(algorithm="impact") == "impact" and algorithm(algorithm="impala") == "impala"
+
+
 def test_the_entropy_bonus_per_kind_and_algorithm_and_the_command_line_wins():
     """Atari's IMPALA and IMPACT take a tenth of the seed's entropy bonus (their advantages
     are not normalised, herd/profiles.py says why); APPO keeps PPO's 0.01 everywhere, as do
@@ -66,8 +93,10 @@ def test_the_entropy_bonus_per_kind_and_algorithm_and_the_command_line_wins():
     def entropy(**options):
         return resolve(options, env_kind=kind_of).loss.entropy_loss_weight
     assert entropy(env="BreakoutNoFrameskip-v4") == entropy(env="PongNoFrameskip-v4", algorithm="impact") == 0.001
-    assert entropy(env="BreakoutNoFrameskip-v4", device="cuda") == 0.001
-    assert entropy(env="PongNoFrameskip-v4") == entropy(env="PongNoFrameskip-v4", device="cuda") == 0.0003
+    assert entropy(env="BreakoutNoFrameskip-v4", device="cuda", algorithm="impala") == 0.001
+    assert entropy(env="PongNoFrameskip-v4") == entropy(env="PongNoFrameskip-v4", device="cuda",
+                                                        algorithm="impala") == 0.0003
+    assert entropy(env="PongNoFrameskip-v4", device="cuda") == 0.01           # APPO's
     assert entropy(env="PongNoFrameskip-v4", algorithm="appo") == 0.01
     for env in ("CartPole-v1", "MinAtar/Breakout-v1", "Pendulum-v1"):
         assert entropy(env=env) == 0.01, env
@@ -98,7 +127,9 @@ def test_pongs_impala_run_is_8m_frames_with_the_rate_decayed_over_it():
         cfg = resolve(options, env_kind=kind_of)
         return cfg.train.environment_max_steps, cfg.train.lr_scheduler_steps
     assert length(env="PongNoFrameskip-v4") == (2_000_000, 12_500)          # batches of 8 x 20 steps
-    assert length(env="PongNoFrameskip-v4", device="cuda") == (2_000_000, 12_500)
+    assert length(env="PongNoFrameskip-v4", device="cuda", algorithm="impala") == (2_000_000, 12_500)
+    # APPO's Pong: 5M frames, the schedule of its measured seeds (stored batches of 8 x 128).
+    assert length(env="PongNoFrameskip-v4", algorithm="appo") == (1_250_000, 1_221)
     assert length(env="BreakoutNoFrameskip-v4") == (15_000_000, 93_750)
     assert length(env="PongNoFrameskip-v4", algorithm="impact")[0] == 15_000_000
     assert length(env="PongNoFrameskip-v4", environment_max_steps="4000000") == (4_000_000, 25_000)
@@ -213,10 +244,12 @@ def test_help_shows_the_default_each_kind_of_environment_gets():
     from herd.cli import build_seed_parser
     text = " ".join(build_seed_parser().format_help().split())
     assert ("trajectories per learner batch [default: vector tasks 8; continuous control 8; MinAtar 16; "
-            "Atari with a CPU learner 8; Atari with a GPU learner 8]" in text)
+            "Atari with a CPU learner 8; Atari with a GPU learner (--algorithm=impala) 8] [--algorithm=appo: "
+            "Atari 8; MinAtar 32; vector tasks 32; continuous control 32] [--algorithm=apex: Atari 128; vector "
+            "tasks 128]" in text)
     assert ("rollout fragment length, the unroll length T [default: vector tasks 16; continuous control 16; "
-            "MinAtar 20; Atari with a CPU learner 20; Atari with a GPU learner 20]" in text)
-    assert "[default: impala]" in text
+            "MinAtar 20; Atari with a CPU learner 20; Atari with a GPU learner (--algorithm=impala) 20]" in text)
+    assert "[default: Atari with a GPU learner appo; otherwise impala]" in text
 
 
 def test_continuous_tasks_get_their_own_profile():

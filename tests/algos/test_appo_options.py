@@ -35,16 +35,17 @@ def test_atari_appo_trains_a_stored_batch_of_1024_steps_in_16_steps_of_256():
     assert t.lr == 0.00025
 
 
-@pytest.mark.parametrize("workers, given, batch", [(2, {}, 8), (16, {}, 64), (3, {}, 12), (4, {"batch_size": "8"}, 8)])
-def test_atari_appo_samples_synchronously_one_rollout_of_every_game_per_batch(workers, given, batch):
+@pytest.mark.parametrize("workers, given, batch", [(2, {}, 8), (16, {}, 8), (3, {}, 8), (4, {"batch_size": "16"}, 16)])
+def test_atari_appo_samples_synchronously_stored_batches_of_8_rollouts(workers, given, batch):
     """Sample Factory's Atari shape (herd/profiles.py): 128-step rollouts of 4 games per
-    actor, sampled synchronously, a stored batch of one rollout of every game unless
-    --batch_size says otherwise, frames and returns normalised."""
+    actor, sampled synchronously, a stored batch of 8 of them (PPO's 1,024 steps; one
+    rollout of every game on 2 cores) whatever the actors' count unless --batch_size says
+    otherwise, frames and returns normalised, the clip at 0.3 (measured on Pong)."""
     cfg = resolve({"env": "PongNoFrameskip-v4", "algorithm": "appo", "device": "cpu", "worker_count": str(workers),
                    **given}, env_kind=profile_kind)
     assert cfg.parallel.synchronous_sampling and cfg.parallel.shared_queue_size == 1
     assert (cfg.train.batch_size, cfg.train.r_f_steps, cfg.parallel.envs_per_worker) == (batch, 128, 4)
-    assert cfg.continuous.normalize_observations and cfg.loss.normalize_returns
+    assert cfg.continuous.normalize_observations and cfg.loss.normalize_returns and cfg.loss.clip_param == 0.3
     assert machine_picks(cfg, "atari", set())["options"]["synchronous_sampling"] is True   # the log says so
 
 
