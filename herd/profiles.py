@@ -102,10 +102,10 @@ MACHINE_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
 # The algorithm where --algorithm is unset, per environment kind and learner device: the
 # one that needs the fewest frames where the learner has compute to spare. A GPU learner's
 # captured update is about 1 ms, a few percent of its time, so on Atari it runs APPO (16
-# gradient steps per 1,024 agent steps): on Pong APPO reached 20 within 5M frames where
-# IMPALA's one pass did not (docs/benchmarks.md, "APPO on Pong"). A CPU learner pays for each
-# pass with the actors' cores, and there IMPALA reached 20 sooner in wall time (16 minutes
-# against APPO's 28 on a 2-core EPYC). A run that names an option only IMPALA has (a replay
+# gradient steps per 1,024 agent steps): on Pong APPO reached 20 within 5M frames in both
+# seeds, IMPALA's one pass in 1 seed of 7 (docs/benchmarks.md, "APPO on Pong"). A CPU
+# learner pays for each pass with the actors' cores, and there IMPALA reached 20 sooner in
+# wall time (16 minutes against APPO's 28 on a 2-core EPYC). A run that names an option only IMPALA has (a replay
 # other than the queue, LASER's mask, CLEAR's cloning terms, the entropy decay) runs IMPALA.
 MACHINE_ALGORITHMS: dict[str, dict[str, str]] = {"atari": {"cuda": "appo"}}
 DEFAULT_ALGORITHM = "impala"

@@ -3,8 +3,8 @@
 A CPU learner whose only replay is the queue (herd/replay/mixer.py `lends`) trains each
 fresh trajectory once, soon. Copying it out of the actor's slot into the queue's own store
 would be its one copy; reading it in the slot instead leaves none where a batch is one run
-of positions inside one slot (a lent view, herd/store.py TrajectorySlots.lend), and one gather where it is
-not. The slot then stays with the learner until every trajectory in it has been trained
+of positions inside one slot (a lent view, herd/store.py TrajectorySlots.lend), and one
+gather where it is not. The slot then stays with the learner until every trajectory in it has been trained
 on (or dropped, as the queue's ring drops the oldest unused trajectory when more arrive
 than its capacity): the batch source then calls the rollout's `on_free` (the backend gives
 the slot back to its actor). The queue holds as many trajectories as its own store would,
