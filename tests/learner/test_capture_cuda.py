@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from impala_testing import impala_batch
+from herd.device_copies import DeviceCopies
 from herd.learner.learner import CAPTURE_WARMUP, Learner, build_optimizer, build_scheduler
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
@@ -87,12 +88,16 @@ def test_another_thread_may_copy_to_the_gpu_while_the_update_is_captured():
     # staging buffer on the device is a fresh allocation (cudaMalloc), as Pong frames were.
     replay = torch.zeros(21, 2, 2**20, device="cuda")
     source = np.arange(21 * 2**20, dtype=np.float32).reshape(21, 2**20)
+    # On the copy stream of herd/device_copies.py, which waits for the thread's current
+    # stream and makes it wait for the copy's event, as a device store's put does.
+    copies = DeviceCopies(torch.device("cuda"))
 
     def writer():                                   # as herd/store.py writes
         if not capturing.wait(120):
             return
         try:
-            replay[:, 1].copy_(torch.as_tensor(source), non_blocking=True)   # a strided slot
+            with copies.copying():
+                replay[:, 1].copy_(torch.as_tensor(source), non_blocking=True)   # into a strided ring
         except Exception as err:                    # torch raises AcceleratorError / RuntimeError
             errors.append(err)
         finally:
