@@ -28,8 +28,8 @@ from herd.errors import ConfigError
 from herd.inputs import FromFile, check_option_value, excerpt
 from herd.models import NETWORKS
 from herd.placement import refuse_placement, split_placement
-from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, FALLBACKS, MACHINE_ALGORITHMS, MACHINE_PROFILES,
-                           PROFILES, game_profile, inference_servers_for, machine_algorithm,
+from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, DEFAULT_ALGORITHM, FALLBACKS, MACHINE_ALGORITHMS,
+                           MACHINE_PROFILES, PROFILES, game_profile, inference_servers_for, machine_algorithm,
                            machine_profile, samples_synchronously, slots_for_bounded_lag)
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters, passes_per_batch
 from herd.replay.writer import DISCARDING_STRATEGIES
@@ -536,4 +536,6 @@ def resolve(command_line: dict[str, Any], overrides: dict[str, Any] | None = Non
     cfg = Config.from_flat(merged)
     if env_kind is not None:
         apply_profile(cfg, env_kind(cfg.env.env))
+    elif cfg.general.algorithm is None:
+        cfg.general.algorithm = DEFAULT_ALGORITHM       # no kind of environment: no machine's pick
     return cfg
