@@ -29,7 +29,7 @@ class DeviceCopies:
         self.lock = threading.Lock()        # puts come from the learner's thread and batch workers
         self.latest = None                  # the event of the last copy queued
         self.waiting: deque = deque()       # (event, on_free), oldest first
-        self.copies = 0                     # rollouts copied (a count for tests and the log)
+        self.copies = 0                     # rollouts copied (what the tests count)
 
     @contextmanager
     def copying(self) -> Iterator[None]:
