@@ -102,8 +102,8 @@ MACHINE_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
 # The algorithm where --algorithm is unset, per environment kind and learner device: the
 # one that needs the fewest frames where the learner has compute to spare. A GPU learner's
 # captured update is about 1 ms, a few percent of its time, so on Atari it runs APPO (16
-# gradient steps per 1,024 agent steps): on Pong APPO reached 20 within 5M frames in both
-# seeds, IMPALA's one pass in 1 seed of 7 (docs/benchmarks.md, "APPO on Pong"). A CPU
+# gradient steps per 1,024 agent steps): on Pong APPO reached 20 within 5M frames in 2
+# seeds of 3, IMPALA's one pass in 1 seed of 7 (docs/benchmarks.md, "APPO on Pong"). A CPU
 # learner pays for each pass with the actors' cores, and there IMPALA reached 20 sooner in
 # wall time (16 minutes against APPO's 28 on a 2-core EPYC). A run that names an option only IMPALA has (a replay
 # other than the queue, LASER's mask, CLEAR's cloning terms, the entropy decay) runs IMPALA.
@@ -148,7 +148,7 @@ APPO_PROFILE: dict[str, Any] = dict(
     gradient_clip_by_norm_threshold=0.5, target_update_period=1, optimizer="adam", replay_parameters=QUEUE_ONLY,
     use_policy_cloning_loss=False, use_value_cloning_loss=False, entropy_loss_weight=0.01)
 # On Atari the clip is 0.3, not PPO's 0.1: with 0.1 no seed of 3 reached 20 within 5M frames
-# on Pong, with 0.2 one of 3, with 0.3 both seeds run (3.68M and 4.81M frames; docs/benchmarks.md,
+# on Pong, with 0.2 one of 3, with 0.3 two of 3 (3.68M and 4.81M frames; docs/benchmarks.md,
 # "APPO on Pong"). A stored batch is 8 trajectories of 128 steps (PPO's 1,024 steps, in
 # minibatches of 256) whatever the actors' count: one rollout of every game on 2 cores.
 APPO_KINDS: dict[str, dict[str, Any]] = {
@@ -195,7 +195,7 @@ def slots_for_bounded_lag(batch_size: int, worker_count: int, envs_per_worker: i
 # points); 0.0003 reached 18 at 2.33M and 19.81; 0.0001 collapsed the entropy to 0.24 and
 # climbed slower. With both, the no-flag run reached 20 at 3.39M frames, 10.7 minutes from
 # launch on a 2-core Xeon (docs/benchmarks.md, "The learning rate's decay on Pong").
-# APPO on Pong runs 5M frames, its learning rate decaying over them: the schedule of both
+# APPO on Pong runs 5M frames, its learning rate decaying over them: the schedule of the
 # measured seeds (docs/benchmarks.md, "APPO on Pong").
 GAME_PROFILES: dict[tuple[str, str], dict[str, Any]] = {
     ("impala", "PongNoFrameskip-v4"): dict(environment_max_steps=2_000_000, entropy_loss_weight=0.0003),
