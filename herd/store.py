@@ -298,9 +298,9 @@ class TrajectorySlots:
             self.tensors[name] = tensor
         self.arrays = {name: tensor.numpy() for name, tensor in self.tensors.items()}
 
-    # As a store: the numpy views would be pickled as copies, so they are remade on arrival.
-    def __getstate__(self) -> dict:
-        return {key: value for key, value in self.__dict__.items() if key != "arrays"}
+    # As a store's (TrajectoryStore): the numpy views would be pickled as copies, so they are
+    # left out and remade on arrival.
+    __getstate__ = TrajectoryStore.__getstate__
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -309,10 +309,6 @@ class TrajectorySlots:
     def views(self, slot: int) -> dict[str, np.ndarray]:
         """numpy views of one slot, [time, E, ...] C-contiguous: writing them writes the slots."""
         return {name: array[slot] for name, array in self.arrays.items()}
-
-    def slot_tensors(self, slot: int) -> dict[str, torch.Tensor]:
-        """One slot as tensors, [time, E, ...] C-contiguous (what a device copy reads)."""
-        return {name: tensor[slot] for name, tensor in self.tensors.items()}
 
     def reset(self, slot: int) -> None:
         """Refills a slot with sentinels, so a half-written slot can never pass as data."""

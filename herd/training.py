@@ -86,7 +86,7 @@ def build_mixer(plan: Plan, model: torch.nn.Module | None, device: torch.device,
     replays = [build_replay(spec, plan.layout, share, cfg.parallel.envs_per_worker, compress=r.use_replay_compression,
                             compression_level=r.lz4_compression_level, anneal_rounds_base=cfg.train.lr_scheduler_steps,
                             seed=seed + index, n_step=cfg.train.n_step, storage_device=storage_device,
-                            device_copies=copies if storage_device is not None else None, lent_batches=lent)
+                            device_copies=copies, lent_batches=lent)
                for index, (spec, share) in enumerate(zip(specs, shares))]
     if model is not None:
         for replay in replays:
@@ -208,8 +208,9 @@ def build_session(plan: Plan, run_dir: Path, primary: bool = True, group: Learne
     metrics = tracked(metrics, cfg.to_flat(), run_dir, cfg.stats.wandb_project)   # wandb, TensorBoard HParams
     progress = ProgressLine(cfg.train.environment_max_steps, enabled=cfg.stats.basic_verbose and primary)
     # A GPU learner's replays copy rollouts on a stream of their own; their slots go back
-    # once the copies are done (herd/device_copies.py).
-    copies = DeviceCopies(device)
+    # once the copies are done (herd/device_copies.py). A CPU learner's copies are done
+    # when they return.
+    copies = DeviceCopies(device) if device.type == "cuda" else None
     session = TrainingSession(plan.layout, learner, build_batches(plan, model, device, group.rank if group else 0,
                                                                   copies),
                               EpisodeStats(cfg.stats.avg_buff_size), metrics, progress, run_dir, options)

@@ -25,7 +25,7 @@ def test_a_slot_is_a_run_of_positions_of_the_shared_slots():
     assert views["obs"].shape == (6, E, 4, 84, 84) and views["action"].shape == (5, E)
     # C-contiguous: a slot leaves in one transfer per field (a device copy, Ray's pickling).
     assert all(view.flags.c_contiguous for view in views.values())
-    assert all(tensor.is_contiguous() for tensor in slots.slot_tensors(2).values())
+    assert all(tensor[2].is_contiguous() for tensor in slots.tensors.values())
     views["obs"][:] = 7
     views["action"][:] = 3
     # The same memory as positions 6, 7, 8 of the store: what a replay would read from it.
