@@ -159,18 +159,20 @@ class TrajectoryStore:
             batch["obs"] = np.stack([self.unpack_obs(p) for p in positions], axis=1)
         return batch
 
-    def lend(self, positions: np.ndarray) -> dict[str, np.ndarray] | None:
-        """read(positions) with the observations as a view into the store, no copy, when the
-        positions are one ascending run (the on-policy queue's batches are): obs
-        [T+1, B, ...] strided in time, valid until the positions are written again (the
-        queue's sampler keeps them from that until they are given back). None when the
-        positions are not such a run, the observations are LZ4-packed, or the store is on a
-        device (a GPU step reads its batch after the host has moved on, so positions given
-        back when the host returns from the step could be written before that read; there
-        the copy is the gather into the step)."""
+    def lend(self, positions: np.ndarray) -> "dict[str, np.ndarray] | Gather | None":
+        """read(positions) without a copy, the positions valid until they are written again
+        (the queue's sampler keeps them from that until they are given back):
+        - on the host, when the positions are one ascending run (the on-policy queue's
+          batches are): the observations a view into the store, obs [T+1, B, ...] strided
+          in time; None when they are not such a run or the observations are LZ4-packed;
+        - on a device, the read itself deferred (Gather): the learner gathers the batch
+          straight into the tensors its step reads. Its gather is queued on the learner's
+          stream before the positions are given back, and a later write's copy waits for
+          that stream (herd/device_copies.py), so the gather reads what was lent."""
+        if not self.on_host:
+            return Gather([(self, self.device_index(positions))])
         start = int(positions[0]) if len(positions) else 0
-        if (not self.on_host or self.compress_obs
-                or not np.array_equal(positions, np.arange(start, start + len(positions)))):
+        if self.compress_obs or not np.array_equal(positions, np.arange(start, start + len(positions))):
             return None
         batch = {name: np.take(array, positions, axis=1) for name, array in self.arrays.items() if name != "obs"}
         batch["obs"] = self.arrays["obs"][:, start:start + len(positions)]
@@ -266,6 +268,54 @@ class TrajectoryStore:
                 self.packed_obs[position], self.offsets[position] = packed, offsets
             else:
                 self.arrays["obs"][:, position] = self.unpack(packed, offsets, range(self.obs_shape[0]))
+
+
+class Gather:
+    """A batch of positions of stores on one device, not read yet: field -> [time, B, ...]
+    once read, the parts joined on the batch axis in order. A device store lends its
+    batches this way (TrajectoryStore.lend) so that each frame is gathered once, straight
+    into the tensors the learner's step reads (a captured step's static inputs,
+    herd/learner/learner.py), not into a batch of its own and then copied there.
+    columns: per-column tensors [B] on the device that travel beside (the replayed flags)."""
+
+    def __init__(self, parts: list[tuple[TrajectoryStore, torch.Tensor]], columns: dict | None = None):
+        self.parts = parts                                  # (store, positions [n] int64 on its device)
+        self.columns: dict[str, torch.Tensor] = columns or {}
+
+    @staticmethod
+    def join(gathers: list["Gather"]) -> "Gather":
+        return Gather([part for gather in gathers for part in gather.parts],
+                      {name: torch.cat([g.columns[name] for g in gathers]) for name in gathers[0].columns})
+
+    def with_columns(self, **columns: torch.Tensor) -> "Gather":
+        return Gather(self.parts, {**self.columns, **columns})
+
+    def names(self) -> list[str]:
+        return [*self.parts[0][0].tensors, *self.columns]
+
+    def into(self, out: dict[str, torch.Tensor]) -> None:
+        """Writes the batch into out (field -> [time, B, ...], or [B] for a column): one
+        index_select per field and part, each into its own columns of out."""
+        for name, destination in out.items():
+            if name in self.columns:
+                destination.copy_(self.columns[name], non_blocking=True)
+                continue
+            b = 0
+            for store, index in self.parts:
+                n = index.shape[0]
+                torch.index_select(store.tensors[name], 1, index, out=destination[:, b:b + n])
+                b += n
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The batch in tensors of its own (an eager step's)."""
+        if len(self.parts) == 1:
+            store, index = self.parts[0]
+            return {**{name: tensor.index_select(1, index) for name, tensor in store.tensors.items()}, **self.columns}
+        B = sum(index.shape[0] for _, index in self.parts)
+        first = self.parts[0][0].tensors
+        out = {name: tensor.new_empty((tensor.shape[0], B, *tensor.shape[2:])) for name, tensor in first.items()}
+        self.into(out)
+        return {**out, **self.columns}
 
 
 class TrajectorySlots:

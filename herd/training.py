@@ -76,10 +76,11 @@ def build_mixer(plan: Plan, model: torch.nn.Module | None, device: torch.device,
     if storage_device is not None and specs:
         log.info("replays: %s keep their trajectories in %s memory (uncompressed uint8 frames; "
                  "--use_replay_compression applies to host replays)", ", ".join(sorted({s.type for s in specs})), device)
-    # A CPU learner in this process trains the queue's batches in place when the queue is the
-    # only replay (herd/replay/mixer.py `lends`); the queue makes room for the batches lent at
+    # A learner in this process is lent the queue's batches when the queue is the only replay
+    # (herd/replay/mixer.py `lends`: a CPU learner trains them in place, a GPU learner gathers
+    # them straight into its step's inputs); the queue makes room for the batches lent at
     # once: the one in training, those kept ready and those a worker is preparing.
-    lends = local and device.type == "cpu" and len(specs) == 1 and specs[0].type == "queue"
+    lends = local and len(specs) == 1 and specs[0].type == "queue"
     lent = 0
     if lends:
         lent = r.cache_output_buffer_size + r.caching_threads * r.cache_sample_size + 1 if r.caching else 1

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  registers the tensor reductions with ForkingPickler
 from multiprocessing.reduction import ForkingPickler
 
-from herd.store import TrajectorySlots, TrajectoryStore
+from herd.store import Gather, TrajectorySlots, TrajectoryStore
 from herd.trajectory import TrajectoryLayout
 
 LAYOUT = TrajectoryLayout(unroll_length=5, obs_shape=(4, 84, 84), obs_dtype="uint8")
@@ -111,7 +111,40 @@ def test_the_host_and_a_device_store_read_the_same_and_save_the_same_checkpoint(
     for name in saved_host["arrays"]:
         np.testing.assert_array_equal(saved_host["arrays"][name], saved_device["arrays"][name], err_msg=name)
     assert all(np.array_equal(x, y) for x, y in zip(saved_host["packed_obs"], saved_device["packed_obs"]))
-    assert host.lend(np.arange(1, 4)) is not None and device.lend(np.arange(1, 4)) is None
+    # The host lends a view; the device defers the read to the learner (a Gather), which reads the same.
+    lent, deferred = host.lend(np.arange(1, 4)), device.lend(np.arange(1, 4))
+    assert isinstance(deferred, Gather)
+    for name, tensor in deferred.tensors().items():
+        np.testing.assert_array_equal(lent[name], tensor.numpy(), err_msg=name)
+
+
+def test_a_gather_joins_parts_of_two_stores_and_writes_straight_into_its_destination():
+    """Gather.into writes each part into its own columns of the destination, in place (the
+    captured step's static inputs); tensors() equals the host reads joined."""
+    rng = np.random.default_rng(1)
+    stores = [TrajectoryStore(LAYOUT, 6, torch.device("cpu")) for _ in range(2)]
+    hosts = [TrajectoryStore(LAYOUT, 6) for _ in range(2)]
+    for device, host in zip(stores, hosts):
+        rollout = {name: (rng.integers(0, 256, (shape[0], 6, *shape[1:])).astype(dtype))
+                   for name, (shape, dtype) in LAYOUT.fields().items()}
+        device.write_run(0, rollout, version=1)
+        host.write_run(0, rollout, version=1)
+    picks = [np.array([5, 0, 3]), np.array([2, 4])]
+    replayed = torch.tensor([False, False, False, True, True])
+    joined = Gather.join([store.lend(p) for store, p in zip(stores, picks)]).with_columns(replayed=replayed)
+    expected = {name: np.concatenate([h.read(p)[name] for h, p in zip(hosts, picks)], axis=1)
+                for name in LAYOUT.fields()}
+    out = {name: torch.zeros_like(torch.from_numpy(array)) for name, array in expected.items()}
+    out["replayed"] = torch.zeros(5, dtype=torch.bool)
+    pointers = {name: tensor.data_ptr() for name, tensor in out.items()}
+    joined.into(out)
+    for name, array in expected.items():
+        np.testing.assert_array_equal(out[name].numpy(), array, err_msg=name)
+        assert out[name].data_ptr() == pointers[name], name         # written in place, not replaced
+    assert torch.equal(out["replayed"], replayed)
+    own = joined.tensors()
+    for name, array in expected.items():
+        np.testing.assert_array_equal(own[name].numpy(), array, err_msg=name)
 
 
 def test_a_device_store_has_no_numpy_views_to_write():

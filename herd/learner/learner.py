@@ -23,6 +23,7 @@ from herd.learner.optim import build_optimizer, build_scheduler  # noqa: F401  (
 from herd.losses.base import as_loss
 from herd.models import ModelOutput
 from herd.models.core import core_input_from_batch
+from herd.store import Gather
 
 log = logging.getLogger("herd")
 
@@ -40,7 +41,11 @@ def to_tensors(batch: dict[str, np.ndarray], replayed: np.ndarray, device: torch
     device tensors (replays in device memory) stay where they are; host tensors (a host
     replay's transition batches) travel as numpy arrays do. The observations of a batch the
     on-policy queue lent (herd/replay/mixer.py) are a view strided in time: on a CPU they
-    stay one, read in place by the model (herd/models/base.py frames_of)."""
+    stay one, read in place by the model (herd/models/base.py frames_of). A batch a device
+    store lent (herd/store.py Gather) stays to be gathered by the step, the replayed flags
+    beside it."""
+    if isinstance(batch, Gather):
+        return batch.with_columns(replayed=torch.from_numpy(replayed).to(device, non_blocking=pin))
     arrays = {**batch, "replayed": replayed}
     tensors = {}
     for name, array in arrays.items():
@@ -140,8 +145,8 @@ class Learner:
             self.forward = self.model
             return self.model(*args)
 
-    def step(self, batch: dict[str, torch.Tensor]) -> StepResult:
-        """One update. batch["obs"] is [T+1, B, ...]. Returns its StepResult, no host read:
+    def step(self, batch: dict[str, torch.Tensor] | Gather) -> StepResult:
+        """One update. batch["obs"] is [T+1, B, ...] (or a Gather, read by the step). Returns its StepResult, no host read:
         the metrics as 0-dim device tensors (skipped is 1.0 when the update was not
         applied: a non-finite loss, gradient or resulting weight), the priorities where
         the loss gives them, and whether a group of learners stopped. On a captured step
@@ -161,13 +166,20 @@ class Learner:
             self.metric_sums.counted()
         return result
 
-    def step_once(self, batch: dict[str, torch.Tensor]) -> dict:
-        """One update, replayed from the captured graph where there is one."""
+    def step_once(self, batch: dict[str, torch.Tensor] | Gather) -> dict:
+        """One update, replayed from the captured graph where there is one. A batch still
+        to be gathered (herd/store.py Gather) is gathered straight into the graph's static
+        inputs; eager, into tensors of its own."""
         if self.graph is not None:
-            for name, tensor in self.static_batch.items():
-                tensor.copy_(batch[name], non_blocking=True)
+            if isinstance(batch, Gather):
+                batch.into(self.static_batch)
+            else:
+                for name, tensor in self.static_batch.items():
+                    tensor.copy_(batch[name], non_blocking=True)
             self.graph.replay()
             return self.static_metrics
+        if isinstance(batch, Gather):
+            batch = batch.tensors()
         if self.capture and self.eager_updates >= CAPTURE_WARMUP:
             captured = self.capture_update(batch)
             if captured is not None:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from herd.learner.learner import to_tensors
+from herd.store import Gather
 
 
 class Staging:
@@ -30,12 +31,12 @@ class Staging:
         return tensors, copied
 
     @staticmethod
-    def hand_over(tensors: dict[str, torch.Tensor], copied) -> dict[str, torch.Tensor]:
+    def hand_over(tensors: dict[str, torch.Tensor] | Gather, copied) -> dict[str, torch.Tensor] | Gather:
         """In the learner's thread, before the update: its stream waits for the copy (on
         the device, no host wait), and the allocator learns that stream uses the tensors."""
         if copied is not None:
             stream = torch.cuda.current_stream()
             stream.wait_event(copied)
-            for tensor in tensors.values():
+            for tensor in (tensors.columns if isinstance(tensors, Gather) else tensors).values():
                 tensor.record_stream(stream)
         return tensors

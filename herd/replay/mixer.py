@@ -19,7 +19,7 @@ import torch
 
 from herd.replay.replay import Replay
 from herd.replay.slot_queue import SlotQueue
-from herd.store import TrajectorySlots
+from herd.store import Gather, TrajectorySlots
 
 # How far (in batches) a learner without a queue may fall behind its replay ratio before
 # its actors wait: enough that the actors rarely stop, few enough that the ratio holds.
@@ -28,7 +28,7 @@ LAG_BATCHES = 4
 
 @dataclass
 class MixedBatch:
-    data: dict                      # field -> [time, B, ...]
+    data: dict | Gather             # field -> [time, B, ...], or a device store's read still to make
     replayed: np.ndarray            # [B] bool: the column came from an off-policy replay
     versions: np.ndarray            # [B] the policy versions that made the columns
     probabilities: np.ndarray       # [B] the chance each column had of being drawn from its replay
@@ -58,14 +58,25 @@ def concat_columns(parts: list) -> "np.ndarray | torch.Tensor":
     return torch.cat([torch.as_tensor(p).to(device, non_blocking=True) for p in parts], dim=1)
 
 
+def join_parts(parts: list) -> "dict | Gather":
+    """The replays' shares as one batch: where every share is a read deferred by a device
+    store (Gather), their positions joined, read later in one gather; else the data joined
+    on the batch axis (field -> [time, B, ...])."""
+    if all(isinstance(part, Gather) for part in parts):
+        return parts[0] if len(parts) == 1 else Gather.join(parts)
+    parts = [part.tensors() if isinstance(part, Gather) else part for part in parts]
+    return {name: concat_columns([part[name] for part in parts]) for name in parts[0]}
+
+
 class ReplayMixer:
     def __init__(self, replays: list[Replay], shares: list[int], fill_in_factor: float, seed: int,
                  replay_ratio: float | None = None, lends: bool = False):
-        """lends: the batches go to a learner in this process that reads them on the host
-        and gives each back after its step (herd/learner/batches.py): a replay that can
-        lends them (the on-policy queue: the observations read in place, the one copy
-        being the queue's write; herd/training.py build_mixer asks it where the queue is
-        the only replay); the others read copies as ever."""
+        """lends: the batches go to a learner in this process that gives each back after
+        its step (herd/learner/batches.py): a replay that can lends them (the on-policy
+        queue; herd/training.py build_mixer asks it where the queue is the only replay):
+        on the host the observations read in place, the one copy being the queue's write;
+        on a GPU learner's device the read deferred to the learner (herd/store.py Gather),
+        which gathers straight into its step's inputs. The others read copies as ever."""
         self.replays = replays
         self.shares = shares
         self.batch_size = sum(shares)
@@ -97,7 +108,7 @@ class ReplayMixer:
         actors wrote them, in `slots` (herd/replay/slot_queue.py), if those can always make
         a batch; True if it does from now on (keep() then takes rollouts in place)."""
         queue = self.replays[0]
-        if not (self.lends and len(self.replays) == 1 and isinstance(queue, SlotQueue)
+        if not (self.lends and len(self.replays) == 1 and isinstance(queue, SlotQueue) and queue.storage.on_host
                 and SlotQueue.fits(self.batch_size, slots.capacity, slots.envs_per_slot)):
             return False
         queue.read_slots(slots)
@@ -160,7 +171,7 @@ class ReplayMixer:
             column += share
         if not self.has_queue:
             self.credit -= self.batch_cost
-        batch = {name: concat_columns([p[name] for p in parts]) for name in parts[0]}
+        batch = join_parts(parts)
         reusable = len(passes) == len(keys)       # no fresh or re-drawn column in this batch
         reuse_key = tuple((index, p.slot, p.generation) for index, p in passes) if reusable else None
         return MixedBatch(batch, np.concatenate(replayed), np.concatenate(versions), np.concatenate(probabilities),

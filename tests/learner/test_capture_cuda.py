@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from impala_testing import impala_batch
+from herd.algos.impala import impala_layout
 from herd.device_copies import DeviceCopies
 from herd.learner.learner import CAPTURE_WARMUP, Learner, build_optimizer, build_scheduler
 from herd.losses.impala import ImpalaLossWeights, impala_loss
 from herd.models import build_model
+from herd.store import Gather, TrajectoryStore
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -75,6 +77,29 @@ def test_a_captured_update_skips_a_poisoned_batch_on_the_device():
     metrics = learner.step(cuda_batch("mlp", 100)).metrics
     assert float(metrics["skipped"]) == 0.0
     assert any(not torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
+
+
+def test_a_captured_update_gathers_a_lent_batch_straight_into_its_inputs():
+    """A batch a device store lends (herd/store.py Gather: a GPU learner's queue) is
+    gathered into the graph's static inputs: the same weights as eager updates on the same
+    batches."""
+    eager, captured = make("nature_cnn", False), make("nature_cnn", True)
+    obs, dtype, _ = NETWORKS["nature_cnn"]
+    layout = impala_layout(unroll_length=T, obs_shape=obs, obs_dtype=dtype, num_actions=A, feature_size=8)
+    store = TrajectoryStore(layout, 2 * B, torch.device("cuda"))
+    for seed in range(CAPTURE_WARMUP + 6):
+        batch = impala_batch(T, B, A, obs, dtype, seed=seed)
+        host = {name: value.numpy() for name, value in batch.items() if name != "replayed"}
+        host["features"] = np.zeros((T, B, 8), np.float32)
+        start = (seed % 2) * B
+        store.put(start, host, version=seed)
+        eager.step({name: value.cuda() for name, value in batch.items()})
+        lent = store.lend(np.arange(start, start + B))
+        assert isinstance(lent, Gather)
+        captured.step(lent.with_columns(replayed=batch["replayed"].cuda()))
+    assert captured.graph is not None, "the update was not captured (see the log's warning)"
+    for (name, want), got in zip(eager.model.state_dict().items(), captured.model.state_dict().values()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=f"{name} differs after replays")
 
 
 def test_another_thread_may_copy_to_the_gpu_while_the_update_is_captured():
