@@ -136,6 +136,20 @@ class SlotQueue(Replay):
     def update(self, keys: ReplayKeys, values) -> int:
         return 0 if isinstance(keys, SlotKeys) else super().update(keys, values)
 
+    def load_state_dict(self, state: dict) -> None:
+        """A queue saved with another capacity (an older herd's queue, or another batch
+        share or number of batches prepared ahead) holds what matters in its waiting
+        trajectories: they are added in order, oldest first, to this queue's ring (beyond
+        its capacity the oldest drop, as its ring would drop them)."""
+        if len(state.get("generation", ())) in (0, self.storage.capacity):
+            super().load_state_dict(state)
+            return
+        filled = len(state["storage"]["version"])
+        saved = TrajectoryStore(self.storage.layout, max(filled, 1))
+        saved.load_state_dict(state["storage"])
+        for position in state["sampler"]["pending"]:
+            self.add({name: array[:, position] for name, array in saved.arrays.items()}, int(saved.version[position]))
+
     def state_dict(self) -> dict:
         """The waiting trajectories in the queue's own format (at most its capacity, the
         newest: what its ring would have kept)."""

@@ -151,3 +151,21 @@ def test_rollouts_put_behind_trajectories_read_in_the_slots_are_refused():
     assert m.keep(0, E, version=0, on_free=lambda: None)
     with pytest.raises(RuntimeError, match="in place"):
         m.add_rollout(filled(slots, 1, mark=1), version=1)
+
+
+def test_a_queue_saved_with_another_capacity_serves_its_waiting_trajectories_in_order():
+    """An older herd's queue (its capacity computed otherwise), or one saved with another
+    batch share, resumes: the waiting trajectories, oldest first, with their versions."""
+    small = ReplayMixer([build_replay(QUEUE, LAYOUT, SHARE, E, lent_batches=0)], [SHARE], 0.0, seed=0)
+    big = mixer()
+    assert small.replays[0].storage.capacity != big.replays[0].storage.capacity
+    slots = TrajectorySlots(LAYOUT, SLOTS, E)
+    small.add_rollout(filled(slots, 0, mark=1), version=5)
+    served = small.sample()                      # 10, 11 trained; 12, 13 and then 20 .. 23 wait
+    assert marks(served.data["obs"]) == [10, 11]
+    small.add_rollout(filled(slots, 1, mark=2), version=6)
+    big.load_state_dict(small.state_dict())
+    waiting = [big.sample() for _ in range(3)]
+    assert [marks(b.data["obs"]) for b in waiting] == [[12, 13], [20, 21], [22, 23]]
+    assert [list(b.versions) for b in waiting] == [[5, 5], [6, 6], [6, 6]]
+    assert not big.ready()
