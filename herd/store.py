@@ -147,17 +147,15 @@ class TrajectoryStore:
         return torch.as_tensor(np.asarray(indices, dtype=np.int64)).to(self.device, non_blocking=True)
 
     def read(self, positions: np.ndarray) -> dict:
-        """field -> [time, B, ...] copies for the given positions: on the host C-contiguous
-        numpy arrays (np.take: `array[:, positions]` would come out batch-major in memory,
-        and making it time-major for the learner would copy every frame once more); on a
-        device a gather there (the index goes over as [B] int64)."""
-        if not self.on_host:
-            index = self.device_index(positions)
-            return {name: tensor.index_select(1, index) for name, tensor in self.tensors.items()}
-        batch = {name: np.take(array, positions, axis=1) for name, array in self.arrays.items()}
-        if self.compress_obs:
-            batch["obs"] = np.stack([self.unpack_obs(p) for p in positions], axis=1)
-        return batch
+        """field -> [time, B, ...] copies of the given positions, time-major (the learner's
+        layout; `array[:, positions]` would come out batch-major in memory): on the host
+        C-contiguous numpy arrays, on a device tensors there. One gather (Gather.read)."""
+        return self.gather(positions).read()
+
+    def gather(self, positions: np.ndarray) -> "Gather":
+        """The read of `positions`, not made yet (a replay's share of a batch: the mixer
+        joins the shares' positions and reads them once, into the batch)."""
+        return Gather([(self, np.asarray(positions, dtype=np.int64) if self.on_host else self.device_index(positions))])
 
     def lend(self, positions: np.ndarray) -> "dict[str, np.ndarray] | Gather | None":
         """read(positions) without a copy, the positions valid until they are written again
@@ -170,7 +168,7 @@ class TrajectoryStore:
           stream before the positions are given back, and a later write's copy waits for
           that stream (herd/device_copies.py), so the gather reads what was lent."""
         if not self.on_host:
-            return Gather([(self, self.device_index(positions))])
+            return self.gather(positions)
         start = int(positions[0]) if len(positions) else 0
         if self.compress_obs or not np.array_equal(positions, np.arange(start, start + len(positions))):
             return None
@@ -272,14 +270,16 @@ class TrajectoryStore:
 
 class Gather:
     """A batch of positions of stores on one device, not read yet: field -> [time, B, ...]
-    once read, the parts joined on the batch axis in order. A device store lends its
-    batches this way (TrajectoryStore.lend) so that each frame is gathered once, straight
-    into the tensors the learner's step reads (a captured step's static inputs,
-    herd/learner/learner.py), not into a batch of its own and then copied there.
-    columns: per-column tensors [B] on the device that travel beside (the replayed flags)."""
+    once read, the parts (a replay's share each) joined on the batch axis in order. Reading
+    writes each part straight into its columns of the batch: one copy of each frame, not a
+    read per share and then their join. A device store lends its batches this way too
+    (TrajectoryStore.lend), so that the learner gathers them straight into the tensors its
+    step reads (a captured step's static inputs, herd/learner/learner.py) instead of into a
+    batch of their own and then a copy there. columns: per-column tensors [B] on the
+    device that travel beside (the replayed flags)."""
 
-    def __init__(self, parts: list[tuple[TrajectoryStore, torch.Tensor]], columns: dict | None = None):
-        self.parts = parts                                  # (store, positions [n] int64 on its device)
+    def __init__(self, parts: list[tuple[TrajectoryStore, "np.ndarray | torch.Tensor"]], columns: dict | None = None):
+        self.parts = parts            # (store, positions [n] int64: numpy for a host store, on its device otherwise)
         self.columns: dict[str, torch.Tensor] = columns or {}
 
     @staticmethod
@@ -290,32 +290,45 @@ class Gather:
     def with_columns(self, **columns: torch.Tensor) -> "Gather":
         return Gather(self.parts, {**self.columns, **columns})
 
-    def names(self) -> list[str]:
-        return [*self.parts[0][0].tensors, *self.columns]
-
-    def into(self, out: dict[str, torch.Tensor]) -> None:
-        """Writes the batch into out (field -> [time, B, ...], or [B] for a column): one
-        index_select per field and part, each into its own columns of out."""
+    def into(self, out: dict) -> None:
+        """Writes the batch into out (field -> [time, B, ...] numpy arrays on the host,
+        tensors on a device; [B] for a column): per field and part one index_select into
+        that part's columns of out (on the host through torch: numpy's take into a strided
+        destination is 4x slower), or for LZ4-packed observations their steps unpacked there."""
         for name, destination in out.items():
             if name in self.columns:
                 destination.copy_(self.columns[name], non_blocking=True)
                 continue
+            target = torch.from_numpy(destination) if isinstance(destination, np.ndarray) else destination
             b = 0
-            for store, index in self.parts:
-                n = index.shape[0]
-                torch.index_select(store.tensors[name], 1, index, out=destination[:, b:b + n])
+            for store, positions in self.parts:
+                n = len(positions)
+                if name == "obs" and store.compress_obs:
+                    for e, position in enumerate(positions.tolist()):
+                        destination[:, b + e] = store.unpack_obs(position)
+                else:
+                    index = torch.from_numpy(positions) if isinstance(positions, np.ndarray) else positions
+                    torch.index_select(store.tensors[name], 1, index, out=target[:, b:b + n])
                 b += n
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The batch in tensors of its own (an eager step's)."""
-        if len(self.parts) == 1:
-            store, index = self.parts[0]
-            return {**{name: tensor.index_select(1, index) for name, tensor in store.tensors.items()}, **self.columns}
-        B = sum(index.shape[0] for _, index in self.parts)
-        first = self.parts[0][0].tensors
-        out = {name: tensor.new_empty((tensor.shape[0], B, *tensor.shape[2:])) for name, tensor in first.items()}
+    def read(self) -> dict:
+        """The batch in arrays of its own: numpy on the host, tensors on a device (an eager
+        step's)."""
+        store = self.parts[0][0]
+        B = sum(len(positions) for _, positions in self.parts)
+        fields = store.layout.fields()
+        if store.on_host:
+            out = {name: np.empty((shape[0], B, *shape[1:]), dtype=dtype) for name, (shape, dtype) in fields.items()}
+        else:
+            out = {name: torch.empty((shape[0], B, *shape[1:]), dtype=torch_dtype(dtype), device=store.device)
+                   for name, (shape, dtype) in fields.items()}
         self.into(out)
         return {**out, **self.columns}
+
+
+def read_now(data: "dict | Gather") -> dict:
+    """A replay's share as data: a Gather read into arrays of its own, data as it is."""
+    return data.read() if isinstance(data, Gather) else data
 
 
 class TrajectorySlots:

@@ -114,13 +114,13 @@ def test_the_host_and_a_device_store_read_the_same_and_save_the_same_checkpoint(
     # The host lends a view; the device defers the read to the learner (a Gather), which reads the same.
     lent, deferred = host.lend(np.arange(1, 4)), device.lend(np.arange(1, 4))
     assert isinstance(deferred, Gather)
-    for name, tensor in deferred.tensors().items():
+    for name, tensor in deferred.read().items():
         np.testing.assert_array_equal(lent[name], tensor.numpy(), err_msg=name)
 
 
 def test_a_gather_joins_parts_of_two_stores_and_writes_straight_into_its_destination():
     """Gather.into writes each part into its own columns of the destination, in place (the
-    captured step's static inputs); tensors() equals the host reads joined."""
+    captured step's static inputs); read() equals the host reads joined."""
     rng = np.random.default_rng(1)
     stores = [TrajectoryStore(LAYOUT, 6, torch.device("cpu")) for _ in range(2)]
     hosts = [TrajectoryStore(LAYOUT, 6) for _ in range(2)]
@@ -142,7 +142,7 @@ def test_a_gather_joins_parts_of_two_stores_and_writes_straight_into_its_destina
         np.testing.assert_array_equal(out[name].numpy(), array, err_msg=name)
         assert out[name].data_ptr() == pointers[name], name         # written in place, not replaced
     assert torch.equal(out["replayed"], replayed)
-    own = joined.tensors()
+    own = joined.read()
     for name, array in expected.items():
         np.testing.assert_array_equal(own[name].numpy(), array, err_msg=name)
 

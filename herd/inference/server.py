@@ -117,13 +117,19 @@ class BatchServer:
         # (a predecessor's request overwritten by its successor) to later ones.
         seqs = self.header[clients, REQUEST_SEQ].copy()
         rows = np.clip(self.header[clients, ROWS], 0, self.channels.max_rows)
-        index = torch.from_numpy(np.concatenate([self.row_index[c, :r] for c, r in zip(clients, rows)]))   # [N]
+        rows_at = np.concatenate([self.row_index[c, :r] for c, r in zip(clients, rows)])                   # [N]
+        index = torch.from_numpy(rows_at)
         if len(index) == 0:
             return Launched(clients, seqs, rows, index, None)
         if self.path is not None:
             results, event = self.path.launch(clients, rows, index)
             return Launched(clients, seqs, rows, index, results, event)
-        inputs = {name: source.index_select(0, index) for name, source in self.inputs.items()}   # [N, ...]
+        first, N = int(rows_at[0]), len(rows_at)
+        if rows_at[-1] - first == N - 1 and np.array_equal(rows_at, np.arange(first, first + N)):
+            # One run of rows (a lone client's): read in place, no gather.
+            inputs = {name: source[first:first + N] for name, source in self.inputs.items()}           # [N, ...]
+        else:
+            inputs = {name: source.index_select(0, index) for name, source in self.inputs.items()}     # [N, ...]
         return Launched(clients, seqs, rows, index, self.forward(inputs))
 
     def forward(self, inputs: dict) -> dict:
@@ -207,7 +213,7 @@ def serve_forever(server: BatchServer, channels: InferenceChannels, stop, batch_
         busy = in_flight.clients if in_flight is not None else no_one
         if in_flight is None:
             doorbell.wait_server(lambda: len(server.pending()) > 0, WAKE_INTERVAL)
-        clients = np.setdiff1d(server.pending(), busy)
+        clients = server.pending() if in_flight is None else np.setdiff1d(server.pending(), busy)
         if len(clients) and batch_wait > 0 and in_flight is None:
             clients = fuller_batch(server, channels, clients, batch_wait, min_clients, busy)
         server.refresh_weights()  # between batches, and while idle, so refresh() stays current

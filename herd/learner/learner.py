@@ -179,7 +179,7 @@ class Learner:
             self.graph.replay()
             return self.static_metrics
         if isinstance(batch, Gather):
-            batch = batch.tensors()
+            batch = batch.read()
         if self.capture and self.eager_updates >= CAPTURE_WARMUP:
             captured = self.capture_update(batch)
             if captured is not None:

@@ -19,7 +19,7 @@ import torch
 
 from herd.replay.replay import Replay
 from herd.replay.slot_queue import SlotQueue
-from herd.store import Gather, TrajectorySlots
+from herd.store import Gather, TrajectorySlots, read_now
 
 # How far (in batches) a learner without a queue may fall behind its replay ratio before
 # its actors wait: enough that the actors rarely stop, few enough that the ratio holds.
@@ -58,13 +58,16 @@ def concat_columns(parts: list) -> "np.ndarray | torch.Tensor":
     return torch.cat([torch.as_tensor(p).to(device, non_blocking=True) for p in parts], dim=1)
 
 
-def join_parts(parts: list) -> "dict | Gather":
-    """The replays' shares as one batch: where every share is a read deferred by a device
-    store (Gather), their positions joined, read later in one gather; else the data joined
-    on the batch axis (field -> [time, B, ...])."""
+def join_parts(parts: list, lent: bool) -> "dict | Gather":
+    """The replays' shares as one batch. Shares not read yet (Gather: every trajectory
+    replay's) are joined by their positions and read once, straight into the batch; where
+    the batch was lent by a device store (the GPU learner's queue), the read is left to
+    the learner's step. Shares read already (transition batches, a host queue's lent
+    view) are joined as data (field -> [time, B, ...])."""
     if all(isinstance(part, Gather) for part in parts):
-        return parts[0] if len(parts) == 1 else Gather.join(parts)
-    parts = [part.tensors() if isinstance(part, Gather) else part for part in parts]
+        joined = parts[0] if len(parts) == 1 else Gather.join(parts)
+        return joined if lent else joined.read()
+    parts = [read_now(part) for part in parts]
     return {name: concat_columns([part[name] for part in parts]) for name in parts[0]}
 
 
@@ -159,7 +162,7 @@ class ReplayMixer:
                 data, version, replay_keys, chance, replay_lent = replay.lend(share, self.rng)
                 lent = lent or replay_lent
             else:
-                data, version, replay_keys, chance = replay.sample(share, self.rng)
+                data, version, replay_keys, chance = replay.draw(share, self.rng)
             parts.append(data)
             replayed.append(np.full(share, not replay.on_policy))
             versions.append(version)
@@ -171,7 +174,7 @@ class ReplayMixer:
             column += share
         if not self.has_queue:
             self.credit -= self.batch_cost
-        batch = join_parts(parts)
+        batch = join_parts(parts, lent)
         reusable = len(passes) == len(keys)       # no fresh or re-drawn column in this batch
         reuse_key = tuple((index, p.slot, p.generation) for index, p in passes) if reusable else None
         return MixedBatch(batch, np.concatenate(replayed), np.concatenate(versions), np.concatenate(probabilities),

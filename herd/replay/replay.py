@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from herd.replay.elite import EliteSampler, model_scorers
-from herd.store import TrajectoryStore
+from herd.store import Gather, TrajectoryStore, read_now
 from herd.trajectory import env_columns
 
 
@@ -95,17 +95,24 @@ class Replay:
                                                               np.ndarray]:
         """n trajectories, field -> [time, n, ...]; the policy versions that made them [n];
         their keys; the probabilities [n] they were drawn with."""
+        data, versions, keys, probabilities = self.draw(n, rng)
+        return read_now(data), versions, keys, probabilities
+
+    def draw(self, n: int, rng: np.random.Generator) -> tuple["Gather | dict", np.ndarray, ReplayKeys, np.ndarray]:
+        """sample() with the read not made yet (a Gather of the drawn positions): the mixer
+        joins the shares of a batch and reads them once, into the batch."""
         positions, probabilities = self.sampler.sample(n, rng)
         keys = ReplayKeys(positions, self.generation[positions].copy())
-        return self.storage.read(positions), self.storage.version[positions], keys, probabilities
+        return self.storage.gather(positions), self.storage.version[positions], keys, probabilities
 
-    def lend(self, n: int, rng: np.random.Generator) -> tuple[dict, np.ndarray, ReplayKeys, np.ndarray, bool]:
-        """sample(n, rng) with the observations lent where the sampler and the storage can
+    def lend(self, n: int, rng: np.random.Generator) -> tuple["dict | Gather", np.ndarray, ReplayKeys, np.ndarray,
+                                                             bool]:
+        """draw(n, rng) with the observations lent where the sampler and the storage can
         (the on-policy queue in host memory, a batch that is one run of positions): a view
         the learner's step reads in place, its positions kept from new writes until
         give_back(keys). The last element says whether they were lent."""
         if not self.sampler.lends:
-            return (*self.sample(n, rng), False)            # a subclass's own sample(): transitions
+            return (*self.draw(n, rng), False)              # a subclass's own draw(): transitions
         positions, probabilities = self.sampler.sample(n, rng)
         keys = ReplayKeys(positions, self.generation[positions].copy())
         data = self.storage.lend(positions)
@@ -113,7 +120,7 @@ class Replay:
         if lent:
             self.sampler.lend(positions)
         else:
-            data = self.storage.read(positions)
+            data = self.storage.gather(positions)           # read by the mixer, into the batch
         return data, self.storage.version[positions], keys, probabilities, lent
 
     def give_back(self, keys: ReplayKeys) -> None:

@@ -121,10 +121,10 @@ class SlotQueue(Replay):
         keys = SlotKeys(positions, np.zeros(n, dtype=np.int64))
         return data, self.versions[positions].copy(), keys, np.ones(n), True
 
-    def sample(self, n: int, rng: np.random.Generator):
+    def draw(self, n: int, rng: np.random.Generator):
         if self.waiting:
             raise RuntimeError("a queue reading the actors' slots lends its batches (ReplayMixer(lends=True))")
-        return super().sample(n, rng)
+        return super().draw(n, rng)
 
     def give_back(self, keys: ReplayKeys) -> None:
         if not isinstance(keys, SlotKeys):

@@ -77,9 +77,10 @@ class TransitionReplay(Replay):
         self.storage.write(position, trajectory, version)
         self.generation[position] += 1
 
-    def sample(self, n: int, rng: np.random.Generator):
-        """n transitions (see the module doc); their policy versions [n], keys (leaf +
-        generation of its trajectory) and probabilities [n]."""
+    def draw(self, n: int, rng: np.random.Generator):
+        """n transitions (see the module doc), read now (a transition batch is its own
+        gather); their policy versions [n], keys (leaf + generation of its trajectory) and
+        probabilities [n]."""
         leaves, probabilities = self.sampler.sample(n, rng)
         positions, steps = np.divmod(leaves, self.storage.unroll_length)
         keys = ReplayKeys(leaves, self.generation[positions].copy())

@@ -144,7 +144,7 @@ def device_learner_path(materialize_first: bool, monkeypatch) -> tuple[float, di
         mixed = mixer.sample()
         tensors = Staging.hand_over(*Staging(device).stage(mixed.data, mixed.replayed))
         if materialize_first:
-            tensors = {**tensors.tensors()}            # the negative control: a batch of its own first
+            tensors = tensors.read()            # the negative control: a batch of its own first
         learner.step(tensors)
         mixer.give_back(mixed)
     assert copies.copies == 1
