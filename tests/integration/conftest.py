@@ -59,6 +59,8 @@ def stopped_run(tmp_path_factory):
         killed, hung = sorted(actor_pids(process))
         blocked = {"first actors": all(sigint_blocked_in(pid) for pid in (killed, hung))}
         assert wait_for(lambda: newest_update(results) > 0, 60), "no checkpoint: the run does not train"
+        # Read once they have delivered (a checkpoint): inside run_actor, past start-up.
+        schedulers = {"first actors": [os.sched_getscheduler(pid) for pid in (killed, hung)]}
         psutil.Process(killed).kill()
         assert wait_for(lambda: "died" in log_text(results), 20)
         assert wait_for(lambda: actor_pids(process) - {killed, hung}, 20), "the killed actor was not replaced"
@@ -69,9 +71,10 @@ def stopped_run(tmp_path_factory):
         assert wait_for(lambda: hung not in actor_pids(process), 20), "the hung actor was kept"
         updates_after_both = newest_update(results)
         assert wait_for(lambda: newest_update(results) > updates_after_both, 30), "no training after the replacements"
+        schedulers["replacement"] = [os.sched_getscheduler(replacement)]
         children = psutil.Process(process.pid).children(recursive=True)
         os.killpg(process.pid, signal.SIGINT)          # Ctrl+C in a terminal signals the whole group
         _, err = process.communicate(timeout=20)
     return {"run": only_run(results), "returncode": process.returncode, "stderr": err, "children": children,
             "killed": killed, "hung": hung, "replacement": replacement, "updates_after_both": updates_after_both,
-            "sigint_blocked": blocked}
+            "sigint_blocked": blocked, "schedulers": schedulers}

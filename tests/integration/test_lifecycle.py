@@ -21,6 +21,12 @@ def test_a_killed_actor_is_replaced(stopped_run):
     assert summary["actor_restarts"] >= 2, summary        # the killed actor and the hung one
 
 
+def test_actors_run_as_throughput_work(stopped_run):
+    """The first actors and a replacement run SCHED_BATCH (herd/actors/actor.py
+    run_as_throughput_work): woken, they do not preempt the learner or a server."""
+    assert stopped_run["schedulers"] == {"first actors": [os.SCHED_BATCH] * 2, "replacement": [os.SCHED_BATCH]}
+
+
 def test_a_hung_actor_is_replaced_and_training_goes_on(stopped_run):
     assert "delivered nothing" in (stopped_run["run"] / "log.txt").read_text()
     state, _ = load_checkpoint(stopped_run["run"])
