@@ -8,7 +8,9 @@ a constant policy, against the env-only ceiling, in one command.
    `constant` (herd/models/constant.py: one policy for every observation, no network to
    compute) either in each actor (`local`) or through batched inference servers on the
    CPU (`server`: the channels, doorbells, batching and sampling of herd/inference/;
-   `server_db`: the same with double buffering, herd/actors/double_buffer.py). The
+   `server_db`: the same with double buffering, herd/actors/double_buffer.py), or
+   (`threaded`) all the games in one actor process stepped by `workers` emulator threads
+   of ale_vector, asynchronously, the policy in that process (EnvPool's shape). The
    learner's side is reduced to what an actor needs of it: each rollout's slot goes back
    at once (nothing is stored or trained).
 
@@ -19,7 +21,7 @@ a quarter from one minute to the next, so the measurement runs in `rounds`, each
 and then every mode for seconds / rounds, and the ratio reported is the median of the
 rounds' own ratios.
 Usage: python benchmarks/pipeline.py [--env PongNoFrameskip-v4] [--workers 2] [--envs 8] [--seconds 30]
-       [--rounds 3] [--modes local,server,server_db]
+       [--rounds 3] [--modes local,server,server_db,threaded]
 Records benchmarks/results/pipeline_<env>_<workers>x<envs>.json; its last line:
     pipeline: ceiling_fps=<n> <mode>_fps=<n> <mode>_ratio=<r> ...
 """
@@ -44,15 +46,23 @@ GOAL = 0.9
 FRAME_SKIP = 4
 SLOTS_PER_ACTOR = 2
 MODES = {"local": "actors, policy in each", "server": "actors + {servers} inference server(s)",
-         "server_db": "double-buffered actors + {servers} server(s)"}
+         "server_db": "double-buffered actors + {servers} server(s)",
+         "threaded": "1 actor, all games, {workers} emulator threads"}
 
 
 def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: float, mode: str) -> dict:
     """Agent steps per second of `workers` actors with the constant policy, after `warmup` s."""
-    plan = prepare({"env": env, "network": "constant", "normalize_observations": False, "worker_count": workers,
-                    "envs_per_worker": envs, "device": "cpu", "tensorboard": False,
-                    "actor_inference": "local" if mode == "local" else "server",
-                    "actor_double_buffer": mode == "server_db"})
+    options = {"env": env, "network": "constant", "normalize_observations": False, "worker_count": workers,
+               "envs_per_worker": envs, "device": "cpu", "tensorboard": False,
+               "actor_inference": "server" if mode.startswith("server") else "local",
+               "actor_double_buffer": mode == "server_db"}
+    if mode == "threaded":
+        # The EnvPool / Sebulba shape: one process steps every game on `workers` emulator
+        # threads, asynchronously (half the games step while the policy acts on the others).
+        options.update(worker_count=1, envs_per_worker=workers * envs, env_threads=workers,
+                       env_batch_size=workers * envs // 2)
+        workers, envs = 1, workers * envs
+    plan = prepare(options)
     spec = actor_spec(plan)
     context = actor_context()
     slots = TrajectorySlots(plan.layout, workers * SLOTS_PER_ACTOR, envs)
@@ -61,7 +71,7 @@ def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: flo
     weights.publish(model, version=0)
     stop = context.Event()
     servers = None
-    if mode != "local":
+    if mode.startswith("server"):
         servers = start_inference_servers(spec, workers, weights, "cpu", stop, context,
                                           inference_setup(plan.cfg, "cpu", workers), max_restarts=0, registry={})
     pool = ActorPool(spec, workers, slots, SLOTS_PER_ACTOR, weights, context, timeout=120.0, max_restarts=0,
@@ -98,7 +108,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds after the first rollout not measured")
     parser.add_argument("--modes", default="local,server", help="comma-separated: local (the policy in each actor), "
                                                                  "server (batched inference servers on the CPU), "
-                                                                 "server_db (the same, double-buffered actors)")
+                                                                 "server_db (the same, double-buffered actors), "
+                                                                 "threaded (one actor process, --workers threads)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - set(MODES)
@@ -127,7 +138,7 @@ def main() -> None:
     top = statistics.median(r["ceiling_steps_per_s"] for r in rounds)
     rows = [["env only (ceiling)", backend, f"{top * FRAME_SKIP:,.0f}", "1.00", ""]]
     for run in runs:
-        label = MODES[run["mode"]].format(servers=run["servers"])
+        label = MODES[run["mode"]].format(servers=run["servers"], workers=args.workers)
         rows.append([label, backend, f"{run['steps_per_s'] * FRAME_SKIP:,.0f}", f"{run['ratio']:.2f} (goal {GOAL})",
                      " ".join(f"{r:.2f}" for r in run["ratios"])])
     print(f"median of {args.rounds} rounds of a ceiling and then each mode, {each:.0f} s each")
