@@ -391,19 +391,21 @@ class TrajectorySlots:
                 runs.append((slot, e, 1))
         return runs
 
-    def read(self, positions: np.ndarray) -> dict[str, np.ndarray]:
+    def read(self, positions: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """field -> [time, B, ...] C-contiguous copies of the given positions: one copy of
-        each, a run of adjacent positions inside a slot at a time."""
+        each, a run of adjacent positions inside a slot at a time; into `out` (a batch of
+        B positions read before) where given."""
         B = len(positions)
         runs = self.runs(positions)
         batch = {}
         for name, array in self.arrays.items():
-            out = np.empty((array.shape[1], B, *array.shape[3:]), dtype=array.dtype)
+            shape = (array.shape[1], B, *array.shape[3:])
+            target = out[name] if out is not None and out[name].shape == shape else np.empty(shape, dtype=array.dtype)
             b = 0
             for slot, e, n in runs:
-                np.copyto(out[:, b:b + n], array[slot, :, e:e + n])
+                np.copyto(target[:, b:b + n], array[slot, :, e:e + n])
                 b += n
-            batch[name] = out
+            batch[name] = target
         return batch
 
     def lend(self, positions: np.ndarray) -> dict[str, np.ndarray] | None:

@@ -45,16 +45,19 @@ def pong_plan():
 
 
 class KeptBatches:
-    """The learner's step, stubbed: keeps each batch's frames, returns zero metrics of the
-    names the real step gives."""
+    """The learner's step, stubbed: checks each batch's frames against those it expects
+    (a batch is valid until it is given back: a gathered batch's buffer is reused after),
+    returns zero metrics of the names the real step gives."""
 
     def __init__(self, session):
         names = (*session.options.metric_names, "grad_norm", "lr", "skipped")
         self.metrics = {name: torch.zeros(()) for name in names}
-        self.frames: list[torch.Tensor] = []
+        self.expected: list[np.ndarray] = []        # the frames of batch k, set by the test
+        self.frames: list[bool] = []                # batch k held them when the step read it
 
     def __call__(self, batch: dict) -> StepResult:
-        self.frames.append(batch["obs"])
+        want = torch.from_numpy(np.asarray(self.expected[len(self.frames)]).view(np.ndarray))
+        self.frames.append(torch.equal(batch["obs"], want))    # aten equal: no copy to count
         return StepResult(self.metrics)
 
 
@@ -91,6 +94,7 @@ def copies_per_trajectory(plan, tmp_path, caching: bool, monkeypatch, in_slots: 
     monkeypatch.setattr(copy_counting, "COUNTER", counter)
     session, kept = session_of(plan, tmp_path, caching, monkeypatch, counter)
     slots = filled_slots(plan)
+    kept.expected = [slots.views(slot)["obs"] for slot in range(ROLLOUTS)]
     freed = []
     if in_slots:
         slots.arrays["obs"] = slots.arrays["obs"].view(ObsArray)
@@ -112,8 +116,7 @@ def copies_per_trajectory(plan, tmp_path, caching: bool, monkeypatch, in_slots: 
         session.batches.close()
     assert freed == (list(range(ROLLOUTS)) if in_slots else [])     # each slot back once trained on
     # The step got every frame of every slot, in order: the count is of a path that delivers.
-    for slot, frames in enumerate(kept.frames):
-        assert torch.equal(frames, torch.from_numpy(np.asarray(slots.views(slot)["obs"])))
+    assert kept.frames == [True] * ROLLOUTS
     trajectory_bytes = plan.layout.fields()["obs"][0][0] * int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
     return counter.bytes / (ROLLOUTS * ENVS * trajectory_bytes), counter.by_op
 

@@ -87,6 +87,27 @@ def test_a_batch_across_slots_out_of_order_is_one_gather():
     assert freed == [2, 0]
 
 
+def test_a_gathered_batchs_buffer_serves_the_next_gather_once_given_back():
+    """The gather writes into a batch buffer given back before (no fresh allocation per
+    batch), never into one still lent to the step."""
+    slots, m, freed = TrajectorySlots(LAYOUT, SLOTS, 1), mixer(), Freed()
+    assert m.read_slots(slots)
+
+    def gathered(marks_of):
+        for slot, mark in marks_of:
+            slots.views(slot)["obs"][:] = 10 * mark
+            assert m.keep(slot, 1, version=mark, on_free=freed.on_free(slot))
+        return m.sample()
+    first = gathered(((2, 1), (0, 2)))
+    second = gathered(((3, 3), (1, 4)))                 # first is still lent: a buffer of its own
+    assert not np.shares_memory(first.data["obs"], second.data["obs"])
+    assert marks(first.data["obs"]) == [10, 20] and marks(second.data["obs"]) == [30, 40]
+    m.give_back(first)
+    third = gathered(((2, 5), (0, 6)))
+    assert np.shares_memory(third.data["obs"], first.data["obs"])     # first's buffer, reused
+    assert marks(third.data["obs"]) == [50, 60] and marks(second.data["obs"]) == [30, 40]
+
+
 def test_past_its_capacity_the_oldest_waiting_are_dropped_and_their_slot_freed():
     slots, m, freed = TrajectorySlots(LAYOUT, 16, E), mixer(), Freed()
     assert m.read_slots(slots)
