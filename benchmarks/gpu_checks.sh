@@ -22,7 +22,7 @@ lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/gpu.txt"
 
 echo "== CUDA tests"
 python3 -m pytest -q -p no:cacheprovider -rs tests/learner/test_capture_cuda.py tests/models/test_frame_normalizer.py \
-    tests/inference/test_device_weights.py tests/inference/test_device_path.py \
+    tests/inference/test_device_weights.py tests/inference/test_device_path.py tests/learner/test_device_copies.py \
     "tests/inference/test_server.py::test_cuda_server_equals_the_local_cpu_model" > "$OUT/cuda_tests.txt" 2>&1
 tail -4 "$OUT/cuda_tests.txt"
 
