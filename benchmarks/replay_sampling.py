@@ -124,7 +124,7 @@ def make_learner(model, precision: str) -> Learner:
 
 def learner_rate(mixer, learner, data, caching: bool, updates: int) -> float:
     """Updates per second of the learner pulling batches from `mixer` (fresh data fed as it trains)."""
-    batches = (PrefetchedBatches(mixer, torch.device("cpu"), 1, 1, 3, 4, "wait") if caching
+    batches = (PrefetchedBatches(DirectBatches(mixer, torch.device("cpu")), 1, 1, 3, 4, "wait") if caching
                else DirectBatches(mixer, torch.device("cpu")))
     fed, done, start = 0, -2, None
     try:

@@ -111,8 +111,8 @@ def build_batches(plan: Plan, model: torch.nn.Module, device: torch.device, rank
                                requests_ahead=r.cache_output_buffer_size, writes_waiting=r.replay_writer_queue_size)
     mixer = build_mixer(plan, model, device, rank, local=True, copies=copies)
     if r.caching:
-        return PrefetchedBatches(mixer, device, r.caching_threads, r.cache_sample_size, r.cache_output_buffer_size,
-                                 r.replay_writer_queue_size, r.discarding_strategy)
+        return PrefetchedBatches(DirectBatches(mixer, device), r.caching_threads, r.cache_sample_size,
+                                 r.cache_output_buffer_size, r.replay_writer_queue_size, r.discarding_strategy)
     return DirectBatches(mixer, device)
 
 

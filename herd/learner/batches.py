@@ -48,6 +48,14 @@ class DirectBatches:
         """False while the learner lags its replay ratio (herd/replay/mixer.py): train first."""
         return not self.mixer.lagging()
 
+    def can_add(self, n: int) -> bool:
+        """n trajectories can be written now without losing an unused fresh one."""
+        return self.mixer.can_add(n)
+
+    def slots_full(self) -> bool:
+        """The queue reads the actors' slots and holds its capacity: take no rollout now."""
+        return self.mixer.slots_full()
+
     def put_rollout(self, views: dict, version: int) -> None:
         """Writes into the replays now (one copy, out of the slot)."""
         self.mixer.add_rollout(views, version)
@@ -59,16 +67,20 @@ class DirectBatches:
         """Fresh rollouts may be kept where the actors wrote them from now on (ReplayMixer.read_slots)."""
         return self.mixer.read_slots(slots)
 
-    def keep(self, start: int, n: int, version: int, on_free) -> bool:
+    def keep(self, start: int, n: int, version: int, on_free, overwrite: bool = True) -> bool:
         """A rollout in the slots' positions start .. start + n - 1 taken where it is (True:
-        on_free() once trained on), or not (False: put_rollout it)."""
-        return self.mixer.keep(start, n, version, on_free)
+        on_free() once trained on), or not (False: put_rollout it). overwrite: SlotQueue.keep's."""
+        return self.mixer.keep(start, n, version, on_free, overwrite)
+
+    def prepare(self):
+        """The next batch, sampled (a herd.replay.mixer.MixedBatch), or None when none is ready."""
+        return self.mixer.sample() if self.mixer.ready() else None
 
     def next_ready(self):
         """(tensors, MixedBatch) or None."""
-        if not self.mixer.ready():
+        mixed = self.prepare()
+        if mixed is None:
             return None
-        mixed = self.mixer.sample()
         tensors = to_tensors(mixed.data, mixed.replayed, self.device)
         mixed.data = None  # the tensors hold it now
         return tensors, mixed
@@ -93,14 +105,18 @@ class DirectBatches:
 
 
 class PrefetchedBatches:
-    """`threads` workers each write waiting rollouts into the replays and prepare up to
-    `per_round` batches per round into a queue of `buffer_size` ready batches."""
+    """A wrapper around a DirectBatches that runs its one line, `prepare()`, ahead: `threads`
+    workers each write waiting rollouts into the replays and prepare up to `per_round`
+    batches per round into a queue of `buffer_size` ready batches, staged on their way to
+    the device. Every call into the wrapped source is made under one lock (the mixer is not
+    thread-safe on its own)."""
 
-    def __init__(self, mixer: ReplayMixer, device: torch.device, threads: int, per_round: int, buffer_size: int,
+    def __init__(self, source: DirectBatches, threads: int, per_round: int, buffer_size: int,
                  writer_queue_size: int, discarding_strategy: str):
-        self.mixer = mixer
-        self.device = device
-        self.staging = Staging(device)      # a copy stream of its own on a GPU
+        self.source = source
+        self.mixer = source.mixer           # read without the lock for figures (replay_nbytes)
+        self.device = source.device
+        self.staging = Staging(self.device)     # a copy stream of its own on a GPU
         self.per_round = per_round
         self.writer = WriterQueue(writer_queue_size, discarding_strategy)
         self.ready: queue.Queue = queue.Queue(maxsize=buffer_size)
@@ -121,20 +137,20 @@ class PrefetchedBatches:
         its capacity, or the learner lags its replay ratio: the learner should take no more
         rollouts. (The mixer's figures are read without the
         lock: a count one write old is close enough.)"""
-        return self.writer.has_room() and not self.mixer.lagging() and not self.mixer.slots_full()
+        return self.writer.has_room() and self.source.has_room() and not self.source.slots_full()
 
     def put(self, trajectories: list, version: int) -> None:
         self.put_rollout(stack_columns(trajectories), version)
 
     def read_slots(self, slots: TrajectorySlots) -> bool:
         with self.lock:
-            return self.mixer.read_slots(slots)
+            return self.source.read_slots(slots)
 
     def keep(self, start: int, n: int, version: int, on_free) -> bool:
         """DirectBatches.keep; not while copied rollouts wait for a worker (they come first)."""
         with self.lock:
             # Within the queue's capacity (has_room), as the copies would wait in the writer queue.
-            kept = self.writer.peek() is None and self.mixer.keep(start, n, version, on_free, overwrite=False)
+            kept = self.writer.peek() is None and self.source.keep(start, n, version, on_free, overwrite=False)
         if kept:
             self.writer.poke()              # a worker prepares the batch this may complete
         return kept
@@ -147,9 +163,9 @@ class PrefetchedBatches:
         # is not sampling), nothing queued before these (order kept) and room for them.
         if self.lock.acquire(blocking=False):
             try:
-                written = self.writer.peek() is None and self.mixer.can_add(views["action"].shape[1])
+                written = self.writer.peek() is None and self.source.can_add(views["action"].shape[1])
                 if written:
-                    self.mixer.add_rollout(views, version)
+                    self.source.put_rollout(views, version)
             finally:
                 self.lock.release()
             if written:
@@ -166,11 +182,11 @@ class PrefetchedBatches:
                 prepared = []
                 with self.lock:
                     # Write what waits, as long as no unused fresh trajectory gets overwritten.
-                    while (item := self.writer.peek()) is not None and self.mixer.can_add(item[0]["action"].shape[1]):
-                        rollout, version = self.writer.pop()
-                        self.mixer.add_rollout(rollout, version)
-                    while len(prepared) < self.per_round and not self.ready.full() and self.mixer.ready():
-                        prepared.append(self.mixer.sample())
+                    while (item := self.writer.peek()) is not None and self.source.can_add(item[0]["action"].shape[1]):
+                        self.source.put_rollout(*self.writer.pop())
+                    while len(prepared) < self.per_round and not self.ready.full() and (
+                            mixed := self.source.prepare()) is not None:
+                        prepared.append(mixed)
                 if not prepared and self.writer.peek() is not None:
                     time.sleep(0.001)  # waiting for the learner to take a prepared batch
                 for mixed in prepared:
@@ -197,13 +213,13 @@ class PrefetchedBatches:
 
     def update(self, keys: list, values) -> int:
         with self.lock:
-            return self.mixer.update(keys, values)
+            return self.source.update(keys, values)
 
     def give_back(self, mixed) -> None:
         """Also wakes a worker: rollouts waiting for the room may be written now."""
         if mixed.lent:
             with self.lock:
-                self.mixer.give_back(mixed)
+                self.source.give_back(mixed)
             self.writer.poke()
 
     def replay_nbytes(self) -> int:
@@ -213,11 +229,11 @@ class PrefetchedBatches:
     def replay_state(self) -> dict:
         """The replays' contents; batches already prepared are not part of it."""
         with self.lock:
-            return self.mixer.state_dict()
+            return self.source.replay_state()
 
     def load_replay_state(self, state: dict, fresh: bool = True) -> None:
         with self.lock:
-            self.mixer.load_state_dict(state, fresh)
+            self.source.load_replay_state(state, fresh)
 
     def close(self) -> None:
         self.stopping.set()

@@ -7,7 +7,7 @@ import torch
 
 from herd_testing import wait_for
 from herd.algos.impala import impala_layout
-from herd.learner.batches import PrefetchedBatches
+from herd.learner.batches import DirectBatches, PrefetchedBatches
 from herd.replay.mixer import ReplayMixer
 from herd.replay.registry import build_replay
 from herd.replay.spec import parse_replay_parameters
@@ -28,7 +28,7 @@ def prefetched(fail_on_sample: bool) -> PrefetchedBatches:
         def sample():
             raise ValueError("a sampler bug")
         mixer.sample = sample
-    return PrefetchedBatches(mixer, torch.device("cpu"), threads=1, per_round=1, buffer_size=2,
+    return PrefetchedBatches(DirectBatches(mixer, torch.device("cpu")), threads=1, per_round=1, buffer_size=2,
                              writer_queue_size=4, discarding_strategy="keep_latest")
 
 

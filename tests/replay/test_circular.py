@@ -113,7 +113,7 @@ def test_a_full_buffer_makes_the_writer_wait_instead_of_evicting():
     """Catches prefetching that overwrites batches with uses left: with the buffer full,
     rollouts wait in the writer queue until a batch is used up, so none is lost."""
     mixer = circular_mixer(num_batches=2, iterations=2)
-    source = PrefetchedBatches(mixer, torch.device("cpu"), threads=1, per_round=1, buffer_size=1,
+    source = PrefetchedBatches(DirectBatches(mixer, torch.device("cpu")), threads=1, per_round=1, buffer_size=1,
                                writer_queue_size=64, discarding_strategy="wait")
     served = []
     try:

@@ -138,7 +138,7 @@ def test_prepared_ahead_batches_stay_intact_while_rollouts_keep_coming():
     """The batch thread prepares lent batches ahead while rollouts keep arriving: every
     batch the learner takes holds its own frames, in order, none lost or overwritten."""
     mixer = queue_mixer(lends=True, lent_batches=3)          # build_mixer's count for these settings
-    source = PrefetchedBatches(mixer, torch.device("cpu"), threads=1, per_round=1, buffer_size=1,
+    source = PrefetchedBatches(DirectBatches(mixer, torch.device("cpu")), threads=1, per_round=1, buffer_size=1,
                                writer_queue_size=64, discarding_strategy="keep_latest")
     taken, held = [], []
 

@@ -166,7 +166,7 @@ def test_keys_reach_the_learner_through_the_mixer_and_the_threads(prefetched, on
     replays = [build_replay(specs[0], LAYOUT, shares[0], 2, storage_device=torch.device("cpu") if on_device else None),
                recording_replay(capacity=4, on_device=on_device)]
     mixer = ReplayMixer(replays, shares, fill_in_factor=1.0, seed=0)
-    source = (PrefetchedBatches(mixer, torch.device("cpu"), threads=1, per_round=1, buffer_size=2,
+    source = (PrefetchedBatches(DirectBatches(mixer, torch.device("cpu")), threads=1, per_round=1, buffer_size=2,
                                 writer_queue_size=8, discarding_strategy="wait") if prefetched
               else DirectBatches(mixer, torch.device("cpu")))
     try:

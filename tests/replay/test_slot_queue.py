@@ -123,7 +123,7 @@ def test_past_its_capacity_the_oldest_waiting_are_dropped_and_their_slot_freed()
 
 def test_without_overwrite_the_batch_source_takes_no_rollout_while_the_queue_is_full():
     slots, freed = TrajectorySlots(LAYOUT, 16, E), Freed()
-    batches = PrefetchedBatches(mixer(), torch.device("cpu"), threads=1, per_round=1, buffer_size=1,
+    batches = PrefetchedBatches(DirectBatches(mixer(), torch.device("cpu")), threads=1, per_round=1, buffer_size=1,
                                 writer_queue_size=4, discarding_strategy="wait")
     try:
         assert batches.read_slots(slots)

@@ -42,7 +42,7 @@ def rollout(tag):
 def test_every_fresh_trajectory_is_trained_once(prefetched):
     mixer = make_mixer()
     if prefetched:
-        source = PrefetchedBatches(mixer, torch.device("cpu"), threads=2, per_round=2, buffer_size=3,
+        source = PrefetchedBatches(DirectBatches(mixer, torch.device("cpu")), threads=2, per_round=2, buffer_size=3,
                                    writer_queue_size=100, discarding_strategy="keep_latest")
     else:
         source = DirectBatches(mixer, torch.device("cpu"))
