@@ -69,6 +69,21 @@ def test_uint8_moments_are_exact_past_float32s_integer_range():
     assert float(norm.count) == 600
 
 
+def test_the_host_merge_is_the_device_merge_in_numpy(pong_frames):
+    """A CPU learner merges its statistics in numpy (merge_on_host), a GPU learner in torch
+    (merge_on_device): the same float64 operations, so the same statistics bit for bit,
+    merge after merge (here both on the CPU, one forced through torch)."""
+    host, torch_path = FrameNormalizer((84, 84)), FrameNormalizer((84, 84))
+    for part in (pong_frames[:70], pong_frames[70:150], pong_frames[150:]):
+        levels = torch.from_numpy(part[:, -1].reshape(len(part), -1)).double() / 255.0
+        mean, var = levels.mean(0), levels.var(0, unbiased=False)
+        host.merge(len(part), mean, var)
+        torch_path.merge_on_device(len(part), mean, var)
+        for name in ("count", "mean", "var"):
+            assert torch.equal(getattr(host, name), getattr(torch_path, name)), name
+    assert float(host.count) == len(pong_frames) and float(host.var.max()) > 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_gpu_learners_statistics_are_summed_on_its_device_and_equal_the_hosts(pong_frames):
     """On a GPU the newest frames go to the device and are summed there: the same
