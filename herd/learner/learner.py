@@ -149,9 +149,10 @@ class Learner:
         """One update. batch["obs"] is [T+1, B, ...] (or a Gather, read by the step).
         Returns its StepResult, no host read: the metrics as 0-dim device tensors
         (skipped is 1.0 when the update was not applied: a non-finite loss, gradient or
-        resulting weight), the priorities where the loss gives them, and whether a group of learners stopped. On a captured step
-        the tensors are the graph's outputs: read them before the next step overwrites
-        them (the update has already added them to self.metric_sums)."""
+        resulting weight), the priorities where the loss gives them, and whether a group
+        of learners stopped. On a captured step the tensors are the graph's outputs: read
+        them before the next step overwrites them (the update has already added them to
+        self.metric_sums)."""
         if self.reuse is None:
             return self.counted(StepResult.of(self.step_once(batch)))
         self.loss_fn.begin_batch()          # host side: the target's first sync, outside any graph
