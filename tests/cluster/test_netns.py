@@ -113,6 +113,9 @@ def gone(pid: int) -> bool:
 INTERRUPTED = """
 import os, signal, time
 from herd.cluster.netns import NetnsCluster
+# Python's own handler, as a program started from a terminal has it: a test suite run as a
+# background job hands its children SIGINT ignored, and an ignored SIGINT stays ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 net = NetnsCluster(2).__enter__()
 run = net.run
 try:
