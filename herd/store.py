@@ -293,8 +293,9 @@ class Gather:
     def into(self, out: dict) -> None:
         """Writes the batch into out (field -> [time, B, ...] numpy arrays on the host,
         tensors on a device; [B] for a column): per field and part one index_select into
-        that part's columns of out (on the host through torch: numpy's take into a strided
-        destination is 4x slower), or for LZ4-packed observations their steps unpacked there."""
+        that part's columns of out (on the host through torch too: numpy's take into a
+        strided destination is slower), or for LZ4-packed observations their steps
+        unpacked there."""
         for name, destination in out.items():
             if name in self.columns:
                 destination.copy_(self.columns[name], non_blocking=True)

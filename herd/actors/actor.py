@@ -120,8 +120,8 @@ def run_as_throughput_work() -> bool:
     share of the CPU, but when it wakes it does not preempt the running process. An
     actor woken by its inference server's answer then lets the server finish its batch
     and ring the other clients, and one woken by a free slot lets the learner finish its
-    step (with 2 actors and a CPU server on 2 cores: 4,860 -> 5,080 agent steps/s, about
-    +5 %, in benchmarks/pipeline.py's server mode; docs/benchmarks.md). False elsewhere."""
+    step (measured with benchmarks/pipeline.py's server mode: docs/benchmarks.md). False
+    elsewhere."""
     if not sys.platform.startswith("linux"):
         return False
     os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))

@@ -73,8 +73,7 @@ class ObservationNormalizer(nn.Module):
     def merge_on_host(self, n: int, batch_mean: np.ndarray, batch_var: np.ndarray) -> None:
         """merge_on_device's arithmetic, the same float64 operations in the same order (so
         the same numbers, tests/models/test_frame_normalizer.py), in numpy: a dozen small
-        torch ops cost a CPU learner more in dispatch than in arithmetic (about 0.2 ms per
-        Pong rollout)."""
+        torch ops cost a CPU learner more in dispatch than in arithmetic."""
         count = float(self.count)
         mean, var = self.mean.numpy().astype(np.float64), self.var.numpy().astype(np.float64)
         total = count + n
