@@ -284,8 +284,8 @@ class Gather:
 
     @staticmethod
     def join(gathers: list["Gather"]) -> "Gather":
-        return Gather([part for gather in gathers for part in gather.parts],
-                      {name: torch.cat([g.columns[name] for g in gathers]) for name in gathers[0].columns})
+        """The replays' shares as one batch (before any column is added: the mixer's)."""
+        return Gather([part for gather in gathers for part in gather.parts])
 
     def with_columns(self, **columns: torch.Tensor) -> "Gather":
         return Gather(self.parts, {**self.columns, **columns})

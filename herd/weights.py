@@ -68,8 +68,8 @@ class WeightBoard:
         self._versions = context.Array("q", [-1] * num_slots, lock=False)      # per slot: -1, nothing yet
         self.retries = 0          # this process's reads turned back by the re-check (tests read it)
         self.adopted = False      # a learner's parameters are views of the one slot (adopt)
-        self.views: tuple[tuple, list[torch.Tensor]] = ((), [])          # (the parts' shapes, a slot's views for them)
-        self.host_views: tuple[tuple, list[np.ndarray]] = ((), [])       # the same as numpy arrays
+        self.views: dict[tuple, list[torch.Tensor]] = {}        # (slot, the parts' shapes) -> the slot's views for them
+        self.host_views: dict[tuple, list[np.ndarray]] = {}     # the same as numpy arrays
 
     @property
     def device(self) -> torch.device:
@@ -82,7 +82,7 @@ class WeightBoard:
 
     def __getstate__(self) -> dict:
         """A reader's process gets the slots, not this process's cached views (copies once pickled)."""
-        return {**self.__dict__, "views": ((), []), "host_views": ((), [])}
+        return {**self.__dict__, "views": {}, "host_views": {}}
 
     # The writer: one process (the learner), one write at a time.
 
@@ -135,20 +135,20 @@ class WeightBoard:
         return self.publish_vector(vector, version)
 
     def views_for(self, slot: int, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The slot's views for these parts, made once: a learner publishes the same
-        parameters every update (a one-slot board: every write is to slot 0)."""
+        """The slot's views for these parts, made once per slot: a learner publishes the
+        same parameters every update."""
         key = (slot, *(part.shape for part in parts))
-        if key != self.views[0]:
-            self.views = (key, flat_views(self.slots[slot], parts))
-        return self.views[1]
+        if key not in self.views:
+            self.views[key] = flat_views(self.slots[slot], parts)
+        return self.views[key]
 
     def host_views_for(self, slot: int, parts: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """views_for() as numpy arrays, made once."""
+        """views_for() as numpy arrays."""
         key = (slot, *(part.shape for part in parts))
-        if key != self.host_views[0]:
+        if key not in self.host_views:
             tensors = [torch.from_numpy(part) for part in parts]
-            self.host_views = (key, [view.numpy() for view in flat_views(self.slots[slot], tensors)])
-        return self.host_views[1]
+            self.host_views[key] = [view.numpy() for view in flat_views(self.slots[slot], tensors)]
+        return self.host_views[key]
 
     # A CPU learner's parameters in the board itself.
 

@@ -115,17 +115,15 @@ def collect_rollouts(envs: ActorEnvs, policy: ActorPolicy, writer: RolloutWriter
             policy.refresh()
 
 
-def run_as_throughput_work() -> bool:
+def run_as_throughput_work() -> None:
     """On Linux, this process (and the emulator threads it starts) runs SCHED_BATCH: same
     share of the CPU, but when it wakes it does not preempt the running process. An
     actor woken by its inference server's answer then lets the server finish its batch
     and ring the other clients, and one woken by a free slot lets the learner finish its
-    step (measured with benchmarks/pipeline.py's server mode: docs/benchmarks.md). False
-    elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return False
-    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    return True
+    step (measured with benchmarks/pipeline.py's server mode: docs/benchmarks.md).
+    Elsewhere nothing changes."""
+    if sys.platform.startswith("linux"):
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 
 
 def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots, rollouts,

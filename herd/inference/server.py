@@ -125,7 +125,7 @@ class BatchServer:
             results, event = self.path.launch(clients, rows, index)
             return Launched(clients, seqs, rows, index, results, event)
         first, N = int(rows_at[0]), len(rows_at)
-        if rows_at[-1] - first == N - 1 and np.array_equal(rows_at, np.arange(first, first + N)):
+        if np.array_equal(rows_at, np.arange(first, first + N)):
             # One run of rows (a lone client's): read in place, no gather.
             inputs = {name: source[first:first + N] for name, source in self.inputs.items()}           # [N, ...]
         else:

@@ -65,7 +65,7 @@ def join_parts(parts: list, lent: bool) -> "dict | Gather":
     the learner's step. Shares read already (transition batches, a host queue's lent
     view) are joined as data (field -> [time, B, ...])."""
     if all(isinstance(part, Gather) for part in parts):
-        joined = parts[0] if len(parts) == 1 else Gather.join(parts)
+        joined = Gather.join(parts)
         return joined if lent else joined.read()
     parts = [read_now(part) for part in parts]
     return {name: concat_columns([part[name] for part in parts]) for name in parts[0]}

@@ -35,7 +35,9 @@ from herd.store import TrajectorySlots, TrajectoryStore
 
 @dataclass(frozen=True)
 class SlotKeys(ReplayKeys):
-    """Keys of a batch read from the actors' slots (positions of their store)."""
+    """Keys of a batch read from the actors' slots (positions of their store); `gathered`:
+    the batch buffer it was gathered into (None: lent as a view), reused once given back."""
+    gathered: dict | None = None
 
 
 @dataclass
@@ -53,7 +55,6 @@ class SlotQueue(Replay):
         self.waiting: deque[int] = deque()              # its positions not yet sampled, oldest first
         self.versions = np.zeros(0, dtype=np.int64)     # [slot positions] the policy that acted
         self.holds: dict[int, Held] = {}                # slot position -> the rollout it belongs to
-        self.gathered: dict[int, dict] = {}             # id(keys) of a lent gathered batch -> its buffer
         self.buffers: list[dict] = []                   # batch buffers given back, for the next gathers
 
     @staticmethod
@@ -118,13 +119,12 @@ class SlotQueue(Replay):
             return super().lend(n, rng)
         positions = np.array([self.waiting.popleft() for _ in range(n)], dtype=np.int64)
         data = self.slots.lend(positions)               # a view where the positions are one run in a slot
-        keys = SlotKeys(positions, np.zeros(n, dtype=np.int64))
+        gathered = None
         if data is None:
             # Else the one gather, into a batch buffer kept for the next (a fresh allocation
             # of a batch's frames costs more than the copy: its pages are faulted in anew).
-            buffer = self.buffers.pop() if self.buffers else None
-            data = self.slots.read(positions, out=buffer)
-            self.gathered[id(keys)] = data
+            data = gathered = self.slots.read(positions, out=self.buffers.pop() if self.buffers else None)
+        keys = SlotKeys(positions, np.zeros(n, dtype=np.int64), gathered)
         return data, self.versions[positions].copy(), keys, np.ones(n), True
 
     def draw(self, n: int, rng: np.random.Generator):
@@ -138,9 +138,8 @@ class SlotQueue(Replay):
             return
         for position in keys.positions.tolist():
             self.release(position)
-        buffer = self.gathered.pop(id(keys), None)
-        if buffer is not None:
-            self.buffers.append(buffer)                 # the step has read it: the next gather's
+        if keys.gathered is not None:
+            self.buffers.append(keys.gathered)          # the step has read it: the next gather's
 
     def update(self, keys: ReplayKeys, values) -> int:
         return 0 if isinstance(keys, SlotKeys) else super().update(keys, values)
