@@ -6,7 +6,8 @@
 #      and the frames and seconds at which it first reaches -15, 0, 10, 18 and 20;
 #   3. throughput against the env-only ceiling: the headline on-policy configuration and
 #      the inference server's double buffering and CUDA graphs (their GPU defaults wait for
-#      this), with Sample Factory at equal work per frame when PEER=serial and its venv is
+#      this) and the actors writing frames themselves (--inference_records=off), with
+#      Sample Factory at equal work per frame when PEER=serial and its venv is
 #      there (benchmarks/peer_sample_factory.py).
 # Everything it prints and records goes to $OUT (default /tmp/gpu_checks).
 # usage: [PEER=serial] [WORKERS=16] [ENVS=8] bash benchmarks/gpu_checks.sh [pong minutes] [throughput seconds]
@@ -23,6 +24,7 @@ lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/gpu.txt"
 echo "== CUDA tests"
 python3 -m pytest -q -p no:cacheprovider -rs tests/learner/test_capture_cuda.py tests/models/test_frame_normalizer.py \
     tests/inference/test_device_weights.py tests/inference/test_device_path.py tests/learner/test_device_copies.py \
+    tests/inference/test_records.py \
     "tests/inference/test_server.py::test_cuda_server_equals_the_local_cpu_model" > "$OUT/cuda_tests.txt" 2>&1
 tail -4 "$OUT/cuda_tests.txt"
 
@@ -32,7 +34,7 @@ tail -14 "$OUT/pong.txt"
 
 echo "== throughput, $WORKERS workers x $ENVS envs"
 CONFIGS=on-policy,on-policy-server-double-buffer
-if nvidia-smi > /dev/null 2>&1; then CONFIGS=$CONFIGS,on-policy-server-cuda-graphs; fi
+if nvidia-smi > /dev/null 2>&1; then CONFIGS=$CONFIGS,on-policy-server-cuda-graphs,on-policy-server-records-off; fi
 python3 benchmarks/throughput.py --workers "$WORKERS" --envs "$ENVS" --seconds "$RUN_SECONDS" --configs "$CONFIGS" \
     --label gpu_checks ${PEER:+--peer "$PEER"} > "$OUT/throughput.txt" 2>&1
 tail -12 "$OUT/throughput.txt"

@@ -8,7 +8,9 @@ a constant policy, against the env-only ceiling, in one command.
    `constant` (herd/models/constant.py: one policy for every observation, no network to
    compute) either in each actor (`local`) or through batched inference servers on the
    CPU (`server`: the channels, doorbells, batching and sampling of herd/inference/;
-   `server_db`: the same with double buffering, herd/actors/double_buffer.py), or
+   `server_db`: the same with double buffering, herd/actors/double_buffer.py;
+   `server_records`: the servers write the observations and their outputs into the
+   slots, the actors only rewards and dones, herd/inference/records.py), or
    (`threaded`) all the games in one actor process stepped by `workers` emulator threads
    of ale_vector, asynchronously, the policy in that process (EnvPool's shape). The
    learner's side is reduced to what an actor needs of it: each rollout's slot goes back
@@ -21,7 +23,7 @@ a quarter from one minute to the next, so the measurement runs in `rounds`, each
 and then every mode for seconds / rounds, and the ratio reported is the median of the
 rounds' own ratios.
 Usage: python benchmarks/pipeline.py [--env PongNoFrameskip-v4] [--workers 2] [--envs 8] [--seconds 30]
-       [--rounds 3] [--modes local,server,server_db,threaded]
+       [--rounds 3] [--modes local,server,server_db,server_records,threaded]
 Records benchmarks/results/pipeline_<env>_<workers>x<envs>.json; its last line:
     pipeline: ceiling_fps=<n> <mode>_fps=<n> <mode>_ratio=<r> ...
 """
@@ -34,7 +36,7 @@ import time
 from common import print_table, record
 from throughput import ceiling
 
-from herd.backends.local import ActorPool, start_inference_servers
+from herd.backends.local import ActorPool, start_inference_servers, step_records
 from herd.backends.start import actor_context
 from herd.models import build_model
 from herd.plan import prepare
@@ -47,6 +49,7 @@ FRAME_SKIP = 4
 SLOTS_PER_ACTOR = 2
 MODES = {"local": "actors, policy in each", "server": "actors + {servers} inference server(s)",
          "server_db": "double-buffered actors + {servers} server(s)",
+         "server_records": "actors + {servers} server(s) recording the steps",
          "threaded": "1 actor, all games, {workers} emulator threads"}
 
 
@@ -55,7 +58,8 @@ def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: flo
     options = {"env": env, "network": "constant", "normalize_observations": False, "worker_count": workers,
                "envs_per_worker": envs, "device": "cpu", "tensorboard": False,
                "actor_inference": "server" if mode.startswith("server") else "local",
-               "actor_double_buffer": mode == "server_db"}
+               "actor_double_buffer": mode == "server_db",
+               "inference_records": "on" if mode == "server_records" else "off"}
     if mode == "threaded":
         # The EnvPool / Sebulba shape: one process steps every game on `workers` emulator
         # threads, asynchronously (half the games step while the policy acts on the others).
@@ -72,8 +76,9 @@ def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: flo
     stop = context.Event()
     servers = None
     if mode.startswith("server"):
-        servers = start_inference_servers(spec, workers, weights, "cpu", stop, context,
-                                          inference_setup(plan.cfg, "cpu", workers), max_restarts=0, registry={})
+        setup = inference_setup(plan.cfg, "cpu", workers)
+        servers = start_inference_servers(spec, workers, weights, "cpu", stop, context, setup, max_restarts=0,
+                                          registry={}, records=step_records(slots, "cpu") if setup.records else None)
     pool = ActorPool(spec, workers, slots, SLOTS_PER_ACTOR, weights, context, timeout=120.0, max_restarts=0,
                      inference=servers, stop_event=stop)
     pool.start()
@@ -109,6 +114,7 @@ def main() -> None:
     parser.add_argument("--modes", default="local,server", help="comma-separated: local (the policy in each actor), "
                                                                  "server (batched inference servers on the CPU), "
                                                                  "server_db (the same, double-buffered actors), "
+                                                                 "server_records (servers that record the steps), "
                                                                  "threaded (one actor process, --workers threads)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]

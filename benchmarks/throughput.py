@@ -48,9 +48,12 @@ CONFIGS = {
     "defaults": [],                                           # the seed's replay mix, batch 100, T 10
     # The inference server's options whose defaults on a GPU wait for a measurement there:
     # double-buffered actors (on 2 CPU cores they did not pay: docs/benchmarks.md) and CUDA
-    # graphs of the server's forward pass (needs a GPU). Run only when named in --configs.
+    # graphs of the server's forward pass (needs a GPU), and the actors writing every frame
+    # into their slots themselves (--inference_records=off: each frame then crosses to the
+    # GPU twice; the GPU default records them in the server). Run only when named in --configs.
     "on-policy-server-double-buffer": [*ON_POLICY, "--actor_inference=server", "--actor_double_buffer=True"],
     "on-policy-server-cuda-graphs": [*ON_POLICY, "--actor_inference=server", "--inference_cuda_graphs=True"],
+    "on-policy-server-records-off": [*ON_POLICY, "--actor_inference=server", "--inference_records=off"],
 }
 # What runs without --configs: all but the server options above.
 DEFAULT_CONFIGS = [name for name in CONFIGS if not name.startswith("on-policy-server-")]

@@ -32,10 +32,11 @@ class DeviceCopies:
         self.copies = 0                     # rollouts copied (what the tests count)
 
     @contextmanager
-    def copying(self) -> Iterator[None]:
-        """Around one rollout's copies into a device store (TrajectoryStore.put)."""
+    def copying(self, rollout: bool = True) -> Iterator[None]:
+        """Around one rollout's copies into a device store (TrajectoryStore.put), or
+        (rollout=False, not counted) another copy a slot's release must wait for."""
         with self.lock:
-            self.copies += 1
+            self.copies += rollout
         if self.stream is None:
             yield
             return

@@ -111,17 +111,25 @@ class TrajectoryStore:
         n = rollout["action"].shape[1]
         if self.on_host:
             for name, array in self.arrays.items():
-                array[:, start:start + n] = rollout[name]
+                if isinstance(rollout[name], torch.Tensor):        # recorded on a GPU (herd/inference/records.py)
+                    self.tensors[name][:, start:start + n].copy_(rollout[name])
+                else:
+                    array[:, start:start + n] = rollout[name]
         else:
             # One transfer per field (a slot's fields are C-contiguous: no host copy here),
-            # asynchronous from page-locked slots.
+            # asynchronous from page-locked slots; device to device for the fields an
+            # inference server recorded on this device.
             with self.copies.copying() if self.copies is not None else contextlib.nullcontext():
                 for name, tensor in self.tensors.items():
-                    source = torch.as_tensor(np.ascontiguousarray(rollout[name]))
+                    source = rollout[name]
+                    if not isinstance(source, torch.Tensor):
+                        source = torch.as_tensor(np.ascontiguousarray(source))
                     tensor[:, start:start + n].copy_(source, non_blocking=True)
         if self.compress_obs:
+            obs = rollout["obs"]
+            obs = obs.cpu().numpy() if isinstance(obs, torch.Tensor) else obs
             for e in range(n):
-                self.packed_obs[start + e], self.offsets[start + e] = self.pack(rollout["obs"][:, e])
+                self.packed_obs[start + e], self.offsets[start + e] = self.pack(obs[:, e])
         self.version[start:start + n] = version
 
     def pack(self, obs: np.ndarray) -> tuple[bytes, np.ndarray]:

@@ -271,9 +271,11 @@ def inference_setup(cfg, device: str, worker_count: int) -> InferenceSetup:
                                                and fast_bf16(torch.device(device)))
     options = ServerOptions(batch_wait_us=p.inference_batch_wait_us, min_clients=p.inference_min_clients,
                             weights_interval=p.inference_weights_interval, bf16=bf16, channels_last=cuda,
-                            cuda_graphs=p.inference_cuda_graphs and cuda)
+                            cuda_graphs=p.inference_cuda_graphs is not False and cuda,
+                            graphs_measured=p.inference_cuda_graphs is None)
+    records = p.inference_records == "on" or (p.inference_records == "auto" and cuda)
     # With several learners each has its share of the actors: never more servers than those.
-    return InferenceSetup(max(1, min(p.inference_servers or 1, worker_count)), options)
+    return InferenceSetup(max(1, min(p.inference_servers or 1, worker_count)), options, records)
 
 
 def start_hardware_monitor(plan: Plan, session: TrainingSession, run_dir: Path) -> HardwareMonitor | None:

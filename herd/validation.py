@@ -205,6 +205,7 @@ def validate(cfg: Config) -> None:
     validate_learners(cfg, specs)
     validate_reuse(cfg)
     validate_inference(cfg)
+    validate_records(cfg, algorithm)
     validate_synchronous(cfg, specs, shares)
 
 
@@ -238,6 +239,19 @@ def validate_inference(cfg: Config) -> None:
     if p.shared_queue_size < 2:
         raise ConfigError("--actor_double_buffer needs --shared_queue_size >= 2: one half opens the next slot "
                           "while the other still fills the current one")
+
+
+def validate_records(cfg: Config, algorithm) -> None:
+    """--inference_records=on needs a server that acts for the algorithm on this machine."""
+    p = cfg.parallel
+    if p.inference_records != "on":
+        return
+    cuda = learner_device(cfg.general.device).type == "cuda"
+    serves = cfg.general.actor_inference == "server" or (cfg.general.actor_inference == "auto" and cuda)
+    if not serves or not algorithm.inference_server or p.multiprocessing_backend != "python_native":
+        raise ConfigError("--inference_records=on: the inference server records the steps it acts on; it needs one "
+                          "(--actor_inference=server, or auto on a GPU, an algorithm whose actors it serves, and "
+                          "--multiprocessing_backend=python_native)")
 
 
 def validate_synchronous(cfg: Config, specs: list, shares: list) -> None:

@@ -154,8 +154,14 @@ def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots
         rollouts.send(Rollout(delivery.slot, actor_id, delivery.version, delivery.steps, delivery.episodes))
         progress.delivered(delivery.steps, delivery.episodes)
 
+    # Where the server records steps itself (herd/inference/records.py), the writer leaves
+    # those fields to it and tells it each row's places; the client returns the rest.
+    recorded = inference.recorded if inference is not None else ()
+    writer = RolloutWriter(slots.views, acquire, spec.unroll_length, spec.envs_per_worker, recorded)
+    place_of = writer.places if recorded else None
+    record = spec.record_fields if not recorded else tuple(n for n in spec.record_fields or () if n not in recorded)
     if inference is not None and spec.double_buffer:
-        envs, policy = double_buffered(spec, inference, stop)
+        envs, policy = double_buffered(spec, inference, stop, record, place_of)
     else:
         envs = make_actor_envs(spec.env_backend, spec.env_id, spec.envs_per_worker, seed=spec.seed,
                                threads=spec.env_threads, batch_size=spec.env_batch_size, env_kwargs=spec.env_kwargs)
@@ -165,8 +171,7 @@ def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots
                              record=spec.record_fields)
     elif not spec.double_buffer:
         policy = InferenceClient(inference.channels, inference.client, stop=stop, seed=spec.seed,
-                                 restart_timeout=inference.restart_timeout, record=spec.record_fields)
-    writer = RolloutWriter(slots.views, acquire, spec.unroll_length, spec.envs_per_worker)
+                                 restart_timeout=inference.restart_timeout, record=record, place_of=place_of)
     loop = collect_double_buffered if spec.double_buffer and inference is not None else collect_rollouts
     try:
         for delivery in loop(envs, policy, writer, stop):

@@ -69,14 +69,16 @@ def split(num_envs: int) -> list[tuple[int, int]]:
     return [(0, h), (h, num_envs - h)]
 
 
-def double_buffered(spec, inference: InferenceRoute, stop) -> tuple[EnvHalves, Lanes]:
-    """The halves of `spec`'s environments and their two lanes at the server."""
+def double_buffered(spec, inference: InferenceRoute, stop, record: tuple | None = None,
+                    place_of=None) -> tuple[EnvHalves, Lanes]:
+    """The halves of `spec`'s environments and their two lanes at the server; record and
+    place_of: each lane's InferenceClient's (run_actor's)."""
     halves = EnvHalves(EnvHalf(make_actor_envs(spec.env_backend, spec.env_id, count, seed=spec.seed + first,
                                                threads=spec.env_threads, env_kwargs=spec.env_kwargs), first)
                        for first, count in split(spec.envs_per_worker))
     rng = np.random.default_rng(spec.seed)       # what a single client with this seed would draw
     lanes = Lanes(InferenceClient(inference.channels, inference.client + lane, stop=stop, rng=rng,
-                                  restart_timeout=inference.restart_timeout, record=spec.record_fields)
+                                  restart_timeout=inference.restart_timeout, record=record, place_of=place_of)
                   for lane in range(2))
     if lanes[0].states is not None:
         lanes[1].states = lanes[0].states        # one LSTM state per env, whichever lane asks

@@ -15,6 +15,9 @@ observation, with no outcome to record.
 Per environment and step t the writer stores obs[t] when the observation arrives,
 action and the algorithm's step fields[t] (IMPALA: logits, value, features) when the policy has acted, and reward / done /
 trunc_value[t] when the outcome arrives; obs[T] of one trajectory is obs[0] of the next.
+Where an inference server records the steps itself (`recorded`, herd/inference/records.py),
+the writer skips those fields (all but the bootstrap obs[T]) and tells the server, per row,
+where they go (`places`).
 """
 from __future__ import annotations
 
@@ -50,9 +53,11 @@ class Delivery:
 
 class RolloutWriter:
     def __init__(self, views_of: Callable[[int], dict], acquire: Callable[[], int], unroll_length: int,
-                 num_envs: int):
+                 num_envs: int, recorded: tuple = ()):
         """views_of(slot) -> the slot's numpy views; acquire() -> a free slot index of this
-        actor (blocking; raises ActorStopped when the actor must stop)."""
+        actor (blocking; raises ActorStopped when the actor must stop); recorded: the
+        fields the inference server records (obs: steps 0..T-1)."""
+        self.recorded = frozenset(recorded)
         self.views_of, self.acquire = views_of, acquire
         self.T, self.E = unroll_length, num_envs
         self.step = np.zeros(num_envs, dtype=np.int64)   # per env: t of the step awaiting its outcome
@@ -95,16 +100,32 @@ class RolloutWriter:
 
     # -- the three writes ----------------------------------------------------------------
     def observe(self, batch: EnvBatch) -> None:
-        """obs[t] of the batch's environments (after start(), or after record_outcome)."""
+        """obs[t] of the batch's environments (after start(), or after record_outcome);
+        where the server records them, only the slots are opened."""
         for rows, envs, slot, t, _ in self.groups(batch.env_ids):
-            slot.views["obs"][t, envs] = batch.obs[rows]
+            if "obs" not in self.recorded:
+                slot.views["obs"][t, envs] = batch.obs[rows]
         self.seen[batch.env_ids] = True
+
+    def places(self, env_ids: np.ndarray) -> np.ndarray:
+        """Where the server records these environments' current step (after observe()):
+        [n, 2] int64, each row's obs place and step place (herd/inference/records.py)."""
+        T, E = self.T, self.E
+        places = np.empty((len(env_ids), 2), dtype=np.int64)
+        for rows, envs, slot, t, _ in self.groups(np.asarray(env_ids)):
+            columns = self.all_envs[envs]
+            places[rows, 0] = (slot.index * (T + 1) + t) * E + columns
+            places[rows, 1] = (slot.index * T + t) * E + columns
+        return places
 
     def record_action(self, env_ids: np.ndarray, out: PolicyStep) -> None:
         for rows, envs, slot, t, _ in self.groups(env_ids):
             views = slot.views
-            views["action"][t, envs] = out.actions[rows]
+            if "action" not in self.recorded:
+                views["action"][t, envs] = out.actions[rows]
             for name, values in out.fields.items():
+                if name in self.recorded:
+                    continue
                 if t < len(views[name]):          # a start_only field (LSTM state) holds step 0 only
                     views[name][t, envs] = values[rows]
             slot.version = min(slot.version, out.version)

@@ -10,7 +10,9 @@ when it dies while its actors wait.
 A server keeps no state of its own that a request needs (channels.py): a replacement
 started on the same channels answers the requests its predecessor left pending, so the
 actors only wait (their clients poll for a new server for up to routing.RESTART_WAIT s)
-and go on. Restarts are counted in summary.json (inference_server_restarts) and bounded by
+and go on. With --inference_records the servers also write the rows they act on into the
+trajectories (herd/inference/records.py: the actors' slots on a CPU, a mirror of them on
+the learner's GPU). Restarts are counted in summary.json (inference_server_restarts) and bounded by
 --max_actor_restarts, like actors'."""
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import logging
 
 from herd.errors import ActorFailure
 from herd.inference import InferenceChannels, ServerOptions, run_inference_server
+from herd.inference.records import StepRecords
 from herd.inference.routing import InferenceRoute, actors_of, route
 from herd.stopping import sigint_blocked
 
@@ -28,7 +31,8 @@ class InferenceServers:
 
     def __init__(self, model_kwargs: dict, worker_count: int, count: int, rows: int, weights, device: str, stop,
                  context, options: ServerOptions, lanes: int = 1, features: bool = True, torch_threads: int = 1,
-                 seed: int = 0, max_restarts: int = 20, registry: dict | None = None):
+                 seed: int = 0, max_restarts: int = 20, registry: dict | None = None,
+                 records: StepRecords | None = None):
         if not 1 <= count <= worker_count:
             raise ValueError(f"{count} inference servers for {worker_count} actors: give each server an actor")
         self.model_kwargs, self.worker_count, self.count, self.lanes = model_kwargs, worker_count, count, lanes
@@ -36,15 +40,18 @@ class InferenceServers:
         self.options, self.torch_threads, self.seed = options, torch_threads, seed
         self.max_restarts, self.restarts = max_restarts, 0
         self.registry = registry if registry is not None else {}
+        self.records = records       # where the servers record the steps they act on (None: the actors write them)
         # rows: the most observations one client (lane) sends at once
         self.channels = [InferenceChannels.for_model(model_kwargs, lanes * len(actors_of(s, count, worker_count)),
-                                                     rows, context=context, with_features=features)
+                                                     rows, context=context, with_features=features,
+                                                     with_places=records is not None)
                          for s in range(count)]
         self.processes: list = [None] * count
 
     def route(self, actor_id: int) -> InferenceRoute:
         server, place = route(actor_id, self.count)
-        return InferenceRoute(self.channels[server], place * self.lanes, self.lanes)
+        recorded = tuple(self.records.tensors) if self.records is not None else ()
+        return InferenceRoute(self.channels[server], place * self.lanes, self.lanes, recorded=recorded)
 
     def start(self) -> None:
         for server in range(self.count):
@@ -59,7 +66,7 @@ class InferenceServers:
             target=run_inference_server, name=f"herd-inference-{server}", daemon=True,
             args=(self.channels[server], self.model_kwargs, self.weights, self.device, self.stop_event),
             kwargs=dict(torch_threads=self.torch_threads, seed=self.seed + 100 * server + self.restarts,
-                        options=self.options))
+                        options=self.options, records=self.records))
         with sigint_blocked():   # Ctrl+C reaches the group: the child must never see it
             process.start()
         self.processes[server] = process

@@ -14,6 +14,11 @@ and, with `inference_device` set, batched inference servers between actors and w
         ^                                        |   pulls SharedWeights between batches, or,
         +---- actions, logits, values ----------+   on the learner's own GPU, its device board
 
+With --inference_records the servers also write the observations and their outputs into
+the trajectories (herd/inference/records.py): into the actors' slots on a CPU; on a GPU
+into a mirror of the slots on the learner's device, which the learner copies from, device
+to device, with what the actors wrote into their slots (rewards, dones, obs[T]).
+
 On the learner's own CUDA device the servers take the weights device to device
 (herd/device_weights.py: the learner's two-slot board, shared as a CUDA IPC handle);
 elsewhere they pull SharedWeights, which actors acting with their own model always do.
@@ -39,6 +44,7 @@ from herd.stopping import sigint_blocked
 from herd.errors import ActorFailure
 from herd.backends.inference_servers import InferenceServers
 from herd.inference import ServerOptions
+from herd.inference.records import StepRecords, recorded_fields
 from herd.learner.loop import Arrival, run_loop
 from herd.learner.publisher import WeightPublisher
 from herd.learner.session import TrainingSession
@@ -54,6 +60,7 @@ class InferenceSetup:
     """How many inference servers, and how they batch (--inference_* options)."""
     servers: int = 1
     options: ServerOptions = ServerOptions()
+    records: bool = False           # --inference_records: the servers record the steps they act on
 
 
 # Seconds an actor may take to deliver its first rollout, or --actor_timeout if longer.
@@ -223,15 +230,22 @@ class LocalRollouts:
     it and its weights were published (the actor takes them before it acts again)."""
 
     def __init__(self, pool: ActorPool, slots: TrajectorySlots, servers: InferenceServers | None,
-                 synchronous: bool = False):
+                 synchronous: bool = False, mirror: StepRecords | None = None, copies=None):
+        """mirror: the servers' records on the learner's device (a rollout's recorded fields
+        are read there, herd/inference/records.py), with the learner's DeviceCopies."""
         self.pool, self.slots, self.servers, self.synchronous = pool, slots, servers, synchronous
+        self.mirror, self.copies = mirror, copies
+
+    def views(self, slot: int) -> dict:
+        views = self.slots.views(slot)
+        return views if self.mirror is None else self.mirror.rollout(slot, views, self.copies)
 
     def receive(self, timeout: float) -> list[Arrival]:
         # Holding slots, the next update may come from batches prepared in the background:
         # look for it often rather than wait on actors that wait for it.
         wait_for = min(timeout, 0.005) if self.pool.withheld else timeout
         envs = self.slots.envs_per_slot
-        return [Arrival(r.actor_id, self.slots.views(r.slot), r.version, r.steps, r.episodes, ticket=r.slot,
+        return [Arrival(r.actor_id, self.views(r.slot), r.version, r.steps, r.episodes, ticket=r.slot,
                         start=r.slot * envs)
                 for r in self.pool.receive(wait_for)]
 
@@ -272,18 +286,28 @@ def device_board(model: torch.nn.Module, inference_device: str, version: int, co
     return board
 
 
+def step_records(slots: TrajectorySlots, device: str) -> StepRecords:
+    """Where servers on `device` record the steps they act on: the actors' slots on a CPU,
+    a mirror of them on a GPU (the learner's: the servers run on its device)."""
+    fields = recorded_fields(slots.layout, ("actions", "logits", "value", "features"))
+    if torch.device(device).type == "cpu":
+        return StepRecords.in_slots(slots, fields)
+    return StepRecords.on_device(slots.layout, slots.num_slots, slots.envs_per_slot, fields, torch.device(device))
+
+
 def start_inference_servers(spec: ActorSpec, worker_count: int, weights: SharedWeights | DeviceWeightBoard,
                             device: str, stop, context, setup: InferenceSetup, max_restarts: int,
-                            registry: dict) -> InferenceServers:
+                            registry: dict, records: StepRecords | None = None) -> InferenceServers:
     """setup.servers batched inference server processes for `worker_count` actors, on
-    `device`, pulling `weights` (SharedWeights, or the learner's board on its device)."""
+    `device`, pulling `weights` (SharedWeights, or the learner's board on its device) and
+    recording steps into `records` (None: the actors write them)."""
     lanes = 2 if spec.double_buffer else 1
     envs = spec.env_batch_size or spec.envs_per_worker      # the most observations one actor sends at once
     rows = -(-envs // lanes)                                 # ... per lane: half of them, rounded up
     features = spec.record_fields is None or "features" in spec.record_fields
     servers = InferenceServers(spec.model_kwargs, worker_count, setup.servers, rows, weights, device, stop, context,
                                setup.options, lanes=lanes, features=features, torch_threads=spec.torch_threads,
-                               seed=spec.seed, max_restarts=max_restarts, registry=registry)
+                               seed=spec.seed, max_restarts=max_restarts, registry=registry, records=records)
     servers.start()
     return servers
 
@@ -322,14 +346,19 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     if weights.adopt(session.learner.model):
         session.learner.write_weights_within(weights.writing)
     weights.publish(session.learner.model, version=session.counters.updates)
-    servers = board = None
+    servers = board = records = None
     stop_actors = context.Event()
+    setup = inference or InferenceSetup()
     # A resumed run whose budget is already spent trains nothing: starting actors would
     # only wait for their start-up (seconds of importing torch) to stop them again.
     if inference_device is not None and not session.done:
         board = device_board(session.learner.model, inference_device, session.counters.updates, context)
+        if setup.records:      # alive for the run: on a GPU the servers hold IPC handles
+            records = step_records(slots, inference_device)
+            log.info("the inference servers record the steps they act on %s", "in the actors' slots"
+                     if records.on_host else f"on {records.device}: each frame crosses to it once")
         servers = start_inference_servers(spec, worker_count, board or weights, inference_device, stop_actors,
-                                          context, inference or InferenceSetup(), max_restarts, session.processes)
+                                          context, setup, max_restarts, session.processes, records)
     pool = ActorPool(spec, worker_count, slots, slots_per_actor, weights, context, actor_timeout, max_restarts,
                      inference=servers, stop_event=stop_actors, registry=session.processes)
     if not session.done:
@@ -338,7 +367,9 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     # With a board, the same side stream also copies them device to device for the servers.
     publish = WeightPublisher(session.learner.model, host_weight_store(weights, servers, board), board=board)
     try:
-        return run_loop(session, LocalRollouts(pool, slots, servers, synchronous_sampling), publish, stop_requested)
+        mirror = records if records is not None and not records.on_host else None
+        rollouts = LocalRollouts(pool, slots, servers, synchronous_sampling, mirror, session.device_copies)
+        return run_loop(session, rollouts, publish, stop_requested)
     finally:
         publish.close()
         pool.stop()

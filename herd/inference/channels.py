@@ -15,6 +15,8 @@ TrajectorySlots). C clients, each with a fixed index and room for R rows:
                it with the state after. The clients keep the states (one per env), so the
                server stays without per-client state: a restarted actor simply starts
                its environments from zero states, and no answer depends on who shared a batch.
+    places     [C, R, 2] int64, only where the server records the steps itself
+               (--inference_records, records.py): each row's obs and step place   client writes
     header     [C, 5]      int64: REQUEST_SEQ, ROWS, KIND, ANSWER_SEQ, VERSION
     server     [3]         int64: server pid, state (NOT_STARTED/RUNNING/EXITED), version loaded
 
@@ -57,7 +59,7 @@ class InferenceChannels:
 
     def __init__(self, num_clients: int, max_rows: int, obs_shape: tuple, obs_dtype: str, num_actions: int,
                  feature_size: int, mechanism: str = "semaphore", context=None, core_state_shape: tuple | None = None,
-                 with_features: bool = True):
+                 with_features: bool = True, with_places: bool = False):
         if num_clients < 1 or max_rows < 1:
             raise ValueError(f"inference channels need at least one client and one row, got "
                              f"num_clients={num_clients}, max_rows={max_rows}")
@@ -80,13 +82,14 @@ class InferenceChannels:
         # more than the frame's logits and value together, copied for nothing otherwise.
         self.features = shared((C, R, self.feature_size), torch.float32, float("nan")) if with_features else None
         self.core_state = None if core_state_shape is None else shared((C, R, *core_state_shape), torch.float32, 0.0)
+        self.places = shared((C, R, 2), torch.int64, -1) if with_places else None
         self.header = shared((C, HEADER_FIELDS), torch.int64, 0)
         self.server = shared((3,), torch.int64, 0)
         self.doorbell = make_doorbell(mechanism, C, context)
 
     @classmethod
     def for_model(cls, model_kwargs: dict, num_clients: int, max_rows: int, mechanism: str = "semaphore",
-                  context=None, with_features: bool = True) -> "InferenceChannels":
+                  context=None, with_features: bool = True, with_places: bool = False) -> "InferenceChannels":
         """Channels sized for the network `build_model(**model_kwargs)` builds (its feature
         size is probed, since feature_size=None means the torso's own)."""
         from herd.models import build_model, recurrent_core
@@ -97,4 +100,4 @@ class InferenceChannels:
             out = model(torch.zeros((1, 1, *obs_shape), dtype=torch.from_numpy(np.zeros(0, obs_dtype)).dtype))
         return cls(num_clients, max_rows, obs_shape, obs_dtype, out.logits.shape[-1], out.features.shape[-1],
                    mechanism, context, core_state_shape=core.state_shape if core is not None else None,
-                   with_features=with_features)
+                   with_features=with_features, with_places=with_places)

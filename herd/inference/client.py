@@ -19,6 +19,7 @@ from herd.interfaces import PolicyStep
 from herd.models.core import CORE_STATE, EnvCoreStates, state_from_rows, state_to_rows
 from herd.inference.channels import (ACT, ANSWER_SEQ, EXITED, KIND, NOT_STARTED, REQUEST_SEQ, ROWS, SERVER_PID,
                                      SERVER_STATE, SERVER_VERSION, VALUE, VERSION, InferenceChannels)
+from herd.inference.records import FIELD_OF_OUTPUT, NOTHING
 
 
 class InferenceServerGone(RuntimeError):
@@ -33,9 +34,6 @@ class Pending(NamedTuple):
     start: object                           # [2, L, n, H] the rows' LSTM states before the step, or None
 
 
-# The channels' outputs and the trajectory fields they fill (IMPALA's step fields).
-FIELD_OF_OUTPUT = {"logits": "behaviour_logits", "value": "behaviour_value", "features": "features"}
-
 
 class InferenceClient:
     """One per actor process (two with --actor_double_buffer), for client slot `index` of `channels`.
@@ -46,6 +44,9 @@ class InferenceClient:
     one, so they draw in the order a single-buffered actor would.
     `states`: the EnvCoreStates to keep LSTM states in (shared by an actor's lanes).
     `record`: the trajectory fields act() returns (None: every output of the channels).
+    `place_of`: where the server records the rows it acts on (--inference_records):
+    env ids [n] -> places [n, 2] (herd/inference/records.py; the actor's
+    RolloutWriter.places); None: the server records nothing of this client's.
     `poll_interval`: how often (s) a waiting client checks that the server is still there,
     so a dead server is noticed within about that long.
     `start_timeout`: how long (s) to wait for a server that has not started yet.
@@ -58,7 +59,7 @@ class InferenceClient:
     def __init__(self, channels: InferenceChannels, index: int, stop=None, seed: int = 0,
                  poll_interval: float = 0.1, start_timeout: float = 120.0, restart_timeout: float = 0.0,
                  rng: np.random.Generator | None = None, states: EnvCoreStates | None = None,
-                 record: tuple | None = None):
+                 record: tuple | None = None, place_of=None):
         if not 0 <= index < channels.num_clients:
             raise ValueError(f"client index {index} out of range: the channels have {channels.num_clients} clients")
         # None: an algorithm that completes its rollouts (Ape-X) acts with its own network.
@@ -73,6 +74,10 @@ class InferenceClient:
         self.uniforms = channels.uniforms[index].numpy()      # [R]
         self.actions = channels.actions[index].numpy()        # [R]
         self.value_out = channels.value[index].numpy()        # [R]
+        self.places = None if channels.places is None else channels.places[index].numpy()   # [R, 2]
+        self.place_of = place_of
+        if place_of is not None and self.places is None:
+            raise ValueError("these inference channels carry no places: the server records nothing")
         outputs = {"logits": channels.logits, "value": channels.value, "features": channels.features}
         self.outputs = {FIELD_OF_OUTPUT[name]: area[index].numpy()   # field -> [R, ...]
                         for name, area in outputs.items() if area is not None}
@@ -111,6 +116,8 @@ class InferenceClient:
         if n == 0:
             return Pending(0, -1, None, None)
         self.rng.random(n, dtype=np.float32, out=self.uniforms[:n])
+        if self.places is not None:
+            self.places[:n] = NOTHING if self.place_of is None else self.place_of(self._ids(n, env_ids))
         start = self._write_states(n, env_ids, reset)
         return Pending(n, self._publish(n, ACT), self._ids(n, env_ids) if start is not None else None, start)
 
@@ -134,6 +141,8 @@ class InferenceClient:
         if n == 0:
             return np.zeros(0, dtype=np.float32)
         self._write_states(n, env_ids, None)
+        if self.places is not None:
+            self.places[:n] = NOTHING                         # a value is not a step
         self._ask(n, VALUE)
         return self.value_out[:n].copy()
 

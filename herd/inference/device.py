@@ -20,9 +20,13 @@ reads the shared areas in place).
                   answering waits on that event, sleeping, instead of a device-wide
                   synchronize() that spins
     precision     bf16 autocast and channels-last convolution weights (ServerOptions)
-    graphs        optionally, a CUDA graph captured per padded batch size (8, 16, 32, ...)
-                  holding the forward pass and the sampling; weights are copied into the
-                  captured parameters in place, so the graphs stay valid
+    graphs        a CUDA graph captured per padded batch size (8, 16, 32, ...) holding the
+                  forward pass and the sampling, by default kept only for the sizes whose
+                  replay measured faster than the eager pass at the server's start; weights
+                  are copied into the captured parameters in place, so the graphs stay valid
+    records       with --inference_records, each batch's observations and outputs are
+                  written into the trajectories on the device (records.py), before the
+                  batch's event: the learner copies them from there, device to device
     weights       a new version goes host -> pinned buffer -> device on the stream, in
                   place: batches launched after it use it, and service never stops; on the
                   learner's own GPU it comes device to device from the learner's board
@@ -37,12 +41,14 @@ in place instead).
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
 from herd.device_weights import DeviceWeightBoard
 from herd.devices import host_register
 from herd.inference.forward import ServerOptions, policy_outputs
+from herd.inference.records import StepRecords
 from herd.weights import SharedWeights
 
 log = logging.getLogger("herd")
@@ -54,7 +60,8 @@ class DevicePath:
     inputs / outputs: the server's flat request and response areas, name -> [C*R, ...]."""
 
     def __init__(self, model: torch.nn.Module, max_rows: int, inputs: dict, outputs: dict,
-                 device: torch.device, options: ServerOptions):
+                 device: torch.device, options: ServerOptions, records: StepRecords | None = None):
+        self.records = records
         self.max_rows = max_rows            # R: client c's rows start at flat row c * R
         self.model, self.inputs, self.outputs, self.device, self.options = model, inputs, outputs, device, options
         self.recurrent = "core_state" in inputs
@@ -132,9 +139,10 @@ class DevicePath:
             self.weights_copied = torch.cuda.Event(blocking=True)
             self.weights_copied.record()
 
-    def launch(self, clients, rows, index: torch.Tensor) -> tuple[dict, torch.cuda.Event | None]:
+    def launch(self, clients, rows, index: torch.Tensor, places=None) -> tuple[dict, torch.cuda.Event | None]:
         """Rows of `clients` (ascending) -> their outputs, launched; the event fires once they
-        are in host memory (the shared areas when registered, else the set's pinned `back`)."""
+        are in host memory (the shared areas when registered, else the set's pinned `back`)
+        and, with `places` ([N, 2], records.py), recorded in the trajectories."""
         s = self.sets[self.turn]
         self.turn ^= 1
         n = len(index)
@@ -153,6 +161,8 @@ class DevicePath:
             else:
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.options.bf16):
                     results = policy_outputs(self.model, dev, self.recurrent, self.features)
+        if places is not None:
+            self.records.write(places, dev["obs"], results)
         if self.registered:
             self.span_out(first, end, local, clients, rows, results)
         else:
@@ -205,9 +215,29 @@ class DevicePath:
                 self.outputs[name].index_copy_(0, index, tensor)
 
 
+def seconds_per_call(call, calls: int = 20, synchronize=torch.cuda.synchronize) -> float:
+    """Wall seconds per call of `call` (launch and run), after 3 warm-up calls, with the
+    device synchronised before and after the timed calls."""
+    for _ in range(3):
+        call()
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    synchronize()
+    return (time.perf_counter() - start) / calls
+
+
+def faster_replayed(timings: dict) -> list:
+    """size -> (seconds per replay, seconds per eager pass): the sizes whose replay was faster."""
+    return sorted(size for size, (replay, eager) in timings.items() if replay < eager)
+
+
 class GraphedPolicy:
     """CUDA graphs of the forward pass and sampling, one per padded batch size: a batch of n
-    rows runs in the smallest captured size >= n (the padding rows compute and are ignored)."""
+    rows runs in the smallest captured size >= n (the padding rows compute and are ignored).
+    With options.graphs_measured, a size's graph is kept only where replaying it measured
+    faster than running the same pass eagerly, at the server's start (the log says which)."""
 
     def __init__(self, model, inputs: dict, features: bool, options: ServerOptions, device: torch.device):
         total = next(iter(inputs.values())).shape[0]
@@ -224,6 +254,21 @@ class GraphedPolicy:
             except Exception as err:   # capture can fail (an op that syncs): run those sizes eagerly
                 log.warning("inference server: no CUDA graph for %d rows (%s); running them eagerly", size, err)
                 break
+        if options.graphs_measured:
+            self.keep_faster(model, features, options)
+
+    def keep_faster(self, model, features: bool, options: ServerOptions) -> None:
+        """Drops the graphs whose replay is not faster than the eager pass on the same rows."""
+        def eager(static: dict):
+            with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=options.bf16):
+                return policy_outputs(model, static, False, features)
+        timings = {size: (seconds_per_call(graph.replay), seconds_per_call(lambda: eager(static)))
+                   for size, (static, graph, _) in self.graphs.items()}
+        kept = faster_replayed(timings)
+        self.graphs = {size: self.graphs[size] for size in kept}
+        log.info("inference server: CUDA graphs kept for %s rows (replay against eager, us per call: %s)",
+                 ", ".join(map(str, kept)) or "no", ", ".join(f"{size}: {1e6 * replay:.0f}/{1e6 * eager_s:.0f}"
+                                                           for size, (replay, eager_s) in timings.items()))
 
     @staticmethod
     def capture(model, static: dict, features: bool, options: ServerOptions):

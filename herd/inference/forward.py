@@ -17,6 +17,7 @@ class ServerOptions:
     bf16: bool = False              # autocast the forward pass to bfloat16
     channels_last: bool = False     # CUDA: convolutions in NHWC
     cuda_graphs: bool = False       # CUDA: replay graphs captured for padded batch sizes
+    graphs_measured: bool = False   # ... kept only for the sizes where replay measured faster than eager
 
 
 def sample_actions(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

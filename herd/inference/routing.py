@@ -14,11 +14,13 @@ RESTART_WAIT = 120.0
 @dataclass(frozen=True)
 class InferenceRoute:
     """Where one actor sends its observations: clients `client` .. `client + lanes - 1` of
-    `channels` (two lanes with --actor_double_buffer)."""
+    `channels` (two lanes with --actor_double_buffer). recorded: the trajectory fields the
+    server records itself (--inference_records, records.py), which the actor leaves to it."""
     channels: InferenceChannels
     client: int
     lanes: int = 1
     restart_timeout: float = RESTART_WAIT
+    recorded: tuple = ()
 
 
 def route(actor_id: int, num_servers: int) -> tuple[int, int]:

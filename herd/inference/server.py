@@ -6,7 +6,9 @@ optionally wait for a fuller batch (`min_clients` requests, at most `batch_wait_
 the first: on the doorbell, not spinning), pull newer weights if the learner published
 any (every `weights_interval` versions), gather the rows into one [1, N, ...] input, run
 one forward pass, sample all actions in one batched operation, write each client's rows
-back and ring exactly those clients.
+back and ring exactly those clients. With --inference_records (records.py) the server also
+writes each row's observation and outputs into the trajectories, where the row's places
+say, before the batch is answered.
 
 On CUDA (herd/inference/device.py) the server is pipelined: batch k's outputs travel back
 while batch k+1 is gathered and launched, each on its own set of buffers. Batch k is
@@ -35,6 +37,7 @@ from herd.inference.channels import (ANSWER_SEQ, EXITED, REQUEST_SEQ, ROWS, RUNN
                                      SERVER_VERSION, VERSION, InferenceChannels)
 from herd.inference.device import DevicePath
 from herd.inference.forward import ServerOptions, policy_outputs, sample_actions
+from herd.inference.records import StepRecords
 from herd.models import build_model
 from herd.weights import SharedWeights
 
@@ -58,10 +61,14 @@ class BatchServer:
     """The model on `device`, its weights and the buffers of the batched forward passes."""
 
     def __init__(self, channels: InferenceChannels, model_kwargs: dict, weights: SharedWeights | DeviceWeightBoard,
-                 device: torch.device, options: ServerOptions | None = None):
+                 device: torch.device, options: ServerOptions | None = None, records: StepRecords | None = None):
         """weights: SharedWeights (host shared memory), or, on the learner's own CUDA
         device, the learner's DeviceWeightBoard (device to device); both have `version`
-        and `pull(model, have_version)`, and device.py's pull takes either."""
+        and `pull(model, have_version)`, and device.py's pull takes either. records:
+        where the rows acted on are recorded (on `device`; None: nowhere)."""
+        if records is not None and (channels.places is None or records.device != torch.empty(0, device=device).device):
+            raise ValueError(f"a server on {device} records steps only into a store on its device, from channels "
+                             f"with places (got a store on {records.device})")
         self.channels, self.weights, self.device = channels, weights, device
         self.options = options or ServerOptions()
         C, R = channels.num_clients, channels.max_rows
@@ -79,8 +86,10 @@ class BatchServer:
             # Each row's LSTM state comes in with the request and goes back, updated, in place.
             self.inputs["core_state"] = channels.core_state.view(C * R, *channels.core_state.shape[2:])
             self.outputs["core_state"] = self.inputs["core_state"]
+        self.records = records
+        self.places = None if records is None else channels.places.view(C * R, 2).numpy()   # [C*R, 2]
         self.model = build_model(**model_kwargs).to(device).eval()
-        self.path = DevicePath(self.model, R, self.inputs, self.outputs, device, self.options) \
+        self.path = DevicePath(self.model, R, self.inputs, self.outputs, device, self.options, records) \
             if device.type == "cuda" else None
         self.version = -1
         self.refresh_weights()
@@ -121,8 +130,9 @@ class BatchServer:
         index = torch.from_numpy(rows_at)
         if len(index) == 0:
             return Launched(clients, seqs, rows, index, None)
+        places = None if self.places is None else self.places[rows_at]                                 # [N, 2]
         if self.path is not None:
-            results, event = self.path.launch(clients, rows, index)
+            results, event = self.path.launch(clients, rows, index, places)
             return Launched(clients, seqs, rows, index, results, event)
         first, N = int(rows_at[0]), len(rows_at)
         if np.array_equal(rows_at, np.arange(first, first + N)):
@@ -130,7 +140,10 @@ class BatchServer:
             inputs = {name: source[first:first + N] for name, source in self.inputs.items()}           # [N, ...]
         else:
             inputs = {name: source.index_select(0, index) for name, source in self.inputs.items()}     # [N, ...]
-        return Launched(clients, seqs, rows, index, self.forward(inputs))
+        results = self.forward(inputs)
+        if places is not None:
+            self.records.write(places, inputs["obs"], results)
+        return Launched(clients, seqs, rows, index, results)
 
     def forward(self, inputs: dict) -> dict:
         """CPU: inputs name -> [N, ...] -> outputs name -> [N, ...]."""
@@ -159,11 +172,12 @@ class BatchServer:
 def run_inference_server(channels: InferenceChannels, model_kwargs: dict,
                          weights: SharedWeights | DeviceWeightBoard, device: str,
                          stop, torch_threads: int = 1, seed: int = 0, batch_wait_us: float = 0.0,
-                         options: ServerOptions | None = None) -> None:
+                         options: ServerOptions | None = None, records: StepRecords | None = None) -> None:
     """Process entry point: serves `channels` until `stop` (an Event) is set or the parent
     process dies. `seed` seeds torch in this process; actions are sampled with the
     clients' uniforms (see client.py). `batch_wait_us`: after a first request, wait this
-    long for others before serving (0: serve at once; options.batch_wait_us if given)."""
+    long for others before serving (0: serve at once; options.batch_wait_us if given).
+    records: where the rows acted on are recorded (records.py; None: the actors write them)."""
     # Ctrl+C reaches the whole process group: the main process alone decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(torch_threads)
@@ -171,7 +185,7 @@ def run_inference_server(channels: InferenceChannels, model_kwargs: dict,
     options = options or ServerOptions(batch_wait_us=batch_wait_us)
     server_info = channels.server.numpy()
     try:
-        server = BatchServer(channels, model_kwargs, weights, torch.device(device), options)
+        server = BatchServer(channels, model_kwargs, weights, torch.device(device), options, records)
         server_info[SERVER_PID] = os.getpid()
         server_info[SERVER_STATE] = RUNNING
         serve_forever(server, channels, stop, options.batch_wait_us * 1e-6, options.min_clients)

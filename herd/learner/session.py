@@ -165,9 +165,10 @@ class TrainingSession:
             kept = start is not None and self.batches.keep(start, views["action"].shape[1], version, on_free)
             if not kept:
                 self.batches.put_rollout(views, version)        # copied, or its copy queued on the device
-                # A copy still in flight reads the slot: it goes back when that is done.
-                kept = (on_free is not None and self.device_copies is not None
-                        and self.device_copies.release_after(on_free))
+        if not kept:
+            # A copy still in flight reads the slot (the rollout's, or, where an inference
+            # server recorded it, its bootstrap frame's): it goes back when that is done.
+            kept = on_free is not None and self.device_copies is not None and self.device_copies.release_after(on_free)
         if self.marked_stats is not None:
             # Ape-X marks its least exploring actor's games (one learner: validate() refuses
             # it with several, whose rounds carry (score, length) pairs only).

@@ -48,9 +48,11 @@ class ObservationNormalizer(nn.Module):
 
     @torch.no_grad()
     def update(self, obs) -> None:
-        """Adds a batch of raw observations [..., D] (numpy or a CPU tensor) to the
-        statistics: its moments on the host in float64, merged on the statistics' device."""
-        batch = torch.as_tensor(np.asarray(obs), dtype=torch.float64).reshape(-1, self.mean.shape[0])   # [N, D]
+        """Adds a batch of raw observations [..., D] (numpy or a tensor on the host or the
+        statistics' device) to the statistics: its moments in float64 where they are,
+        merged on the statistics' device."""
+        obs = obs if isinstance(obs, torch.Tensor) else torch.as_tensor(np.asarray(obs))
+        batch = obs.to(torch.float64).reshape(-1, self.mean.shape[0])                                   # [N, D]
         if batch.shape[0]:
             self.merge(batch.shape[0], batch.mean(0), batch.var(0, unbiased=False))
 
@@ -144,17 +146,20 @@ class FrameNormalizer(ObservationNormalizer):
         sends the newest frames (a quarter of the observations, uint8) to its device and
         sums there, which costs its host a copy instead of the sums (the learner process's
         host time is the GPU box's limit). Merged on the statistics' device in float64.
-        Float frames (in [0, 1]) take float64 moments."""
-        frames = np.asarray(obs)[..., -1, :, :]                                # [..., H, W]
-        batch = frames.reshape(-1, self.mean.shape[0])                         # [N, H * W]
+        Float frames (in [0, 1]) take float64 moments. Frames already on the statistics'
+        device (recorded there by an inference server, herd/inference/records.py) are
+        summed there without a copy."""
+        on_device = isinstance(obs, torch.Tensor) and obs.device.type != "cpu"
+        frames = obs[..., -1, :, :] if on_device else np.asarray(obs)[..., -1, :, :]    # [..., H, W]
+        batch = frames.reshape(-1, self.mean.shape[0])                                   # [N, H * W]
         n = batch.shape[0]
         if n == 0:
             return
-        if batch.dtype != np.uint8:
-            batch = torch.as_tensor(batch, dtype=torch.float64)
+        if batch.dtype not in (np.uint8, torch.uint8):
+            batch = torch.as_tensor(batch).to(torch.float64)
             self.merge(n, batch.mean(0), batch.var(0, unbiased=False))
             return
-        if self.mean.device.type == "cpu":
+        if self.mean.device.type == "cpu" and not on_device:
             total, squares = np.zeros((2, batch.shape[1]), dtype=np.float64)
             for start in range(0, n, EXACT_FLOAT32_ROWS):
                 levels = batch[start:start + EXACT_FLOAT32_ROWS].astype(np.float32)   # [<=256, H * W]

@@ -59,7 +59,7 @@ def trajectories(double: bool, weights: SharedWeights) -> list[dict]:
                      seed=SEED, record_fields=RECORD, double_buffer=double)
     with served(weights) as channels:
         if double:
-            envs, policy = double_buffered(spec, InferenceRoute(channels, 0, 2), stop)
+            envs, policy = double_buffered(spec, InferenceRoute(channels, 0, 2), stop, spec.record_fields)
             rollouts = collect_double_buffered(envs, policy, writer, stop)
         else:
             envs = make_actor_envs("gymnasium", "CartPole-v1", E, seed=SEED, env_kwargs={})

@@ -65,6 +65,10 @@ def test_the_local_policy_returns_only_the_recorded_fields():
     ({"inference_cuda_graphs": True, "device": "cpu"}, "--inference_cuda_graphs captures CUDA graphs"),
     ({"inference_batch_wait_us": -1}, "--inference_batch_wait_us must be from 0"),
     ({"inference_weights_interval": 0}, "--inference_weights_interval must be >= 1"),
+    ({"inference_records": "on", "device": "cpu"}, "--inference_records=on: the inference server records"),
+    ({"inference_records": "on", "actor_inference": "server", "device": "cpu", "algorithm": "apex"},
+     "--actor_inference=server: apex actors need their own model"),
+    ({"inference_records": "maybe"}, "not one of"),
 ])
 def test_inference_options_are_refused_in_one_line(options, message, tmp_path):
     """An option value that cannot run is refused, never silently run as something else
@@ -83,3 +87,28 @@ def test_the_machine_picks_the_number_of_servers(tmp_path):
                     "device": "cpu", "worker_count": 2})
     assert plan.cfg.parallel.inference_servers == 1
     assert plan.machine_picks["options"]["inference_servers"] == 1       # shown in the log's "picked" line
+
+
+@pytest.mark.parametrize("records, on_gpu, on_cpu", [("auto", True, False), ("on", True, True), ("off", False, False)])
+def test_servers_record_steps_by_default_where_they_share_the_learner_s_gpu(records, on_gpu, on_cpu):
+    """--inference_records: auto records the steps in the server exactly on a GPU (each
+    frame then crosses to it once); a value names what runs, on either device."""
+    from herd.config import Config
+    from herd.training import inference_setup
+    cfg = Config()
+    cfg.parallel.inference_records = records
+    assert inference_setup(cfg, "cuda", 4).records is on_gpu
+    assert inference_setup(cfg, "cpu", 4).records is on_cpu
+
+
+@pytest.mark.parametrize("graphs, captured, measured", [(None, True, True), (True, True, False), (False, False, False)])
+def test_inference_graphs_are_measured_per_size_by_default_on_a_gpu(graphs, captured, measured):
+    """--inference_cuda_graphs unset: captured on a GPU and kept where replay measured
+    faster (herd/inference/device.py GraphedPolicy); True: every size; never on a CPU."""
+    from herd.config import Config
+    from herd.training import inference_setup
+    cfg = Config()
+    cfg.parallel.inference_cuda_graphs = graphs
+    options = inference_setup(cfg, "cuda", 4).options
+    assert (options.cuda_graphs, options.graphs_measured) == (captured, measured)
+    assert inference_setup(cfg, "cpu", 4).options.cuda_graphs is False

@@ -113,3 +113,11 @@ def test_an_lstm_core_s_states_go_back_only_to_the_clients_that_asked():
     assert torch.equal(channels.core_state[2], torch.full_like(channels.core_state[2], 9.0))
     for c in (1, 3):                                     # the askers got their states after the step
         assert not torch.equal(channels.core_state[c], torch.zeros_like(channels.core_state[c]))
+
+
+def test_graphs_are_kept_only_for_the_sizes_whose_replay_measured_faster():
+    from herd.inference.device import faster_replayed, seconds_per_call
+    assert faster_replayed({8: (1e-5, 2e-5), 16: (3e-5, 2e-5), 32: (2e-5, 2e-5), 64: (1e-5, 9e-5)}) == [8, 64]
+    calls, synced = [], []
+    per_call = seconds_per_call(lambda: calls.append(1), calls=7, synchronize=lambda: synced.append(len(calls)))
+    assert len(calls) == 10 and synced == [3, 10] and per_call >= 0     # 3 warm-up calls, then the 7 timed

@@ -6,13 +6,19 @@ import re
 import signal
 import threading
 
+import pytest
+
 from herd_testing import killed_at_exit, log_text, only_run, run_cli, start_cli, wait_for
 from herd.checkpoint import load_checkpoint
 
 
-def test_cartpole_learns_through_the_inference_server(tmp_path):
+@pytest.mark.parametrize("records", ["off", "on"])
+def test_cartpole_learns_through_the_inference_server(tmp_path, records):
+    """records on: the server writes the observations, actions, logits and values into the
+    actors' slots itself (herd/inference/records.py), the actors the rest."""
     result = run_cli(["train", "--env=CartPole-v1", "--actor_inference=server", "--device=cpu",
-                      "--environment_max_steps=60000", "--seed=1", "--basic_verbose=False"], tmp_path)
+                      "--environment_max_steps=60000", "--seed=1", "--basic_verbose=False",
+                      f"--inference_records={records}"], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     run = only_run(tmp_path)
     summary = json.loads((run / "summary.json").read_text())
@@ -24,6 +30,8 @@ def test_cartpole_learns_through_the_inference_server(tmp_path):
     # pass at 60,000.
     assert summary["max_average_score"] >= 100, summary
     assert json.loads((run / "config.json").read_text())["actor_inference"] == "server"
+    recording = "the inference servers record the steps they act on in the actors' slots" in log_text(tmp_path)
+    assert recording == (records == "on")
 
 
 def server_pids(results) -> list[int]:
@@ -53,8 +61,11 @@ def test_a_killed_inference_server_is_restarted_and_the_run_goes_on(tmp_path):
     """Two servers for two actors; server 0 is killed (kill -9) once actor 0, its only
     client, has delivered. The defects caught: a dead server ending the run (as it did), its
     actor never answered again (a replacement that ignores the requests left pending, or a
-    client that gives up), or the restart not counted in summary.json."""
+    client that gives up), or the restart not counted in summary.json. The servers record
+    the steps they act on here (--inference_records=on): a replacement serves a pending
+    request with its places too."""
     process = start_cli(["train", "--env=CartPole-v1", "--actor_inference=server", "--device=cpu",
+                         "--inference_records=on",
                          "--inference_servers=2", "--worker_count=2", "--environment_max_steps=100000000",
                          "--seed=2", "--basic_verbose=False", "--worker_verbose=True", "--verbose_worker_out_int=1"],
                         tmp_path)
