@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from herd.inference import InferenceChannels
 from herd.inference.device import DevicePath
 from herd.inference.forward import ServerOptions
+from herd.inference.records import StepRecords
 from herd.inference.server import BatchServer
 from herd.models import build_model
 from herd.weights import SharedWeights
@@ -46,14 +47,14 @@ class HostAreaCopies(TorchDispatchMode):
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
 
 
-def setup(kwargs: dict, device: str = "cpu"):
-    channels = InferenceChannels.for_model(kwargs, CLIENTS, ROWS, context=CONTEXT)
+def setup(kwargs: dict, device: str = "cpu", records=None):
+    channels = InferenceChannels.for_model(kwargs, CLIENTS, ROWS, context=CONTEXT, with_places=records is not None)
     torch.manual_seed(0)
     weights = SharedWeights(build_model(**kwargs), CONTEXT)
     weights.publish(build_model(**kwargs), version=0)
     server = BatchServer(channels, kwargs, weights, torch.device("cpu"), ServerOptions())   # the CPU path
     model = copy.deepcopy(server.model).to(device)
-    path = DevicePath(model, ROWS, server.inputs, server.outputs, torch.device(device), ServerOptions())
+    path = DevicePath(model, ROWS, server.inputs, server.outputs, torch.device(device), ServerOptions(), records)
     return channels, server, path
 
 
@@ -70,18 +71,34 @@ def answers(channels: InferenceChannels) -> dict:
     return {"actions": channels.actions.clone(), "logits": channels.logits.clone(), "value": channels.value.clone()}
 
 
+def mirror(device: str):
+    """Where a recording server writes (herd/inference/records.py): room for every row."""
+    tensors = {"obs": torch.zeros(1, 1, CLIENTS * ROWS, 4, device=device),
+               "action": torch.full((1, 1, CLIENTS * ROWS), -1, device=device)}
+    return StepRecords(tensors, 1, CLIENTS * ROWS)
+
+
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recording", [False, True], ids=["", "recording"])
 @pytest.mark.parametrize("clients, rows", [([0], 4), ([0, 1], 4), ([1, 3, 6], 4), (list(range(CLIENTS)), 4),
                                            ([2, 5], 2)])
-def test_a_batch_is_one_copy_per_field_each_way_whatever_its_clients(clients, rows, device):
-    channels, server, path = setup(MLP, device)
+def test_a_batch_is_one_copy_per_field_each_way_whatever_its_clients(clients, rows, device, recording):
+    """Recording the steps (each row at its own place) adds no copy to or from the shared areas."""
+    records = mirror(device) if recording else None
+    channels, server, path = setup(MLP, device, records)
     index = request(channels, range(CLIENTS), ROWS, seed=1)
-    path.finish(range(CLIENTS), [ROWS] * CLIENTS, index, *path.launch(np.arange(CLIENTS), [ROWS] * CLIENTS, index))
+    places = np.stack([index.numpy(), index.numpy()], axis=1) if recording else None       # [N, 2]
+    path.finish(range(CLIENTS), [ROWS] * CLIENTS, index,
+                *path.launch(np.arange(CLIENTS), [ROWS] * CLIENTS, index, places))
     before = answers(channels)
     index = request(channels, clients, rows, seed=2)
+    places = np.stack([index.numpy(), index.numpy()], axis=1) if recording else None
     with HostAreaCopies(channels) as copies:
-        results, event = path.launch(np.asarray(clients), [rows] * len(clients), index)
+        results, event = path.launch(np.asarray(clients), [rows] * len(clients), index, places)
         path.finish(clients, [rows] * len(clients), index, results, event)
+    if recording:                                            # the rows asked, each at its place
+        assert torch.equal(records.tensors["obs"][0, 0, index].cpu(), channels.obs.view(-1, 4)[index])
+        assert torch.equal(records.tensors["action"][0, 0, index].cpu(), channels.actions.view(-1)[index])
     inputs, outputs = len(server.inputs), len(server.outputs)
     assert copies.count == inputs + outputs, (copies.count, inputs, outputs)
     # The same answers as the CPU path for the rows asked; every other row as it was.
