@@ -89,11 +89,14 @@ def test_a_gpu_learners_statistics_are_summed_on_its_device_and_equal_the_hosts(
     """On a GPU the newest frames go to the device and are summed there: the same
     statistics, bit for bit, as on the host (every partial sum is an exact integer)."""
     host, device = FrameNormalizer((84, 84)), FrameNormalizer((84, 84)).cuda()
+    recorded = FrameNormalizer((84, 84)).cuda()     # frames already on the device (herd/inference/records.py)
     for part in (pong_frames[:120].reshape(60, 2, 4, 84, 84), pong_frames[120:], np.tile(pong_frames, (2, 1, 1, 1))):
         host.update(part)
         device.update(part)
+        recorded.update(torch.from_numpy(np.ascontiguousarray(part)).cuda())
     for name in ("count", "mean", "var"):
         assert torch.equal(getattr(device, name).cpu(), getattr(host, name)), name
+        assert torch.equal(getattr(recorded, name).cpu(), getattr(host, name)), name
 
 
 def test_constant_pixels_become_exactly_zero_and_moving_ones_stand_out(pong_frames):
