@@ -91,6 +91,24 @@ def read_csv(path: Path) -> list[dict]:
         return [{k: number_or_text(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
+# A run's processes as hardware.csv names them (herd/monitor/hardware.py), by role.
+ROLES = {"actors": "actor-", "servers": "inference", "learner": "learner"}
+
+
+def busy_shares(hardware: list[dict], after: float) -> dict[str, float]:
+    """hardware.csv's rows -> role -> how busy its processes were, as a share of one core
+    each (1.0: a core's worth of CPU time), averaged over the processes of the role and
+    the samples at `after` seconds or later (a process's first sample is its baseline, 0,
+    and an actor's start-up is not its steady state). Roles without a process are left out."""
+    shares = {}
+    for role, prefix in ROLES.items():
+        values = [row["value"] for row in hardware if row["metric"] == "cpu" and row["time"] >= after
+                  and str(row["source"]).startswith(prefix)]
+        if values:
+            shares[role] = round(sum(values) / len(values) / 100.0, 3)
+    return shares
+
+
 def moving_averages(episodes: list[dict], window: int = 100) -> list[tuple[dict, float, int]]:
     """For each row of episodes.csv, in order: (row, average score of the last `window`
     games up to and including it, how many games that average holds)."""

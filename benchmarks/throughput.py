@@ -8,7 +8,10 @@
    per execution backend: `on-policy-ray` is `on-policy` with the actors on Ray; with both
    in one run, the table and the record give Ray's frames/s as a share of local's).
    Each rate is the steady state read from train.csv after a warm-up; the run is then
-   stopped with SIGINT.
+   stopped with SIGINT. From the run's hardware.csv, each role's processes (actors,
+   inference servers, learner) busy as a share of one core each, after the warm-up: the
+   actors' share says how much of their time they step (goal on a GPU box: 0.85), the
+   servers' the load that decides how many a machine needs.
 3. With --peer MODE: Sample Factory 2.1.1 with the same workers and envs, from its own venv
    (peer_sample_factory.py), after herd, so that the two never share the cores; twice: with
    one epoch per rollout (each sample trained once, herd's gradient work per frame: the
@@ -31,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import print_table, read_csv, record, run_herd
+from common import busy_shares, print_table, read_csv, record, run_herd
 
 ON_POLICY = ["--replay_parameters=[{\"type\": \"queue\", \"capacity\": 1, \"sample_ratio\": 1}]",
              "--batch_size=32", "--r_f_steps=20", "--learner_compile=True"]
@@ -54,6 +57,10 @@ CONFIGS = {
     "on-policy-server-double-buffer": [*ON_POLICY, "--actor_inference=server", "--actor_double_buffer=True"],
     "on-policy-server-cuda-graphs": [*ON_POLICY, "--actor_inference=server", "--inference_cuda_graphs=True"],
     "on-policy-server-records-off": [*ON_POLICY, "--actor_inference=server", "--inference_records=off"],
+    # The number of servers for 16 actors (the default on a GPU: one per 8 actors), whose
+    # choice waits for the servers' measured load on a GPU box.
+    "on-policy-server-servers-1": [*ON_POLICY, "--actor_inference=server", "--inference_servers=1"],
+    "on-policy-server-servers-4": [*ON_POLICY, "--actor_inference=server", "--inference_servers=4"],
 }
 # What runs without --configs: all but the server options above.
 DEFAULT_CONFIGS = [name for name in CONFIGS if not name.startswith("on-policy-server-")]
@@ -143,23 +150,29 @@ def main() -> None:
             run_dir, _, code = run_herd(herd_args, Path(tmp), stop_after=args.seconds)
             rows = read_csv(run_dir / "train.csv")
             lags = [r["policy_lag"] for r in rows if r["wall_time"] >= args.warmup and r["policy_lag"] == r["policy_lag"]]
+            hardware = run_dir / "hardware.csv"
             runs[name] = {"herd_args": herd_args, "exit_code": code,
                           "fps": round(steady_state_rate(rows, args.warmup) * args.frame_skip),
-                          "policy_lag": round(float(np.mean(lags)), 2) if lags else None}
+                          "policy_lag": round(float(np.mean(lags)), 2) if lags else None,
+                          # Each role's processes, share of a core busy (goal for actors: 0.85).
+                          "busy": busy_shares(read_csv(hardware), args.warmup) if hardware.exists() else {}}
     peers = run_peers(args.env, args.workers, args.envs, args.peer_seconds, args.peer) if args.peer != "none" else {}
     peer = peers.get(EQUAL_WORK)          # every "vs peer" ratio is against equal gradient work
 
     table = [[f"env-only ceiling, {backend} (random actions)", f"{fps / args.frame_skip:,.0f}", f"{fps:,.0f}",
-              f"{100 * fps / best_ceiling:.0f}%", "", ""] for backend, fps in ceilings.items()]
+              f"{100 * fps / best_ceiling:.0f}%", "", "", "", "", ""] for backend, fps in ceilings.items()]
     for name, run in runs.items():
         versus = f"{run['fps'] / peer['frames_per_s']:.2f}x" if peer else ""
+        busy = run["busy"]
         table.append([f"herd: {name}", f"{run['fps'] / args.frame_skip:,.0f}", f"{run['fps']:,}",
-                      f"{100 * run['fps'] / best_ceiling:.1f}%", run["policy_lag"], versus])
+                      f"{100 * run['fps'] / best_ceiling:.1f}%", run["policy_lag"], versus,
+                      busy.get("actors", ""), busy.get("servers", ""), busy.get("learner", "")])
     for variant, result in peers.items():
         table.append([f"Sample Factory 2.1.1 ({args.peer}, {variant})", f"{result['agent_steps_per_s']:,.0f}",
                       f"{result['frames_per_s']:,.0f}", f"{100 * result['frames_per_s'] / best_ceiling:.1f}%", "",
-                      f"{result['frames_per_s'] / peer['frames_per_s']:.2f}x"])
-    print_table(["what", "agent steps/s", "frames/s", "of ceiling", "policy lag", "vs peer"], table)
+                      f"{result['frames_per_s'] / peer['frames_per_s']:.2f}x", "", "", ""])
+    print_table(["what", "agent steps/s", "frames/s", "of ceiling", "policy lag", "vs peer", "actors busy",
+                 "servers busy", "learner busy"], table)
     ray_share = None
     if "on-policy" in runs and "on-policy-ray" in runs:
         ray_share = round(runs["on-policy-ray"]["fps"] / runs["on-policy"]["fps"], 3)
