@@ -37,6 +37,7 @@ from herd.store import TrajectorySlots, TrajectoryStore
 from herd.weights import SharedWeights
 
 MLP = dict(network="mlp", obs_shape=(4,), obs_dtype="float32", num_actions=2, feature_size=None)
+LSTM = dict(MLP, lstm_size=8)          # its states: policy and value streams, [2, 1, 16]
 CONTEXT = mp.get_context("spawn")
 E, T, ROLLOUTS, SEED = 5, 16, 6, 3
 RECORD = ("behaviour_logits", "behaviour_value")
@@ -44,17 +45,18 @@ ENV = {"max_episode_steps": 12}           # truncations: value requests between 
 OUTPUTS = ("actions", "logits", "value")
 
 
-def layout():
-    return trajectory_layout(IMPALA, T, (4,), "float32", 2, 64, read=RECORD)
+def layout(model: dict = MLP):
+    core = (2, 1, 16) if "lstm_size" in model else None
+    return trajectory_layout(IMPALA, T, (4,), "float32", 2, 64, core_state_shape=core, read=RECORD)
 
 
 @contextmanager
-def served(weights: SharedWeights, records: StepRecords | None):
+def served(weights: SharedWeights, records: StepRecords | None, model: dict = MLP):
     torch.manual_seed(0)
-    channels = InferenceChannels.for_model(MLP, 2, E, context=CONTEXT, with_features=False,
+    channels = InferenceChannels.for_model(model, 2, E, context=CONTEXT, with_features=False,
                                            with_places=records is not None)
     stop = threading.Event()
-    server = BatchServer(channels, MLP, weights, torch.device("cpu"), records=records)
+    server = BatchServer(channels, model, weights, torch.device("cpu"), records=records)
     thread = threading.Thread(target=serve_forever, daemon=True, args=(server, channels, stop, 0.0))
     thread.start()
     try:
@@ -64,9 +66,9 @@ def served(weights: SharedWeights, records: StepRecords | None):
         thread.join(5)
 
 
-def trajectories(weights: SharedWeights, recording: bool, double: bool = False) -> list[dict]:
+def trajectories(weights: SharedWeights, recording: bool, double: bool = False, model: dict = MLP) -> list[dict]:
     """ROLLOUTS rollouts of one actor, copied out of its slots as delivered."""
-    slots = TrajectorySlots(layout(), ROLLOUTS + 2, E)
+    slots = TrajectorySlots(layout(model), ROLLOUTS + 2, E)
     records = step_records(slots, "cpu") if recording else None          # the local backend's: into the slots
     recorded = tuple(records.tensors) if recording else ()
     free = list(range(ROLLOUTS + 2))
@@ -74,9 +76,9 @@ def trajectories(weights: SharedWeights, recording: bool, double: bool = False) 
     place_of = writer.places if recording else None
     record = tuple(n for n in RECORD if n not in recorded)
     stop = threading.Event()
-    spec = ActorSpec(env_id="CartPole-v1", env_kwargs=ENV, model_kwargs=MLP, envs_per_worker=E, unroll_length=T,
+    spec = ActorSpec(env_id="CartPole-v1", env_kwargs=ENV, model_kwargs=model, envs_per_worker=E, unroll_length=T,
                      seed=SEED, record_fields=RECORD, double_buffer=double)
-    with served(weights, records) as channels:
+    with served(weights, records, model) as channels:
         if double:
             envs, policy = double_buffered(spec, InferenceRoute(channels, 0, 2), stop, record, place_of)
             rollouts = collect_double_buffered(envs, policy, writer, stop)
@@ -93,20 +95,25 @@ def trajectories(weights: SharedWeights, recording: bool, double: bool = False) 
     return out
 
 
-@pytest.mark.parametrize("double", [False, True], ids=["single", "double-buffered"])
-def test_a_server_that_records_writes_the_trajectories_the_actor_would(double):
+@pytest.mark.parametrize("double, model", [(False, MLP), (True, MLP), (False, LSTM)],
+                         ids=["single", "double-buffered", "lstm"])
+def test_a_server_that_records_writes_the_trajectories_the_actor_would(double, model):
     """Catches a place off by a step, an env or a slot, a value request recorded as a
     step, a row recorded from another row's outputs, and a field left to no one (its
-    sentinels would stay: NaN logits, action -1, zero observations)."""
-    weights = SharedWeights(build_model(**MLP), CONTEXT)
-    written, recorded = trajectories(weights, False, double), trajectories(weights, True, double)
+    sentinels would stay: NaN logits, action -1, zero observations). With an LSTM core
+    the actor still writes each trajectory's start state, which the server does not hold."""
+    weights = SharedWeights(build_model(**model), CONTEXT)
+    written, recorded = trajectories(weights, False, double, model), trajectories(weights, True, double, model)
     assert len(written) == len(recorded) == ROLLOUTS
     truncated = sum((r["trunc_value"] != 0).sum() for r in written)
     assert truncated > 0                                  # value requests were made
     actions = np.concatenate([r["action"].ravel() for r in written])
     assert 0.2 < actions.mean() < 0.8                     # a spread-out policy: the draws matter
+    core = {"core_state"} if model is LSTM else set()
     for a, b in zip(written, recorded):
-        assert set(a) == set(b) == {"obs", "action", "reward", "done", "trunc_value", *RECORD}
+        assert set(a) == set(b) == {"obs", "action", "reward", "done", "trunc_value", *RECORD, *core}
+        if core:
+            assert not np.isnan(b["core_state"]).any()         # the start states, written by the actor
         for name in a:
             if double and name in (*RECORD, "trunc_value"):     # values the server computed
                 # Two lanes' requests batched together or apart, as timing has it, round
