@@ -36,4 +36,3 @@ def test_modes_are_known_and_unknown_mode_is_refused():
     assert "--serial_mode=True" in peer.MODES["serial"]
     with pytest.raises(peer.PeerError, match="unknown mode"):
         peer.run_peer(mode="turbo")
-
