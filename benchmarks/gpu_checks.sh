@@ -10,7 +10,8 @@
 #      Sample Factory at equal work per frame when PEER=serial and its venv is
 #      there (benchmarks/peer_sample_factory.py).
 # Everything it prints and records goes to $OUT (default /tmp/gpu_checks).
-# usage: [PEER=serial] [WORKERS=16] [ENVS=8] bash benchmarks/gpu_checks.sh [pong minutes] [throughput seconds]
+# usage: [PEER=serial] [WORKERS=16] [ENVS=8] [CONFIGS=on-policy,...] bash benchmarks/gpu_checks.sh [pong minutes]
+#        [throughput seconds]
 # On a CPU it runs too (the CUDA tests skip), for trying it before a GPU is lent:
 #   WORKERS=2 ENVS=2 bash benchmarks/gpu_checks.sh 0.5 20
 set -uo pipefail
@@ -33,8 +34,11 @@ python3 benchmarks/pong.py --defaults --minutes "$PONG_MINUTES" --tag _gpu_check
 tail -14 "$OUT/pong.txt"
 
 echo "== throughput, $WORKERS workers x $ENVS envs"
-CONFIGS=on-policy,on-policy-server-double-buffer
-if nvidia-smi > /dev/null 2>&1; then CONFIGS=$CONFIGS,on-policy-server-cuda-graphs,on-policy-server-records-off; fi
+# Each configuration costs RUN_SECONDS of device time: CONFIGS=... picks fewer to fit a budget.
+if [ -z "${CONFIGS:-}" ]; then
+    CONFIGS=on-policy,on-policy-server-double-buffer
+    if nvidia-smi > /dev/null 2>&1; then CONFIGS=$CONFIGS,on-policy-server-cuda-graphs,on-policy-server-records-off; fi
+fi
 python3 benchmarks/throughput.py --workers "$WORKERS" --envs "$ENVS" --seconds "$RUN_SECONDS" --configs "$CONFIGS" \
     --label gpu_checks ${PEER:+--peer "$PEER"} > "$OUT/throughput.txt" 2>&1
 tail -12 "$OUT/throughput.txt"
