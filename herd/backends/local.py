@@ -265,8 +265,9 @@ class LocalRollouts:
         self.pool.check_health()
 
     def summary(self) -> dict:
-        """Dead or hung actors (and inference servers) replaced."""
-        servers = {} if self.servers is None else {"inference_server_restarts": self.servers.restarts}
+        """Dead or hung actors (and inference servers) replaced; the servers' load."""
+        servers = {} if self.servers is None else {"inference_server_restarts": self.servers.restarts,
+                                                   "inference_server_busy": self.servers.busy()}
         return {"actor_restarts": self.pool.restarts, **servers}
 
 

@@ -32,6 +32,9 @@ def test_cartpole_learns_through_the_inference_server(tmp_path, records):
     assert json.loads((run / "config.json").read_text())["actor_inference"] == "server"
     recording = "the inference servers record the steps they act on in the actors' slots" in log_text(tmp_path)
     assert recording == (records == "on")
+    # The server's measured load: its CPU time over its life (it worked, and a share of a core).
+    busy = summary["inference_server_busy"]
+    assert len(busy) == 1 and 0.01 < busy[0] < 1.5, busy
 
 
 def server_pids(results) -> list[int]:
