@@ -11,88 +11,28 @@ learner's ingested rollout equals the slot's."""
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from herd.actors.actor import ActorSpec, collect_rollouts
-from herd.actors.double_buffer import collect_double_buffered, double_buffered
+from herd.actors.actor import collect_rollouts
 from herd.actors.rollout import RolloutWriter
-from herd.algos import IMPALA, trajectory_layout
-from herd.backends.local import step_records
 from herd.device_copies import DeviceCopies
 from herd.envs.actor_envs import make_actor_envs
 from herd.inference import InferenceChannels, InferenceClient
 from herd.inference.device import DevicePath
 from herd.inference.forward import ServerOptions
 from herd.inference.records import StepRecords, recorded_fields
-from herd.inference.routing import InferenceRoute
 from herd.inference.server import BatchServer, run_inference_server, serve_forever
 from herd.models import build_model
 from herd.store import TrajectorySlots, TrajectoryStore
 from herd.weights import SharedWeights
+from served_actors import CONTEXT, E, LSTM, MLP, RECORD, ROLLOUTS, SEED, T, layout, trajectories
 
-MLP = dict(network="mlp", obs_shape=(4,), obs_dtype="float32", num_actions=2, feature_size=None)
-LSTM = dict(MLP, lstm_size=8)          # its states: policy and value streams, [2, 1, 16]
-CONTEXT = mp.get_context("spawn")
-E, T, ROLLOUTS, SEED = 5, 16, 6, 3
-RECORD = ("behaviour_logits", "behaviour_value")
 ENV = {"max_episode_steps": 12}           # truncations: value requests between the act requests
 OUTPUTS = ("actions", "logits", "value")
-
-
-def layout(model: dict = MLP):
-    core = (2, 1, 16) if "lstm_size" in model else None
-    return trajectory_layout(IMPALA, T, (4,), "float32", 2, 64, core_state_shape=core, read=RECORD)
-
-
-@contextmanager
-def served(weights: SharedWeights, records: StepRecords | None, model: dict = MLP):
-    torch.manual_seed(0)
-    channels = InferenceChannels.for_model(model, 2, E, context=CONTEXT, with_features=False,
-                                           with_places=records is not None)
-    stop = threading.Event()
-    server = BatchServer(channels, model, weights, torch.device("cpu"), records=records)
-    thread = threading.Thread(target=serve_forever, daemon=True, args=(server, channels, stop, 0.0))
-    thread.start()
-    try:
-        yield channels
-    finally:
-        stop.set()
-        thread.join(5)
-
-
-def trajectories(weights: SharedWeights, recording: bool, double: bool = False, model: dict = MLP) -> list[dict]:
-    """ROLLOUTS rollouts of one actor, copied out of its slots as delivered."""
-    slots = TrajectorySlots(layout(model), ROLLOUTS + 2, E)
-    records = step_records(slots, "cpu") if recording else None          # the local backend's: into the slots
-    recorded = tuple(records.tensors) if recording else ()
-    free = list(range(ROLLOUTS + 2))
-    writer = RolloutWriter(slots.views, lambda: free.pop(0), T, E, recorded)
-    place_of = writer.places if recording else None
-    record = tuple(n for n in RECORD if n not in recorded)
-    stop = threading.Event()
-    spec = ActorSpec(env_id="CartPole-v1", env_kwargs=ENV, model_kwargs=model, envs_per_worker=E, unroll_length=T,
-                     seed=SEED, record_fields=RECORD, double_buffer=double)
-    with served(weights, records, model) as channels:
-        if double:
-            envs, policy = double_buffered(spec, InferenceRoute(channels, 0, 2), stop, record, place_of)
-            rollouts = collect_double_buffered(envs, policy, writer, stop)
-        else:
-            envs = make_actor_envs("gymnasium", "CartPole-v1", E, seed=SEED, env_kwargs=ENV)
-            policy = InferenceClient(channels, 0, seed=SEED, record=record, place_of=place_of)
-            rollouts = collect_rollouts(envs, policy, writer, stop)
-        out = []
-        for delivery in rollouts:
-            out.append({name: view.copy() for name, view in slots.views(delivery.slot).items()})
-            if len(out) == ROLLOUTS:
-                break
-        envs.close()
-    return out
 
 
 @pytest.mark.parametrize("double, model", [(False, MLP), (True, MLP), (False, LSTM)],
@@ -103,7 +43,8 @@ def test_a_server_that_records_writes_the_trajectories_the_actor_would(double, m
     sentinels would stay: NaN logits, action -1, zero observations). With an LSTM core
     the actor still writes each trajectory's start state, which the server does not hold."""
     weights = SharedWeights(build_model(**model), CONTEXT)
-    written, recorded = trajectories(weights, False, double, model), trajectories(weights, True, double, model)
+    written = trajectories(weights, double, recording=False, model=model, env=ENV)
+    recorded = trajectories(weights, double, recording=True, model=model, env=ENV)
     assert len(written) == len(recorded) == ROLLOUTS
     truncated = sum((r["trunc_value"] != 0).sum() for r in written)
     assert truncated > 0                                  # value requests were made

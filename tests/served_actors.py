@@ -1,0 +1,85 @@
+"""One actor served by a real inference server (in a thread), stepping real CartPole
+environments into its slots: the rollouts it delivers, for tests that compare two ways of
+acting (double buffering: tests/actors/test_double_buffer.py; a server that records the
+steps: tests/inference/test_records.py)."""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import torch
+import torch.multiprocessing as mp
+
+from herd.actors.actor import ActorSpec, collect_rollouts
+from herd.actors.double_buffer import collect_double_buffered, double_buffered
+from herd.actors.rollout import RolloutWriter
+from herd.algos import IMPALA, trajectory_layout
+from herd.backends.local import step_records
+from herd.envs.actor_envs import make_actor_envs
+from herd.inference import InferenceChannels, InferenceClient
+from herd.inference.records import StepRecords
+from herd.inference.routing import InferenceRoute
+from herd.inference.server import BatchServer, serve_forever
+from herd.store import TrajectorySlots
+from herd.weights import SharedWeights
+
+MLP = dict(network="mlp", obs_shape=(4,), obs_dtype="float32", num_actions=2, feature_size=None)
+LSTM = dict(MLP, lstm_size=8)          # its states: policy and value streams, [2, 1, 16]
+CONTEXT = mp.get_context("spawn")
+E, T, ROLLOUTS, SEED = 5, 16, 6, 3     # an odd E: double buffering's halves of 3 and 2
+RECORD = ("behaviour_logits", "behaviour_value")
+
+
+def layout(model: dict = MLP):
+    core = (2, 1, 16) if "lstm_size" in model else None
+    return trajectory_layout(IMPALA, T, (4,), "float32", 2, 64, core_state_shape=core, read=RECORD)
+
+
+@contextmanager
+def served(weights: SharedWeights, records: StepRecords | None = None, model: dict = MLP):
+    """A server thread with two clients of E rows: a single actor uses client 0, a
+    double-buffered one clients 0 and 1 (its lanes)."""
+    torch.manual_seed(0)
+    channels = InferenceChannels.for_model(model, 2, E, context=CONTEXT, with_features=False,
+                                           with_places=records is not None)
+    stop = threading.Event()
+    server = BatchServer(channels, model, weights, torch.device("cpu"), records=records)
+    thread = threading.Thread(target=serve_forever, daemon=True, args=(server, channels, stop, 0.0))
+    thread.start()
+    try:
+        yield channels
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def trajectories(weights: SharedWeights, double: bool = False, recording: bool = False, model: dict = MLP,
+                 env: dict | None = None) -> list[dict]:
+    """ROLLOUTS rollouts of one actor, copied out of its slots as delivered; `recording`:
+    the server records the steps into the slots (the local backend's step_records)."""
+    slots = TrajectorySlots(layout(model), ROLLOUTS + 2, E)
+    records = step_records(slots, "cpu") if recording else None
+    recorded = tuple(records.tensors) if recording else ()
+    free = list(range(ROLLOUTS + 2))
+    writer = RolloutWriter(slots.views, lambda: free.pop(0), T, E, recorded)
+    place_of = writer.places if recording else None
+    record = tuple(n for n in RECORD if n not in recorded)
+    stop = threading.Event()
+    env = env or {}
+    spec = ActorSpec(env_id="CartPole-v1", env_kwargs=env, model_kwargs=model, envs_per_worker=E, unroll_length=T,
+                     seed=SEED, record_fields=RECORD, double_buffer=double)
+    with served(weights, records, model) as channels:
+        if double:
+            envs, policy = double_buffered(spec, InferenceRoute(channels, 0, 2), stop, record, place_of)
+            rollouts = collect_double_buffered(envs, policy, writer, stop)
+        else:
+            envs = make_actor_envs("gymnasium", "CartPole-v1", E, seed=SEED, env_kwargs=env)
+            policy = InferenceClient(channels, 0, seed=SEED, record=record, place_of=place_of)
+            rollouts = collect_rollouts(envs, policy, writer, stop)
+        out = []
+        for delivery in rollouts:
+            out.append({name: view.copy() for name, view in slots.views(delivery.slot).items()})
+            if len(out) == ROLLOUTS:
+                break
+        envs.close()
+    return out
