@@ -10,6 +10,7 @@ depend on how its lanes' requests happen to be batched); and on a device mirror 
 learner's ingested rollout equals the slot's."""
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -201,3 +202,33 @@ def test_a_server_process_records_into_the_learner_s_mirror_on_the_gpu():
     assert torch.equal(mirror.tensors["action"][slot, t].cpu(), torch.from_numpy(step.actions))
     assert torch.equal(mirror.tensors["behaviour_logits"][slot, t].cpu(), channels.logits[0])
     assert (mirror.tensors["action"][0] == -1).all()                 # nothing else written
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["queue", "standard", "custom", "circular"])
+def test_every_trajectory_replay_on_a_device_stores_a_recorded_rollout_as_the_slot_s(kind, device):
+    """What LocalRollouts hands a GPU learner's replays from a mirror: the recorded fields
+    as tensors on the device (here the CPU device), the rest as the slot's host arrays.
+    Each replay kind (ring-order runs, trajectory by trajectory) stores exactly what it
+    stores from the slot's arrays alone (on a GPU: no host conversion of a device tensor)."""
+    from herd.replay.registry import build_replay
+    from herd.replay.spec import parse_replay_parameters
+    lay = layout()
+    spec = parse_replay_parameters(json.dumps([{"type": kind, "capacity": 3, "sample_ratio": 1,
+                                                **({"dist_function": "ln_norm"} if kind == "custom" else {})}]))[0]
+    rng = np.random.default_rng(1)
+    slots = TrajectorySlots(lay, 1, E)
+    for name, array in slots.views(0).items():
+        array[...] = rng.standard_normal(array.shape) if array.dtype.kind == "f" else rng.integers(0, 2, array.shape)
+    fields = recorded_fields(lay, OUTPUTS)
+    recorded = {name: (torch.from_numpy(array.copy()).to(device) if name in fields else array)
+                for name, array in slots.views(0).items()}
+    stores = []
+    for rollout in (slots.views(0), recorded):
+        replay = build_replay(spec, lay, 2, E, storage_device=torch.device(device))
+        replay.add_rollout(rollout, version=3)
+        stores.append(replay.storage)
+    for name in stores[0].tensors:      # bit for bit, the unused positions' NaN sentinels too
+        torch.testing.assert_close(stores[1].tensors[name].cpu(), stores[0].tensors[name].cpu(), rtol=0, atol=0,
+                                   equal_nan=True)
+    assert not torch.isnan(stores[1].tensors["behaviour_logits"]).all()     # something was stored
