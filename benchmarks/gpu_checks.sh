@@ -10,38 +10,50 @@
 #      Sample Factory at equal work per frame when PEER=serial and its venv is
 #      there (benchmarks/peer_sample_factory.py).
 # Everything it prints and records goes to $OUT (default /tmp/gpu_checks).
-# usage: [PEER=serial] [WORKERS=16] [ENVS=8] [CONFIGS=on-policy,...] bash benchmarks/gpu_checks.sh [pong minutes]
-#        [throughput seconds]
+# usage: [STEPS=tests,pong,throughput] [PEER=serial|async] [PEER_SITE=DIR] [PEER_VARIANTS=all|equal-work]
+#        [WORKERS=16] [ENVS=8] [CONFIGS=on-policy,...] bash benchmarks/gpu_checks.sh [pong minutes] [throughput seconds]
+# STEPS picks the parts (to split them between calls of a short device lease); PEER_SITE is
+# a folder Sample Factory's wheels were installed to (pip install --target), for a machine
+# that reaches no registry (docs/gpu.md); the peer's learner is on the GPU where there is one.
 # On a CPU it runs too (the CUDA tests skip), for trying it before a GPU is lent:
 #   WORKERS=2 ENVS=2 bash benchmarks/gpu_checks.sh 0.5 20
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_checks}; mkdir -p "$OUT"
 PONG_MINUTES=${1:-4}; RUN_SECONDS=${2:-75}
-WORKERS=${WORKERS:-16}; ENVS=${ENVS:-8}
+WORKERS=${WORKERS:-16}; ENVS=${ENVS:-8}; STEPS=${STEPS:-tests,pong,throughput}
 cd "$(dirname "$0")/.."
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/gpu.txt"
+git rev-parse HEAD >> "$OUT/gpu.txt" 2>/dev/null
+PEER_DEVICE=cpu; if nvidia-smi > /dev/null 2>&1; then PEER_DEVICE=gpu; fi
 
+if [[ $STEPS == *tests* ]]; then
 echo "== CUDA tests"
-python3 -m pytest -q -p no:cacheprovider -rs tests/learner/test_capture_cuda.py tests/models/test_frame_normalizer.py \
+timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/learner/test_capture_cuda.py tests/models/test_frame_normalizer.py \
     tests/inference/test_device_weights.py tests/inference/test_device_path.py tests/learner/test_device_copies.py \
     tests/inference/test_records.py \
     "tests/inference/test_server.py::test_cuda_server_equals_the_local_cpu_model" > "$OUT/cuda_tests.txt" 2>&1
 tail -4 "$OUT/cuda_tests.txt"
+fi
 
+if [[ $STEPS == *pong* ]]; then
 echo "== Pong, no flag, $PONG_MINUTES min"
 python3 benchmarks/pong.py --defaults --minutes "$PONG_MINUTES" --tag _gpu_checks_defaults > "$OUT/pong.txt" 2>&1
 tail -14 "$OUT/pong.txt"
+fi
 
+if [[ $STEPS == *throughput* ]]; then
 echo "== throughput, $WORKERS workers x $ENVS envs"
 # Each configuration costs RUN_SECONDS of device time: CONFIGS=... picks fewer to fit a budget.
 if [ -z "${CONFIGS:-}" ]; then
     CONFIGS=on-policy,on-policy-server-double-buffer
     if nvidia-smi > /dev/null 2>&1; then CONFIGS=$CONFIGS,on-policy-server-cuda-graphs,on-policy-server-records-off; fi
 fi
-python3 benchmarks/throughput.py --workers "$WORKERS" --envs "$ENVS" --seconds "$RUN_SECONDS" --configs "$CONFIGS" \
-    --label gpu_checks ${PEER:+--peer "$PEER"} > "$OUT/throughput.txt" 2>&1
-tail -12 "$OUT/throughput.txt"
+python3 benchmarks/throughput.py --workers "$WORKERS" --envs "$ENVS" --seconds "$RUN_SECONDS" --warmup "${WARMUP:-30}" --configs "$CONFIGS" \
+    --label gpu_checks ${PEER:+--peer "$PEER" --peer_device "$PEER_DEVICE" --peer_seconds "${PEER_SECONDS:-120}" \
+    --peer_variants "${PEER_VARIANTS:-all}"} ${PEER_SITE:+--peer_site "$PEER_SITE"} > "$OUT/throughput.txt" 2>&1
+tail -14 "$OUT/throughput.txt"
+fi
 
 cp benchmarks/results/pong_*gpu_checks*.json benchmarks/results/throughput_*gpu_checks*.json "$OUT/" 2>/dev/null
 echo "== results in $OUT"

@@ -142,11 +142,21 @@ FPS_LINE = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]\[\d+\] Fps 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def sf_env_name(python: Path, env_id: str) -> str:
+def peer_environ(site: Path | None) -> dict[str, str]:
+    """The peer's process environment: herd's own must not leak into its interpreter; a site
+    folder (site_python) is its PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    if site is not None:
+        env["PYTHONPATH"] = str(Path(site).resolve())
+    return env
+
+
+def sf_env_name(python: Path, env_id: str, environ: dict[str, str] | None = None) -> str:
     """SF's name for a gymnasium Atari id (PongNoFrameskip-v4 -> atari_pong), from SF's own table."""
     code = ("import sys; from sf_examples.atari.atari_utils import ATARI_ENVS; "
             "print(next((s.name for s in ATARI_ENVS if s.env_id == sys.argv[1]), ''))")
-    name = subprocess.run([str(python), "-c", code, env_id], capture_output=True, text=True).stdout.strip()
+    name = subprocess.run([str(python), "-c", code, env_id], capture_output=True, text=True,
+                          env=environ).stdout.strip()
     if not name:
         raise PeerError(f"Sample Factory's Atari example has no environment for {env_id!r}")
     return name
@@ -234,21 +244,37 @@ def _session_left(sid: int, wait: float = 10) -> list[int]:
         time.sleep(0.5)
 
 
+def site_python(site: Path) -> Path:
+    """This interpreter, for a peer installed with `pip install --target SITE` (a machine that
+    reaches no registry, such as the lent GPU box: docs/gpu.md): it runs with PYTHONPATH=SITE,
+    its torch is this interpreter's own. Raises PeerError when SITE does not import the peer."""
+    site = Path(site).resolve()
+    check = ("import gymnasium, numpy, ale_py, sample_factory, sf_examples, sys; "
+             "sys.exit(int(gymnasium.__version__.split('.')[0]) >= 1 or int(numpy.__version__.split('.')[0]) >= 2)")
+    if subprocess.run([sys.executable, "-c", check], env=peer_environ(site), capture_output=True).returncode != 0:
+        raise PeerError(f"{site} does not import Sample Factory with gymnasium<1 and numpy<2")
+    return Path(sys.executable)
+
+
 def run_peer(env_id: str = "PongNoFrameskip-v4", workers: int = 2, envs_per_worker: int = 4, seconds: float = 120,
-             mode: str = "serial", extra_args: tuple | list = (), warmup: float = 15, venv: Path = VENV) -> dict:
+             mode: str = "serial", extra_args: tuple | list = (), warmup: float = 15, venv: Path = VENV,
+             site: Path | None = None, device: str = "cpu") -> dict:
     """Trains Sample Factory's Atari example for `seconds` (wall clock from launch, start-up
-    included) and returns its steady-state emulator frames/s with the exact command and log tail."""
+    included) and returns its steady-state emulator frames/s with the exact command and log tail.
+    The peer comes from `site` when given (site_python), else from the venv; `device` is SF's
+    learner device (cpu or gpu)."""
     if mode not in MODES:
         raise PeerError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
-    python = ensure_peer_venv(venv)
+    if device not in ("cpu", "gpu"):
+        raise PeerError(f"unknown device {device!r}: choose cpu or gpu")
+    python = site_python(site) if site is not None else ensure_peer_venv(venv)
+    env = peer_environ(site)
     with tempfile.TemporaryDirectory(prefix="herd-peer-sf-") as tmp:
         launcher = Path(tmp) / "sf_atari_launcher.py"
         launcher.write_text(LAUNCHER)
-        command = [str(python), str(launcher), f"--env={sf_env_name(python, env_id)}", "--experiment=peer",
-                   f"--train_dir={tmp}/train_dir", "--restart_behavior=overwrite", "--device=cpu",
+        command = [str(python), str(launcher), f"--env={sf_env_name(python, env_id, env)}", "--experiment=peer",
+                   f"--train_dir={tmp}/train_dir", "--restart_behavior=overwrite", f"--device={device}",
                    f"--num_workers={workers}", f"--num_envs_per_worker={envs_per_worker}", *MODES[mode], *extra_args]
-        # herd's own environment must not leak into the peer's interpreter
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         log_path = Path(tmp) / "sf.log"
         with open(log_path, "w") as log:
             # a new session: SF's processes form one group, killed together by stop_peer
@@ -276,7 +302,7 @@ def run_peer(env_id: str = "PongNoFrameskip-v4", workers: int = 2, envs_per_work
     if t1 > t0:
         result["sf_cores_used"] = round((c1 - c0) / (t1 - t0), 2)
         result["other_cores_used"] = round(max(0.0, (b1 - b0 - (c1 - c0)) / (t1 - t0)), 2)
-    return {"mode": mode, "mode_flags": MODES[mode], "extra_args": list(extra_args), "env_id": env_id,
+    return {"mode": mode, "mode_flags": MODES[mode], "extra_args": list(extra_args), "env_id": env_id, "device": device,
             "workers": workers, "envs_per_worker": envs_per_worker, "seconds": seconds, "warmup": warmup,
             **result, "agent_steps_per_s": result["frames_per_s"] / 4,  # frameskip 4 (env_frameskip)
             "exit_code": process.returncode,  # 2 is SF's INTERRUPTED: stopped by our SIGINT

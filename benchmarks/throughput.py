@@ -36,7 +36,9 @@ import numpy as np
 
 from common import busy_shares, print_table, read_csv, record, run_herd
 
-ON_POLICY = ["--replay_parameters=[{\"type\": \"queue\", \"capacity\": 1, \"sample_ratio\": 1}]",
+# IMPALA named, not left to the machine's default (APPO on a GPU: herd/profiles.py), so that
+# every machine runs the same configuration, one gradient pass per frame as the peer's one epoch.
+ON_POLICY = ["--algorithm=impala", "--replay_parameters=[{\"type\": \"queue\", \"capacity\": 1, \"sample_ratio\": 1}]",
              "--batch_size=32", "--r_f_steps=20", "--learner_compile=True"]
 # name -> extra herd flags; the first is the headline. Everything not given is herd's default
 # (C++ vector envs, each actor acting with its own CPU model, bf16 learner where fast).
@@ -73,13 +75,16 @@ PEER_VARIANTS = {"one epoch": ["--num_epochs=1"], "as shipped, 4 epochs": []}
 EQUAL_WORK = "one epoch"
 
 
-def run_peers(env: str, workers: int, envs: int, seconds: float, mode: str) -> dict[str, dict]:
-    """Sample Factory in each of PEER_VARIANTS, one after the other: variant -> its record."""
+def run_peers(env: str, workers: int, envs: int, seconds: float, mode: str, variants: list[str],
+              site: Path | None, device: str) -> dict[str, dict]:
+    """Sample Factory in each of `variants` (names of PEER_VARIANTS), one after the other:
+    variant -> its record."""
     from peer_sample_factory import PeerError, run_peer
     peers = {}
-    for variant, extra in PEER_VARIANTS.items():
+    for variant in variants:
         try:
-            peers[variant] = run_peer(env, workers, envs, seconds, mode, extra)
+            peers[variant] = run_peer(env, workers, envs, seconds, mode, PEER_VARIANTS[variant], site=site,
+                                      device=device)
         except PeerError as e:
             raise SystemExit(f"throughput: peer ({variant}): {e}")
     return peers
@@ -132,6 +137,11 @@ def main() -> None:
     parser.add_argument("--peer", default="none", choices=["none", "serial", "async", "default"],
                         help="also run Sample Factory 2.1.1 in this mode (serial is its fastest here)")
     parser.add_argument("--peer_seconds", type=float, default=120, help="length of the peer's run, start-up included")
+    parser.add_argument("--peer_variants", default="all", choices=["all", "equal-work"],
+                        help=f"all: {', '.join(PEER_VARIANTS)}; equal-work: {EQUAL_WORK} only (half the time)")
+    parser.add_argument("--peer_site", default=None,
+                        help="a folder the peer's wheels were installed to (pip install --target) instead of its venv")
+    parser.add_argument("--peer_device", default="cpu", choices=["cpu", "gpu"], help="the peer's learner device")
     args = parser.parse_args()
     names = [name.strip() for name in args.configs.split(",") if name.strip()]
     unknown = [name for name in names if name not in CONFIGS]
@@ -156,7 +166,10 @@ def main() -> None:
                           "policy_lag": round(float(np.mean(lags)), 2) if lags else None,
                           # Each role's processes, share of a core busy (goal for actors: 0.85).
                           "busy": busy_shares(read_csv(hardware), args.warmup) if hardware.exists() else {}}
-    peers = run_peers(args.env, args.workers, args.envs, args.peer_seconds, args.peer) if args.peer != "none" else {}
+    variants = list(PEER_VARIANTS) if args.peer_variants == "all" else [EQUAL_WORK]
+    peers = (run_peers(args.env, args.workers, args.envs, args.peer_seconds, args.peer, variants,
+                       Path(args.peer_site) if args.peer_site else None, args.peer_device)
+             if args.peer != "none" else {})
     peer = peers.get(EQUAL_WORK)          # every "vs peer" ratio is against equal gradient work
 
     table = [[f"env-only ceiling, {backend} (random actions)", f"{fps / args.frame_skip:,.0f}", f"{fps:,.0f}",
@@ -188,8 +201,9 @@ def main() -> None:
         **({"ray_over_local": ray_share} if ray_share is not None else {}),
         **({"peers": peers, "peer_equal_work": EQUAL_WORK, "peer_fps": round(peer["frames_per_s"]),
             "herd_over_peer": round(herd_fps / peer["frames_per_s"], 3),
-            "peer_fps_as_shipped": round(peers["as shipped, 4 epochs"]["frames_per_s"]),
-            "herd_over_peer_as_shipped": round(herd_fps / peers["as shipped, 4 epochs"]["frames_per_s"], 3)}
+            **({"peer_fps_as_shipped": round(peers["as shipped, 4 epochs"]["frames_per_s"]),
+                "herd_over_peer_as_shipped": round(herd_fps / peers["as shipped, 4 epochs"]["frames_per_s"], 3)}
+               if "as shipped, 4 epochs" in peers else {})}
            if peer else {})})
     print(f"herd_fps={herd_fps:.0f} ceiling_fps={best_ceiling:.0f} ratio={herd_fps / best_ceiling:.3f}"
           + (f" peer_fps={peer['frames_per_s']:.0f}" if peer else ""))
