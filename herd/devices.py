@@ -2,9 +2,11 @@
 that depend on the machine rather than on the run's options."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import sys
+import weakref
 
 import torch
 
@@ -79,12 +81,40 @@ def use_deterministic_algorithms(mode: bool) -> None:
 
 
 def host_register(tensor: torch.Tensor, device: torch.device) -> bool:
-    """Page-locks a shared-memory tensor in place for `device`; False where CUDA refuses
-    (a CPU device reads it as it is)."""
+    """Page-locks a shared-memory tensor in place for `device`, until the tensor object is
+    collected; False where CUDA refuses (a CPU device reads it as it is).
+
+    The registration must end with the mapping: CUDA keeps a range registered after its
+    memory is unmapped, and a later mapping at the same address is then refused ("already
+    mapped") or, worse, copied from the old pages. A refusal is also cleared from CUDA's
+    last error, which the next kernel launch would otherwise report as its own."""
     if device.type != "cuda":
         return True
+    ptr, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
     try:
-        error = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), 0)
-        return int(getattr(error, "value", error)) == 0
+        cudart = torch.cuda.cudart()
+        code = cudart.cudaHostRegister(ptr, nbytes, 0)
+        error = int(getattr(code, "value", code))
     except Exception:   # an old driver, an unsupported mapping: the staging path works everywhere
         return False
+    if error != 0:
+        clear_cuda_error()
+        return False
+    weakref.finalize(tensor, host_unregister, ptr)
+    return True
+
+
+def host_unregister(ptr: int) -> None:
+    """Ends host_register's registration of the range at ptr (a refusal cleared as there)."""
+    code = torch.cuda.cudart().cudaHostUnregister(ptr)
+    if int(getattr(code, "value", code)) != 0:
+        clear_cuda_error()
+
+
+def clear_cuda_error() -> None:
+    """Resets this thread's last CUDA runtime error (cudaGetLastError of the runtime library
+    this process loaded; torch exposes none)."""
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+    for path in paths:
+        ctypes.CDLL(path).cudaGetLastError()

@@ -1,9 +1,14 @@
-"""herd.devices.use_deterministic_algorithms: torch's switch for both of its flags (torch's
+"""herd.devices: host_register's page-locking of shared memory; use_deterministic_algorithms: torch's switch for both of its flags (torch's
 and inductor's), without importing torch._inductor (1.8 s of every run's start-up) where
 the switch would change nothing."""
+import gc
 import subprocess
 import sys
 
+import pytest
+import torch
+
+from herd.devices import host_register
 from herd_testing import ROOT
 
 SCRIPT = """
@@ -58,3 +63,22 @@ def test_capturing_the_update_on_a_cpu_is_refused_in_one_line():
         assert "--learner_capture=True" in str(err) and "\n" not in str(err)
     else:
         raise AssertionError("--learner_capture=True on a CPU learner was accepted")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_page_locked_area_is_released_with_its_tensor_and_a_refusal_leaves_no_error():
+    """Areas made and dropped one after another (each test's channels, a restarted run's
+    slots) each register: a dropped one's range is unregistered, so a new mapping at its
+    address is not refused as "already mapped". A refused registration (the same range
+    twice) is not reported by the next kernel launch as its error."""
+    cuda = torch.device("cuda")
+    for _ in range(20):
+        area = torch.zeros(1 << 20).share_memory_()
+        assert host_register(area, cuda)
+        torch.ones(4, device=cuda).add_(1)
+        del area
+        gc.collect()
+    twice = torch.zeros(1 << 20).share_memory_()
+    assert host_register(twice, cuda) and not host_register(twice, cuda)
+    torch.ones(4, device=cuda).add_(1)
+    torch.cuda.synchronize()
