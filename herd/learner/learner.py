@@ -262,6 +262,7 @@ class Learner:
         for this batch, and keeps it for the next ones; None (and eager from then on) if
         the capture fails: a loss with host-side logic, a shape that moves."""
         self.capture = False
+        random_state = None
         try:
             self.static_batch = {name: tensor.clone() for name, tensor in batch.items()}
             # This batch's real update runs eagerly on a side stream (PyTorch's capture
@@ -273,6 +274,10 @@ class Learner:
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             self.optimizer.zero_grad(set_to_none=True)
+            # A capture that fails midway leaves the device's random generator mid-capture,
+            # and every later draw (the reuse shuffles) raises: its state is put back below.
+            generator = torch.cuda.default_generators[torch.cuda.current_device()]
+            random_state = generator.clone_state()
             # thread_local: the batch threads go on copying fresh trajectories to the device
             # (pageable copies, events) while this thread captures; in the default global
             # mode CUDA refuses those calls in every thread and the run fails (Pong on an
@@ -286,6 +291,8 @@ class Learner:
             log.info("learner: the whole update (forward, losses, backward, clipping, optimizer%s) is captured as "
                      "one CUDA graph", steps)
         except Exception as err:   # capture raises many types (host syncs, unsupported ops)
+            if random_state is not None:
+                generator.graphsafe_set_state(random_state)
             self.graph, self.static_batch, self.static_metrics = None, None, None
             log.warning("learner: CUDA graph capture failed (%s: %s): updates run eagerly", type(err).__name__,
                         str(err).splitlines()[0][:200] if str(err) else "")

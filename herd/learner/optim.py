@@ -222,7 +222,11 @@ class GuardedAdam(GuardedStep):
                 and same_layouts(params, [p.grad for p in params], means, squares)):
             return self._fused_cpu_step(params, means, squares, steps, ok, lr)
         applied, grads = self._decide(params, ok, lr, self.max_ratio)
-        torch._foreach_lerp_(means, grads, torch.where(applied, 1.0 - beta1, 0.0))
+        # m <- b1 m + (1 - b1) g (the gradients are 0 where the step is skipped). Not
+        # _foreach_lerp_: with a 0-dim tensor weight aten reads it on the host (.item()), a
+        # device sync per step that also broke the update's CUDA graph capture.
+        torch._foreach_mul_(means, torch.where(applied, beta1, 1.0))
+        torch._foreach_add_(means, grads, alpha=1.0 - beta1)
         torch._foreach_mul_(squares, torch.where(applied, beta2, 1.0))
         torch._foreach_addcmul_(squares, grads, grads, value=1.0 - beta2)
         torch._foreach_add_(steps, [applied.to(steps[0].dtype)] * len(steps))

@@ -4,9 +4,9 @@ B trajectories cut into `minibatches` minibatches of B / minibatches columns, on
 step each. herd/learner/learner.py runs the steps; a StoredBatchLoss (herd/losses/appo.py)
 computes what every minibatch trains against once per stored batch.
 
-The shuffle is drawn on the learner's device (random_permutation: a CUDA graph replays it
-with fresh random numbers), so the whole multi-pass update makes no host read and can be
-captured as one graph."""
+The shuffle is drawn on the learner's device (torch.rand(...).argsort(): a CUDA graph
+replays it with fresh random numbers), so the whole multi-pass update makes no host read
+and can be captured as one graph."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,20 +48,7 @@ class Reuse:
 
     def column_orders(self, batch_size: int, device: torch.device) -> list[Tensor]:
         """For each pass, a permutation of the batch's columns [B] (int64, on device)."""
-        return [random_permutation(batch_size, device) for _ in range(self.passes)]
-
-
-def random_permutation(n: int, device: torch.device) -> Tensor:
-    """A uniformly random permutation of 0 .. n-1 [n] (int64, on device), drawn with no sort:
-    each index's rank among n random 62-bit keys (a tie broken by index) is its place, by n^2
-    comparisons (a batch is at most a few hundred trajectories). Only elementwise kernels, a
-    sum and a scatter: CUDA's sorts (argsort, randperm) capture into a CUDA graph unreliably,
-    and a capture that fails leaves the device's random generator unusable for the run."""
-    keys = torch.randint(0, 2 ** 62, (n,), device=device)                  # [n]
-    index = torch.arange(n, device=device)                                   # [n]
-    earlier = (keys[None, :] < keys[:, None]) | ((keys[None, :] == keys[:, None]) & (index[None, :] < index[:, None]))
-    rank = earlier.sum(1)                                                    # [n]: i's place
-    return torch.empty_like(rank).scatter_(0, rank, index)
+        return [torch.rand(batch_size, device=device).argsort() for _ in range(self.passes)]
 
 
 def take_columns(batch: dict[str, Tensor], columns: Tensor) -> dict[str, Tensor]:

@@ -193,3 +193,22 @@ def test_a_captured_update_of_shuffled_minibatches_trains_every_step():
     before = steps()
     learner.step(cuda_batch("mlp", 50))
     assert steps() == {next(iter(before)) + 16}
+
+
+def test_a_failed_capture_of_a_multi_pass_update_leaves_it_training_eagerly():
+    """A loss that reads a float on the host cannot be captured: the learner goes on
+    eagerly, and its shuffles still draw (a capture that fails midway leaves the random
+    generator mid-capture unless its state is put back)."""
+    from herd.losses.appo import AppoLoss
+
+    class Reading(AppoLoss):
+        def __call__(self, minibatch, out):
+            loss, metrics = super().__call__(minibatch, out)
+            float(metrics["clip_fraction"])
+            return loss, metrics
+    learner = make_appo("mlp", True, (2, 2))
+    learner.loss_fn.__class__ = Reading
+    for seed in range(CAPTURE_WARMUP + 3):
+        learner.step(cuda_batch("mlp", seed))
+    assert learner.graph is None and not learner.capture
+    assert learner.metric_sums.updates == CAPTURE_WARMUP + 3

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from herd.checkpoint import load_checkpoint
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
@@ -195,7 +196,7 @@ def test_the_optimizers_run_foreach_kernels():
     foreach op tensor by tensor, and the square roots are taken tensor by tensor into
     their buffers, herd/learner/optim.py _square_roots.)"""
     for name, foreach in (("rmsprop", {"_foreach_addcmul_", "_foreach_addcdiv_", "_foreach_div_"}),
-                          ("adam", {"_foreach_lerp_", "_foreach_addcmul_", "_foreach_addcdiv_"}),
+                          ("adam", {"_foreach_mul_", "_foreach_add_", "_foreach_addcmul_", "_foreach_addcdiv_"}),
                           ("adam-fused", {"_fused_adam_"})):
         learner = fast(ImpalaLossWeights(), name.removesuffix("-fused"))
         if name.startswith("adam"):
@@ -206,6 +207,28 @@ def test_the_optimizers_run_foreach_kernels():
             learner.step(data[1])
         assert foreach <= calls.names, (name, sorted(calls.names))
         assert not calls.names & {"addcmul_", "addcdiv_", "lerp_", "addcmul", "addcdiv"}, name
+
+
+@pytest.mark.parametrize("name", ["rmsprop", "adam"])
+def test_the_optimizers_device_path_reads_nothing_on_the_host(name):
+    """The foreach path (a GPU's) dispatches no host read of a tensor (aten's
+    _local_scalar_dense: a device sync, and a CUDA graph capture of the update fails on
+    it): a foreach op handed a 0-dim tensor where it takes a number reads it so."""
+    learner = fast(ImpalaLossWeights(), name)
+    if name == "adam":
+        learner.optimizer.fused_on_cpu = False
+
+    class Reads(TorchDispatchMode):
+        reads = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Reads.reads += func is torch.ops.aten._local_scalar_dense.default
+            return func(*args, **(kwargs or {}))
+    data = batches(2)
+    learner.step(data[0])
+    with Reads():
+        learner.step(data[1])
+    assert Reads.reads == 0
 
 
 def test_a_checkpoint_written_before_the_device_step_resumes_its_optimizer_and_schedule():

@@ -6,15 +6,13 @@ on a CPU (benchmarks/op_counts.py): they hold on a GPU too."""
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from herd.learner.learner import Learner, build_optimizer, build_scheduler
-from herd.learner.reuse import Reuse, random_permutation, take_columns
+from herd.learner.reuse import Reuse, take_columns
 from herd.losses.appo import AppoLoss, AppoLossWeights
 from herd.models import build_model
 
@@ -162,34 +160,3 @@ def test_take_columns_selects_along_the_batch_axis():
 def test_a_batch_that_does_not_split_is_refused():
     with pytest.raises(ValueError, match="does not split into 3 equal minibatches"):
         Reuse(2, 3).minibatch_size(8)
-
-
-def test_the_shuffle_is_a_uniform_permutation():
-    """Every draw a permutation of 0 .. n-1; over the 6 orders of 3 columns, each about a
-    sixth of 6,000 draws (a draw that favoured an order by 3 % of the draws fails)."""
-    torch.manual_seed(0)
-    for n in (1, 2, 5, 32, 256):
-        assert sorted(random_permutation(n, torch.device("cpu")).tolist()) == list(range(n))
-    seen = Counter(tuple(random_permutation(3, torch.device("cpu")).tolist()) for _ in range(6000))
-    assert len(seen) == 6 and all(abs(k - 1000) < 130 for k in seen.values()), seen
-
-
-def test_a_multi_pass_update_sorts_nothing():
-    """The shuffles make no sort (argsort, randperm: CUB's sorts, which a CUDA graph
-    capture of the update did not survive on an H200): the dispatched ops of an update."""
-    fast, _ = learner(reuse=Reuse(2, 2))
-    data = batches(2)
-    fast.step(data[0])
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.add(func.__name__)
-            return func(*args, **(kwargs or {}))
-    with Ops() as ops:
-        fast.step(data[1])
-    assert "scatter.value" in ops.names or any(n.startswith("scatter") for n in ops.names)     # the shuffle ran
-    assert not {n for n in ops.names if "sort" in n or "randperm" in n}, sorted(ops.names)
