@@ -147,11 +147,16 @@ def test_another_thread_may_copy_to_the_gpu_while_the_update_is_captured():
     assert torch.equal(replay[:, 1].cpu(), torch.from_numpy(source))
 
 
-def make_appo(network: str, capture: bool, reuse) -> Learner:
+def make_appo(network: str, capture: bool, reuse, fixed_orders: bool = False) -> Learner:
     """APPO's multi-pass learner (herd/learner/reuse.py) with the target network synced
     every second stored batch and the adaptive KL on: every piece of state the graph must
-    update in place."""
+    update in place. fixed_orders: every pass takes the columns in one order (reversed)
+    instead of a shuffle."""
     from herd.learner.reuse import Reuse
+
+    class FixedOrders(Reuse):
+        def column_orders(self, batch_size, device):
+            return [torch.arange(batch_size - 1, -1, -1, device=device) for _ in range(self.passes)]
     from herd.losses.appo import AppoLoss, AppoLossWeights
     obs, dtype, kwargs = NETWORKS[network]
     torch.manual_seed(0)
@@ -160,15 +165,18 @@ def make_appo(network: str, capture: bool, reuse) -> Learner:
     loss = AppoLoss(model, AppoLossWeights(use_kl_loss=True, normalize_returns=True, value_clip=0.2),
                     target_update_period=2)
     return Learner(model, opt, build_scheduler(opt, 1e-3, 1e-5, 100), loss, 0.5, capture=capture,
-                   reuse=Reuse(*reuse))
+                   reuse=(FixedOrders if fixed_orders else Reuse)(*reuse))
 
 
 @pytest.mark.parametrize("network", list(NETWORKS))
 def test_a_captured_multi_pass_update_gives_the_eager_weights(network):
-    """Passes of one minibatch each (the whole batch, so the shuffle changes only the order
-    of a mean): the graph, replayed on new batches, gives the eager weights, the target's
-    syncs and the KL coefficient."""
-    eager, captured = make_appo(network, False, (3, 1)), make_appo(network, True, (3, 1))
+    """Passes of one minibatch each, in the same column order for both learners: the graph,
+    replayed on new batches, gives the eager weights, the target's syncs and the KL
+    coefficient. (With each learner's own shuffles the sums over the batch run in other
+    orders; on an H200 the convolution's weights then differed past this tolerance after
+    11 Adam updates. Not rerun there with one order yet: benchmarks/results/gpu_tests_h200_2026-11-30.txt.)"""
+    eager = make_appo(network, False, (3, 1), fixed_orders=True)
+    captured = make_appo(network, True, (3, 1), fixed_orders=True)
     for seed in range(CAPTURE_WARMUP + 8):
         batch = cuda_batch(network, seed)
         eager.step(batch)
