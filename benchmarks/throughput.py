@@ -64,6 +64,8 @@ CONFIGS = {
     # choice waits for the servers' measured load on a GPU box.
     "on-policy-server-servers-1": [*ON_POLICY, "--actor_inference=server", "--inference_servers=1"],
     "on-policy-server-servers-4": [*ON_POLICY, "--actor_inference=server", "--inference_servers=4"],
+    # Requests and answers polled instead of slept on: no wake-up latency, where cores are idle.
+    "on-policy-server-spin": [*ON_POLICY, "--actor_inference=server", "--inference_doorbell=spin"],
 }
 # What runs without --configs: all but the server options above.
 DEFAULT_CONFIGS = [name for name in CONFIGS if not name.startswith("on-policy-server-")]

@@ -275,7 +275,7 @@ def inference_setup(cfg, device: str, worker_count: int) -> InferenceSetup:
                             graphs_measured=p.inference_cuda_graphs is None)
     records = p.inference_records == "on" or (p.inference_records == "auto" and cuda)
     # With several learners each has its share of the actors: never more servers than those.
-    return InferenceSetup(max(1, min(p.inference_servers or 1, worker_count)), options, records)
+    return InferenceSetup(max(1, min(p.inference_servers or 1, worker_count)), options, records, p.inference_doorbell)
 
 
 def start_hardware_monitor(plan: Plan, session: TrainingSession, run_dir: Path) -> HardwareMonitor | None:

@@ -35,7 +35,7 @@ class InferenceServers:
     def __init__(self, model_kwargs: dict, worker_count: int, count: int, rows: int, weights, device: str, stop,
                  context, options: ServerOptions, lanes: int = 1, features: bool = True, torch_threads: int = 1,
                  seed: int = 0, max_restarts: int = 20, registry: dict | None = None,
-                 records: StepRecords | None = None):
+                 records: StepRecords | None = None, doorbell: str = "semaphore"):
         if not 1 <= count <= worker_count:
             raise ValueError(f"{count} inference servers for {worker_count} actors: give each server an actor")
         self.model_kwargs, self.worker_count, self.count, self.lanes = model_kwargs, worker_count, count, lanes
@@ -46,7 +46,7 @@ class InferenceServers:
         self.records = records       # where the servers record the steps they act on (None: the actors write them)
         # rows: the most observations one client (lane) sends at once
         self.channels = [InferenceChannels.for_model(model_kwargs, lanes * len(actors_of(s, count, worker_count)),
-                                                     rows, context=context, with_features=features,
+                                                     rows, mechanism=doorbell, context=context, with_features=features,
                                                      with_places=records is not None)
                          for s in range(count)]
         self.processes: list = [None] * count
@@ -60,10 +60,11 @@ class InferenceServers:
     def start(self) -> None:
         for server in range(self.count):
             self.start_server(server)
-        log.info("%d inference server%s on %s (pids %s) for %d actors: actor i served by server i mod %d%s",
+        log.info("%d inference server%s on %s (pids %s) for %d actors: actor i served by server i mod %d%s%s",
                  self.count, "s" if self.count > 1 else "", self.device,
                  ", ".join(str(p.pid) for p in self.processes), self.worker_count, self.count,
-                 ", double-buffered actors" if self.lanes == 2 else "")
+                 ", double-buffered actors" if self.lanes == 2 else "",
+                 ", requests and answers polled (spin)" if self.channels[0].mechanism == "spin" else "")
 
     def start_server(self, server: int) -> None:
         process = self.context.Process(

@@ -61,6 +61,7 @@ class InferenceSetup:
     servers: int = 1
     options: ServerOptions = ServerOptions()
     records: bool = False           # --inference_records: the servers record the steps they act on
+    doorbell: str = "semaphore"     # --inference_doorbell: how requests and answers wake their waiters
 
 
 # Seconds an actor may take to deliver its first rollout, or --actor_timeout if longer.
@@ -308,7 +309,8 @@ def start_inference_servers(spec: ActorSpec, worker_count: int, weights: SharedW
     features = spec.record_fields is None or "features" in spec.record_fields
     servers = InferenceServers(spec.model_kwargs, worker_count, setup.servers, rows, weights, device, stop, context,
                                setup.options, lanes=lanes, features=features, torch_threads=spec.torch_threads,
-                               seed=spec.seed, max_restarts=max_restarts, registry=registry, records=records)
+                               seed=spec.seed, max_restarts=max_restarts, registry=registry, records=records,
+                               doorbell=setup.doorbell)
     servers.start()
     return servers
 

@@ -108,16 +108,19 @@ def test_servers_dying_past_the_restart_limit_end_the_run_with_a_checkpoint(tmp_
 
 
 def test_double_buffered_actors_over_two_servers_train(tmp_path):
-    """The whole wiring of --actor_double_buffer with two servers and the batching knobs:
+    """The whole wiring of --actor_double_buffer with two servers and the batching knobs
+    (the polled doorbell too):
     two lanes per actor in each server's channels, half-sized rows (5 envs: 3 and 2), the
     options reaching the servers. Catches channels sized for one lane (a client index out
     of range kills the actors) or rows for all envs in one lane."""
     result = run_cli(["train", "--env=CartPole-v1", "--actor_inference=server", "--device=cpu",
                       "--actor_double_buffer=True", "--inference_servers=2", "--worker_count=2", "--envs_per_worker=5",
                       "--inference_batch_wait_us=100", "--inference_min_clients=1", "--inference_weights_interval=2",
+                      "--inference_doorbell=spin",
                       "--environment_max_steps=6000", "--seed=1", "--basic_verbose=False"], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "2 inference servers on cpu" in result.stderr and "double-buffered actors" in result.stderr
+    assert "requests and answers polled (spin)" in result.stderr
     assert "died" not in result.stderr, result.stderr[-2000:]
     summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
     assert summary["ended"] == "finished" and summary["environment_steps"] >= 6000, summary
