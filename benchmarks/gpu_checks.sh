@@ -15,6 +15,11 @@
 # STEPS picks the parts (to split them between calls of a short device lease); PEER_SITE is
 # a folder Sample Factory's wheels were installed to (pip install --target), for a machine
 # that reaches no registry (docs/gpu.md); the peer's learner is on the GPU where there is one.
+# What it took on an H200 (2026-11-30, docs/gpu.md says how to carry the wheels): the machine's
+# start 30-60 s; the CUDA tests 80 s; Pong with no flag 140 s (the run ends by itself at 5M
+# frames); the ceiling 35 s, then each configuration RUN_SECONDS + 10 s; the peer
+# PEER_SECONDS + 20 s. Two calls fit a 15-minute lease: STEPS=tests,pong, then
+# STEPS=throughput with CONFIGS= and PEER_VARIANTS=equal-work PEER_SECONDS=120.
 # On a CPU it runs too (the CUDA tests skip), for trying it before a GPU is lent:
 #   WORKERS=2 ENVS=2 bash benchmarks/gpu_checks.sh 0.5 20
 set -uo pipefail
@@ -47,7 +52,9 @@ echo "== throughput, $WORKERS workers x $ENVS envs"
 # Each configuration costs RUN_SECONDS of device time: CONFIGS=... picks fewer to fit a budget.
 if [ -z "${CONFIGS:-}" ]; then
     CONFIGS=on-policy,on-policy-server-double-buffer
-    if nvidia-smi > /dev/null 2>&1; then CONFIGS=$CONFIGS,on-policy-server-cuda-graphs,on-policy-server-records-off; fi
+    if nvidia-smi > /dev/null 2>&1; then
+        CONFIGS=$CONFIGS,on-policy-server-spin,on-policy-server-records-off,on-policy-server-cuda-graphs
+    fi
 fi
 python3 benchmarks/throughput.py --workers "$WORKERS" --envs "$ENVS" --seconds "$RUN_SECONDS" --warmup "${WARMUP:-30}" --configs "$CONFIGS" \
     --label gpu_checks ${PEER:+--peer "$PEER" --peer_device "$PEER_DEVICE" --peer_seconds "${PEER_SECONDS:-120}" \
