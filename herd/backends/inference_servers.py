@@ -109,10 +109,19 @@ class InferenceServers:
                 shares.append(None)
         return shares
 
+    def tallies(self) -> list[dict]:
+        """Each server's answered batches so far (InferenceChannels.tally): with busy(), what
+        limits the actors' round trip (a server near a core, or batches slow to answer)."""
+        return [channels.tally() for channels in self.channels]
+
     def stop(self, timeout: float = 5.0) -> None:
         self.busy_at_stop = self.busy()
         log.info("inference servers busy %s of a core each over their lives (near 1.0: the actors wait on them; "
                  "--inference_servers sets how many)", ", ".join(map(str, self.busy_at_stop)))
+        for server, tally in enumerate(self.tallies()):
+            log.info("inference server %d: %d batches, each %.1f rows from %.2f requests, answered %.0f us after "
+                     "its launch (mean)", server, tally["batches"], tally["mean_rows"], tally["mean_requests"],
+                     tally["mean_answer_us"])
         self.stop_event.set()
         for process in self.processes:
             if process is None:

@@ -266,9 +266,10 @@ class LocalRollouts:
         self.pool.check_health()
 
     def summary(self) -> dict:
-        """Dead or hung actors (and inference servers) replaced; the servers' load."""
+        """Dead or hung actors (and inference servers) replaced; the servers' load and batches."""
         servers = {} if self.servers is None else {"inference_server_restarts": self.servers.restarts,
-                                                   "inference_server_busy": self.servers.busy()}
+                                                   "inference_server_busy": self.servers.busy(),
+                                                   "inference_server_batches": self.servers.tallies()}
         return {"actor_restarts": self.pool.restarts, **servers}
 
 

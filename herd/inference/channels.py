@@ -40,8 +40,10 @@ REQUEST_SEQ, ROWS, KIND, ANSWER_SEQ, VERSION = range(5)
 HEADER_FIELDS = 5
 # request kinds
 ACT, VALUE = 1, 2
-# server columns and states
-SERVER_PID, SERVER_STATE, SERVER_VERSION = range(3)
+# server columns and states; the tally of answered batches (BatchServer.finish): batches,
+# their rows and requests, and the nanoseconds from each batch's launch to its answers
+SERVER_PID, SERVER_STATE, SERVER_VERSION, SERVER_BATCHES, SERVER_ROWS, SERVER_REQUESTS, SERVER_ANSWER_NS = range(7)
+SERVER_FIELDS = 7
 NOT_STARTED, RUNNING, EXITED = 0, 1, 2
 
 
@@ -84,7 +86,7 @@ class InferenceChannels:
         self.core_state = None if core_state_shape is None else shared((C, R, *core_state_shape), torch.float32, 0.0)
         self.places = shared((C, R, 2), torch.int64, -1) if with_places else None
         self.header = shared((C, HEADER_FIELDS), torch.int64, 0)
-        self.server = shared((3,), torch.int64, 0)
+        self.server = shared((SERVER_FIELDS,), torch.int64, 0)
         self.doorbell = make_doorbell(mechanism, C, context)
 
     @classmethod
@@ -101,3 +103,14 @@ class InferenceChannels:
         return cls(num_clients, max_rows, obs_shape, obs_dtype, out.logits.shape[-1], out.features.shape[-1],
                    mechanism, context, core_state_shape=core.state_shape if core is not None else None,
                    with_features=with_features, with_places=with_places)
+
+    def tally(self) -> dict:
+        """What the server (and any replacement) answered so far: batches, and per batch the
+        mean rows, requests (clients answered together) and microseconds from its launch to
+        its answers (the forward pass, and on a GPU the copies and the wait for the device)."""
+        info = self.server.numpy()
+        batches = int(info[SERVER_BATCHES])
+        per_batch = max(batches, 1)
+        return {"batches": batches, "mean_rows": round(int(info[SERVER_ROWS]) / per_batch, 2),
+                "mean_requests": round(int(info[SERVER_REQUESTS]) / per_batch, 2),
+                "mean_answer_us": round(int(info[SERVER_ANSWER_NS]) / per_batch / 1e3, 1)}

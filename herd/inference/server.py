@@ -33,8 +33,9 @@ import numpy as np
 import torch
 
 from herd.device_weights import DeviceWeightBoard
-from herd.inference.channels import (ANSWER_SEQ, EXITED, REQUEST_SEQ, ROWS, RUNNING, SERVER_PID, SERVER_STATE,
-                                     SERVER_VERSION, VERSION, InferenceChannels)
+from herd.inference.channels import (ANSWER_SEQ, EXITED, REQUEST_SEQ, ROWS, RUNNING, SERVER_ANSWER_NS, SERVER_BATCHES,
+                                     SERVER_PID, SERVER_REQUESTS, SERVER_ROWS, SERVER_STATE, SERVER_VERSION, VERSION,
+                                     InferenceChannels)
 from herd.inference.device import DevicePath
 from herd.inference.forward import ServerOptions, policy_outputs, sample_actions
 from herd.inference.records import StepRecords
@@ -55,6 +56,7 @@ class Launched:
     index: torch.Tensor          # [N] flat rows (client c's row r is c*R + r)
     results: dict | None         # name -> [N, ...] outputs (None: nothing to compute)
     event: object = None         # CUDA: fires when the outputs are in host memory
+    started_ns: int = 0          # perf_counter_ns() as its launch began
 
 
 class BatchServer:
@@ -73,7 +75,7 @@ class BatchServer:
         self.options = options or ServerOptions()
         C, R = channels.num_clients, channels.max_rows
         self.header = channels.header.numpy()                       # [C, 5]
-        self.server_info = channels.server.numpy()                  # [3]
+        self.server_info = channels.server.numpy()                  # [SERVER_FIELDS]
         self.row_index = np.arange(C * R, dtype=np.int64).reshape(C, R)
         # Flat [C*R, ...] views: client c's row r is row c*R + r.
         self.inputs = {"obs": channels.obs.view(C * R, *channels.obs_shape), "uniforms": channels.uniforms.view(C * R)}
@@ -122,6 +124,7 @@ class BatchServer:
 
     def launch(self, clients: np.ndarray) -> Launched:
         """Reads the requests of `clients` and starts their forward pass."""
+        started = time.perf_counter_ns()
         # Sequence numbers first: whatever is read after them belongs to these requests or
         # (a predecessor's request overwritten by its successor) to later ones.
         seqs = self.header[clients, REQUEST_SEQ].copy()
@@ -129,11 +132,11 @@ class BatchServer:
         rows_at = np.concatenate([self.row_index[c, :r] for c, r in zip(clients, rows)])                   # [N]
         index = torch.from_numpy(rows_at)
         if len(index) == 0:
-            return Launched(clients, seqs, rows, index, None)
+            return Launched(clients, seqs, rows, index, None, started_ns=started)
         places = None if self.places is None else self.places[rows_at]                                 # [N, 2]
         if self.path is not None:
             results, event = self.path.launch(clients, rows, index, places)
-            return Launched(clients, seqs, rows, index, results, event)
+            return Launched(clients, seqs, rows, index, results, event, started)
         first, N = int(rows_at[0]), len(rows_at)
         if np.array_equal(rows_at, np.arange(first, first + N)):
             # One run of rows (a lone client's): read in place, no gather.
@@ -143,7 +146,7 @@ class BatchServer:
         results = self.forward(inputs)
         if places is not None:
             self.records.write(places, inputs["obs"], results)
-        return Launched(clients, seqs, rows, index, results)
+        return Launched(clients, seqs, rows, index, results, started_ns=started)
 
     def forward(self, inputs: dict) -> dict:
         """CPU: inputs name -> [N, ...] -> outputs name -> [N, ...]."""
@@ -167,6 +170,11 @@ class BatchServer:
         self.header[launched.clients, ANSWER_SEQ] = launched.seqs   # last: from here on the client may read
         for c in launched.clients:
             self.channels.doorbell.ring_client(int(c))
+        info = self.server_info                  # the tally (InferenceChannels.tally): its one writer
+        info[SERVER_BATCHES] += 1
+        info[SERVER_ROWS] += len(launched.index)
+        info[SERVER_REQUESTS] += len(launched.clients)
+        info[SERVER_ANSWER_NS] += time.perf_counter_ns() - launched.started_ns
 
 
 def run_inference_server(channels: InferenceChannels, model_kwargs: dict,

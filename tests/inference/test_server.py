@@ -286,6 +286,25 @@ def test_a_stale_answer_is_never_taken():
     np.testing.assert_allclose(successor.outputs["behaviour_logits"][:8], expected_c, rtol=1e-5, atol=1e-5)
 
 
+def test_the_server_tallies_the_batches_it_answers():
+    """Batches, their rows and requests and the time from launch to answers, summed in the
+    channels' shared header (what InferenceServers logs and summary.json keeps)."""
+    channels = channels_for(MLP, 2, 8)
+    server = BatchServer(channels, MLP, SharedWeights(build_model(**MLP), CONTEXT), torch.device("cpu"))
+    assert channels.tally()["batches"] == 0
+    for client, rows in ((0, 8), (1, 3)):
+        asking = InferenceClient(channels, client)
+        asking._write(observations(MLP, rows, client))
+        asking._publish(rows, kind=1)
+    server.serve(server.pending())                       # both together: 11 rows, 2 requests
+    asking._write(observations(MLP, 3, 5))
+    asking._publish(3, kind=1)
+    server.serve(server.pending())                       # client 1 alone: 3 rows
+    tally = channels.tally()
+    assert (tally["batches"], tally["mean_rows"], tally["mean_requests"]) == (2, 7.0, 1.5), tally
+    assert tally["mean_answer_us"] > 0
+
+
 def raised_by(call, what: str, deadline: float = 60.0) -> BaseException | None:
     """The exception `call` raises, waited for in a thread: a call still blocked after
     `deadline` s fails the test naming `what` (no stopwatch: a loaded machine may be slow,

@@ -35,6 +35,13 @@ def test_cartpole_learns_through_the_inference_server(tmp_path, records):
     # The server's measured load: its CPU time over its life (it worked, and a share of a core).
     busy = summary["inference_server_busy"]
     assert len(busy) == 1 and 0.01 < busy[0] < 1.5, busy
+    # Its batches: a row for every step the learner counted, each batch from 1 to all of the actors.
+    [tally] = summary["inference_server_batches"]
+    actors = json.loads((run / "config.json").read_text())["worker_count"]
+    envs = json.loads((run / "config.json").read_text())["envs_per_worker"]
+    assert tally["batches"] * tally["mean_rows"] >= summary["environment_steps"], tally
+    assert 1 <= tally["mean_requests"] <= actors and tally["mean_rows"] <= actors * envs, tally
+    assert tally["mean_answer_us"] > 0
 
 
 def server_pids(results) -> list[int]:
