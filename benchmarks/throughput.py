@@ -26,6 +26,7 @@ Usage: python benchmarks/throughput.py [--env PongNoFrameskip-v4] [--workers 2] 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import shlex
 import sys
@@ -125,6 +126,15 @@ def steady_state_rate(train_rows: list[dict], warmup: float) -> float:
     return (rows[-1]["env_step"] - rows[0]["env_step"]) / (rows[-1]["wall_time"] - rows[0]["wall_time"])
 
 
+def answer_us(tallies: list[dict]) -> str:
+    """The servers' mean batch, rows and microseconds from launch to answers ("" without servers)."""
+    batches = sum(t["batches"] for t in tallies)
+    if not batches:
+        return ""
+    rows = sum(t["batches"] * t["mean_rows"] for t in tallies) / batches
+    return f"{rows:.1f}, {sum(t['batches'] * t['mean_answer_us'] for t in tallies) / batches:.0f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--env", default="PongNoFrameskip-v4")
@@ -163,12 +173,15 @@ def main() -> None:
             run_dir, _, code = run_herd(herd_args, Path(tmp), stop_after=args.seconds)
             rows = read_csv(run_dir / "train.csv")
             lags = [r["policy_lag"] for r in rows if r["wall_time"] >= args.warmup and r["policy_lag"] == r["policy_lag"]]
-            hardware = run_dir / "hardware.csv"
+            hardware, summary = run_dir / "hardware.csv", run_dir / "summary.json"
+            # The servers' batches (herd/inference/channels.py tally): rows, requests, launch to answers.
+            batches = json.loads(summary.read_text()).get("inference_server_batches", []) if summary.exists() else []
             runs[name] = {"herd_args": herd_args, "exit_code": code,
                           "fps": round(steady_state_rate(rows, args.warmup) * args.frame_skip),
                           "policy_lag": round(float(np.mean(lags)), 2) if lags else None,
                           # Each role's processes, share of a core busy (goal for actors: 0.85).
-                          "busy": busy_shares(read_csv(hardware), args.warmup) if hardware.exists() else {}}
+                          "busy": busy_shares(read_csv(hardware), args.warmup) if hardware.exists() else {},
+                          "server_batches": batches}
     variants = list(PEER_VARIANTS) if args.peer_variants == "all" else [EQUAL_WORK]
     peers = (run_peers(args.env, args.workers, args.envs, args.peer_seconds, args.peer, variants,
                        Path(args.peer_site) if args.peer_site else None, args.peer_device)
@@ -176,19 +189,20 @@ def main() -> None:
     peer = peers.get(EQUAL_WORK)          # every "vs peer" ratio is against equal gradient work
 
     table = [[f"env-only ceiling, {backend} (random actions)", f"{fps / args.frame_skip:,.0f}", f"{fps:,.0f}",
-              f"{100 * fps / best_ceiling:.0f}%", "", "", "", "", ""] for backend, fps in ceilings.items()]
+              f"{100 * fps / best_ceiling:.0f}%", "", "", "", "", "", ""] for backend, fps in ceilings.items()]
     for name, run in runs.items():
         versus = f"{run['fps'] / peer['frames_per_s']:.2f}x" if peer else ""
         busy = run["busy"]
         table.append([f"herd: {name}", f"{run['fps'] / args.frame_skip:,.0f}", f"{run['fps']:,}",
                       f"{100 * run['fps'] / best_ceiling:.1f}%", run["policy_lag"], versus,
-                      busy.get("actors", ""), busy.get("servers", ""), busy.get("learner", "")])
+                      busy.get("actors", ""), busy.get("servers", ""), busy.get("learner", ""),
+                      answer_us(run["server_batches"])])
     for variant, result in peers.items():
         table.append([f"Sample Factory 2.1.1 ({args.peer}, {variant})", f"{result['agent_steps_per_s']:,.0f}",
                       f"{result['frames_per_s']:,.0f}", f"{100 * result['frames_per_s'] / best_ceiling:.1f}%", "",
-                      f"{result['frames_per_s'] / peer['frames_per_s']:.2f}x", "", "", ""])
+                      f"{result['frames_per_s'] / peer['frames_per_s']:.2f}x", "", "", "", ""])
     print_table(["what", "agent steps/s", "frames/s", "of ceiling", "policy lag", "vs peer", "actors busy",
-                 "servers busy", "learner busy"], table)
+                 "servers busy", "learner busy", "server batch: rows, us to answer"], table)
     ray_share = None
     if "on-policy" in runs and "on-policy-ray" in runs:
         ray_share = round(runs["on-policy-ray"]["fps"] / runs["on-policy"]["fps"], 3)
