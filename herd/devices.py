@@ -2,6 +2,7 @@
 that depend on the machine rather than on the run's options."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -114,7 +115,8 @@ def host_unregister(ptr: int) -> None:
 def clear_cuda_error() -> None:
     """Resets this thread's last CUDA runtime error (cudaGetLastError of the runtime library
     this process loaded; torch exposes none)."""
-    with open("/proc/self/maps") as maps:
-        paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
-    for path in paths:
-        ctypes.CDLL(path).cudaGetLastError()
+    with contextlib.suppress(OSError):        # no /proc, no library: nothing more to clear
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+        for path in paths:
+            ctypes.CDLL(path).cudaGetLastError()
