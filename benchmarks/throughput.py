@@ -11,17 +11,21 @@
    stopped with SIGINT. From the run's hardware.csv, each role's processes (actors,
    inference servers, learner) busy as a share of one core each, after the warm-up: the
    actors' share says how much of their time they step (goal on a GPU box: 0.85), the
-   servers' the load that decides how many a machine needs.
+   servers' the load that decides how many a machine needs; from its summary.json, the
+   servers' mean batch (rows, and microseconds from launch to answers).
 3. With --peer MODE: Sample Factory 2.1.1 with the same workers and envs, from its own venv
-   (peer_sample_factory.py), after herd, so that the two never share the cores; twice: with
-   one epoch per rollout (each sample trained once, herd's gradient work per frame: the
-   headline ratio) and as its Atari example ships (4 epochs: each sample trained 4 times).
+   (peer_sample_factory.py) or from --peer_site (wheels installed to a folder, on a machine
+   without a registry), its learner on --peer_device, after herd, so that the two never
+   share the cores; twice (--peer_variants all): with one epoch per rollout (each sample
+   trained once, herd's gradient work per frame: the headline ratio) and as its Atari
+   example ships (4 epochs: each sample trained 4 times); equal-work: the first alone.
 
 Frames are emulator frames (agent steps x frame skip). Prints a table and a last line
 `herd_fps=<n> ceiling_fps=<n> ratio=<r>` for the headline configuration against the
 higher ceiling (plus ` peer_fps=<n>` with --peer), and records the numbers in results/.
 Usage: python benchmarks/throughput.py [--env PongNoFrameskip-v4] [--workers 2] [--envs 4] [--seconds 60]
-       [--configs on-policy,defaults,...] [--peer serial]
+       [--configs on-policy,defaults,...] [--peer serial] [--peer_variants equal-work]
+       [--peer_site DIR --peer_device gpu]
 """
 from __future__ import annotations
 
