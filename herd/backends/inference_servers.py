@@ -17,9 +17,6 @@ the learner's GPU). Restarts are counted in summary.json (inference_server_resta
 from __future__ import annotations
 
 import logging
-import time
-
-import psutil
 
 from herd.errors import ActorFailure
 from herd.inference import InferenceChannels, ServerOptions, run_inference_server
@@ -50,7 +47,6 @@ class InferenceServers:
                                                      with_places=records is not None)
                          for s in range(count)]
         self.processes: list = [None] * count
-        self.busy_at_stop: list | None = None     # busy() as the servers were stopped
 
     def route(self, actor_id: int) -> InferenceRoute:
         server, place = route(actor_id, self.count)
@@ -94,20 +90,11 @@ class InferenceServers:
 
     def busy(self) -> list:
         """Each server's CPU time as a share of its life so far (1.0: a core busy all the
-        time; start-up included; None for one that is gone): the measured load that says
+        time; start-up included), as the server last reported it (InferenceChannels.busy:
+        also once it has exited; None before it reported): the measured load that says
         whether this machine needs more servers (a server near 1.0 is what its actors wait
-        on) or fewer. After stop(), as it was then."""
-        if self.busy_at_stop is not None:
-            return self.busy_at_stop
-        shares = []
-        for process in self.processes:
-            try:
-                running = psutil.Process(process.pid)
-                used = running.cpu_times()
-                shares.append(round((used.user + used.system) / max(time.time() - running.create_time(), 1e-3), 3))
-            except (psutil.NoSuchProcess, AttributeError, ValueError):
-                shares.append(None)
-        return shares
+        on) or fewer."""
+        return [channels.busy() for channels in self.channels]
 
     def tallies(self) -> list[dict]:
         """Each server's answered batches so far (InferenceChannels.tally): with busy(), what
@@ -115,9 +102,8 @@ class InferenceServers:
         return [channels.tally() for channels in self.channels]
 
     def stop(self, timeout: float = 5.0) -> None:
-        self.busy_at_stop = self.busy()
         log.info("inference servers busy %s of a core each over their lives (near 1.0: the actors wait on them; "
-                 "--inference_servers sets how many)", ", ".join(map(str, self.busy_at_stop)))
+                 "--inference_servers sets how many)", ", ".join(map(str, self.busy())))
         for server, tally in enumerate(self.tallies()):
             log.info("inference server %d: %d batches, each %.1f rows from %.2f requests, answered %.0f us after "
                      "its launch (mean)", server, tally["batches"], tally["mean_rows"], tally["mean_requests"],

@@ -41,9 +41,12 @@ HEADER_FIELDS = 5
 # request kinds
 ACT, VALUE = 1, 2
 # server columns and states; the tally of answered batches (BatchServer.finish): batches,
-# their rows and requests, and the nanoseconds from each batch's launch to its answers
-SERVER_PID, SERVER_STATE, SERVER_VERSION, SERVER_BATCHES, SERVER_ROWS, SERVER_REQUESTS, SERVER_ANSWER_NS = range(7)
-SERVER_FIELDS = 7
+# their rows and requests, and the nanoseconds from each batch's launch to its answers; the
+# server process's CPU time and life so far, in nanoseconds (written by the server itself,
+# every WAKE_INTERVAL and as it exits: its load, readable after it is gone)
+(SERVER_PID, SERVER_STATE, SERVER_VERSION, SERVER_BATCHES, SERVER_ROWS, SERVER_REQUESTS, SERVER_ANSWER_NS,
+ SERVER_CPU_NS, SERVER_LIFE_NS) = range(9)
+SERVER_FIELDS = 9
 NOT_STARTED, RUNNING, EXITED = 0, 1, 2
 
 
@@ -103,6 +106,13 @@ class InferenceChannels:
         return cls(num_clients, max_rows, obs_shape, obs_dtype, out.logits.shape[-1], out.features.shape[-1],
                    mechanism, context, core_state_shape=core.state_shape if core is not None else None,
                    with_features=with_features, with_places=with_places)
+
+    def busy(self) -> float | None:
+        """The server process's CPU time as a share of its life (a replacement's since it
+        started); None before a server has reported."""
+        info = self.server.numpy()
+        life = int(info[SERVER_LIFE_NS])
+        return round(int(info[SERVER_CPU_NS]) / life, 3) if life > 0 else None
 
     def tally(self) -> dict:
         """What the server (and any replacement) answered so far: batches, and per batch the

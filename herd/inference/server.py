@@ -30,12 +30,13 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 import torch
 
 from herd.device_weights import DeviceWeightBoard
 from herd.inference.channels import (ANSWER_SEQ, EXITED, REQUEST_SEQ, ROWS, RUNNING, SERVER_ANSWER_NS, SERVER_BATCHES,
-                                     SERVER_PID, SERVER_REQUESTS, SERVER_ROWS, SERVER_STATE, SERVER_VERSION, VERSION,
-                                     InferenceChannels)
+                                     SERVER_CPU_NS, SERVER_LIFE_NS, SERVER_PID, SERVER_REQUESTS, SERVER_ROWS,
+                                     SERVER_STATE, SERVER_VERSION, VERSION, InferenceChannels)
 from herd.inference.device import DevicePath
 from herd.inference.forward import ServerOptions, policy_outputs, sample_actions
 from herd.inference.records import StepRecords
@@ -76,6 +77,7 @@ class BatchServer:
         C, R = channels.num_clients, channels.max_rows
         self.header = channels.header.numpy()                       # [C, 5]
         self.server_info = channels.server.numpy()                  # [SERVER_FIELDS]
+        self.started = psutil.Process().create_time()               # the process serving: its load's start
         self.row_index = np.arange(C * R, dtype=np.int64).reshape(C, R)
         # Flat [C*R, ...] views: client c's row r is row c*R + r.
         self.inputs = {"obs": channels.obs.view(C * R, *channels.obs_shape), "uniforms": channels.uniforms.view(C * R)}
@@ -192,14 +194,24 @@ def run_inference_server(channels: InferenceChannels, model_kwargs: dict,
     torch.manual_seed(seed)
     options = options or ServerOptions(batch_wait_us=batch_wait_us)
     server_info = channels.server.numpy()
+    server_info[SERVER_CPU_NS] = server_info[SERVER_LIFE_NS] = 0     # a replacement reports its own life
+    started = psutil.Process().create_time()
     try:
         server = BatchServer(channels, model_kwargs, weights, torch.device(device), options, records)
         server_info[SERVER_PID] = os.getpid()
         server_info[SERVER_STATE] = RUNNING
         serve_forever(server, channels, stop, options.batch_wait_us * 1e-6, options.min_clients)
     finally:
+        report_load(server_info, started)
         server_info[SERVER_PID] = os.getpid()
         server_info[SERVER_STATE] = EXITED
+
+
+def report_load(server_info, started: float) -> None:
+    """This process's CPU time and its life since `started` (its start, epoch seconds) into
+    the server's header (channels.busy)."""
+    server_info[SERVER_CPU_NS] = time.process_time_ns()
+    server_info[SERVER_LIFE_NS] = int((time.time() - started) * 1e9)
 
 
 def fuller_batch(server: BatchServer, channels: InferenceChannels, clients: np.ndarray, batch_wait: float,
@@ -228,6 +240,7 @@ def serve_forever(server: BatchServer, channels: InferenceChannels, stop, batch_
         if now >= next_check:
             if stop.is_set() or (parent is not None and not parent.is_alive()):
                 return
+            report_load(server.server_info, server.started)
             next_check = now + WAKE_INTERVAL
         if in_flight is not None and server.done(in_flight):
             server.finish(in_flight)            # home already: answered before anything else is launched

@@ -429,3 +429,21 @@ def test_cuda_server_equals_the_local_cpu_model(kwargs):
     finally:
         stop.set()
         reap([server])
+
+
+def test_a_server_reports_its_load_also_after_it_exits():
+    """The server process writes its CPU time and life into the header (every wake and as it
+    exits), so its load is read after it is gone: a share of a core, not None."""
+    channels = channels_for(MLP, 1, 4)
+    weights = SharedWeights(build_model(**MLP), CONTEXT)
+    assert channels.busy() is None                          # nothing reported yet
+    stop = CONTEXT.Event()
+    process = CONTEXT.Process(target=run_inference_server, args=(channels, MLP, weights, "cpu", stop), daemon=True)
+    process.start()
+    client = InferenceClient(channels, 0)
+    client.act(observations(MLP, 4, 1))
+    stop.set()
+    process.join(30)
+    assert process.exitcode == 0
+    busy = channels.busy()
+    assert busy is not None and 0.0 < busy < 1.5, busy
