@@ -10,7 +10,8 @@ a constant policy, against the env-only ceiling, in one command.
    CPU (`server`: the channels, doorbells, batching and sampling of herd/inference/;
    `server_db`: the same with double buffering, herd/actors/double_buffer.py;
    `server_records`: the servers write the observations and their outputs into the
-   slots, the actors only rewards and dones, herd/inference/records.py), or
+   slots, the actors only rewards and dones, herd/inference/records.py; `server_spin`:
+   requests and answers polled instead of slept on, --inference_doorbell=spin), or
    (`threaded`) all the games in one actor process stepped by `workers` emulator threads
    of ale_vector, asynchronously, the policy in that process (EnvPool's shape). The
    learner's side is reduced to what an actor needs of it: each rollout's slot goes back
@@ -23,7 +24,7 @@ a quarter from one minute to the next, so the measurement runs in `rounds`, each
 and then every mode for seconds / rounds, and the ratio reported is the median of the
 rounds' own ratios.
 Usage: python benchmarks/pipeline.py [--env PongNoFrameskip-v4] [--workers 2] [--envs 8] [--seconds 30]
-       [--rounds 3] [--modes local,server,server_db,server_records,threaded]
+       [--rounds 3] [--modes local,server,server_db,server_records,server_spin,threaded]
 Records benchmarks/results/pipeline_<env>_<workers>x<envs>.json; its last line:
     pipeline: ceiling_fps=<n> <mode>_fps=<n> <mode>_ratio=<r> ...
 """
@@ -50,6 +51,7 @@ SLOTS_PER_ACTOR = 2
 MODES = {"local": "actors, policy in each", "server": "actors + {servers} inference server(s)",
          "server_db": "double-buffered actors + {servers} server(s)",
          "server_records": "actors + {servers} server(s) recording the steps",
+         "server_spin": "actors + {servers} server(s), requests and answers polled",
          "threaded": "1 actor, all games, {workers} emulator threads"}
 
 
@@ -59,7 +61,8 @@ def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: flo
                "envs_per_worker": envs, "device": "cpu", "tensorboard": False,
                "actor_inference": "server" if mode.startswith("server") else "local",
                "actor_double_buffer": mode == "server_db",
-               "inference_records": "on" if mode == "server_records" else "off"}
+               "inference_records": "on" if mode == "server_records" else "off",
+               "inference_doorbell": "spin" if mode == "server_spin" else "semaphore"}
     if mode == "threaded":
         # The EnvPool / Sebulba shape: one process steps every game on `workers` emulator
         # threads, asynchronously (half the games step while the policy acts on the others).
@@ -115,6 +118,7 @@ def main() -> None:
                                                                  "server (batched inference servers on the CPU), "
                                                                  "server_db (the same, double-buffered actors), "
                                                                  "server_records (servers that record the steps), "
+                                                                 "server_spin (requests and answers polled), "
                                                                  "threaded (one actor process, --workers threads)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
