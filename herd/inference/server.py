@@ -77,7 +77,6 @@ class BatchServer:
         C, R = channels.num_clients, channels.max_rows
         self.header = channels.header.numpy()                       # [C, 5]
         self.server_info = channels.server.numpy()                  # [SERVER_FIELDS]
-        self.started = psutil.Process().create_time()               # the process serving: its load's start
         self.row_index = np.arange(C * R, dtype=np.int64).reshape(C, R)
         # Flat [C*R, ...] views: client c's row r is row c*R + r.
         self.inputs = {"obs": channels.obs.view(C * R, *channels.obs_shape), "uniforms": channels.uniforms.view(C * R)}
@@ -138,7 +137,7 @@ class BatchServer:
         places = None if self.places is None else self.places[rows_at]                                 # [N, 2]
         if self.path is not None:
             results, event = self.path.launch(clients, rows, index, places)
-            return Launched(clients, seqs, rows, index, results, event, started)
+            return Launched(clients, seqs, rows, index, results, event, started_ns=started)
         first, N = int(rows_at[0]), len(rows_at)
         if np.array_equal(rows_at, np.arange(first, first + N)):
             # One run of rows (a lone client's): read in place, no gather.
@@ -200,7 +199,7 @@ def run_inference_server(channels: InferenceChannels, model_kwargs: dict,
         server = BatchServer(channels, model_kwargs, weights, torch.device(device), options, records)
         server_info[SERVER_PID] = os.getpid()
         server_info[SERVER_STATE] = RUNNING
-        serve_forever(server, channels, stop, options.batch_wait_us * 1e-6, options.min_clients)
+        serve_forever(server, channels, stop, options.batch_wait_us * 1e-6, options.min_clients, started)
     finally:
         report_load(server_info, started)
         server_info[SERVER_PID] = os.getpid()
@@ -228,8 +227,10 @@ def fuller_batch(server: BatchServer, channels: InferenceChannels, clients: np.n
 
 
 def serve_forever(server: BatchServer, channels: InferenceChannels, stop, batch_wait: float,
-                  min_clients: int = 0) -> None:
-    """The loop of run_inference_server (also runnable in a thread, as the tests do)."""
+                  min_clients: int = 0, started: float | None = None) -> None:
+    """The loop of run_inference_server (also runnable in a thread, as the tests do).
+    started: the serving process's start (epoch seconds), from which its load is reported."""
+    started = psutil.Process().create_time() if started is None else started
     parent = multiprocessing.parent_process()
     doorbell = channels.doorbell
     no_one = np.zeros(0, dtype=np.int64)
@@ -240,7 +241,7 @@ def serve_forever(server: BatchServer, channels: InferenceChannels, stop, batch_
         if now >= next_check:
             if stop.is_set() or (parent is not None and not parent.is_alive()):
                 return
-            report_load(server.server_info, server.started)
+            report_load(server.server_info, started)
             next_check = now + WAKE_INTERVAL
         if in_flight is not None and server.done(in_flight):
             server.finish(in_flight)            # home already: answered before anything else is launched
