@@ -5,10 +5,11 @@
 #   2. Pong with no flag (`benchmarks/pong.py --defaults`): the 100-game average's curve
 #      and the frames and seconds at which it first reaches -15, 0, 10, 18 and 20;
 #   3. throughput against the env-only ceiling: the headline on-policy configuration and
-#      the inference server's double buffering and CUDA graphs (their GPU defaults wait for
-#      this) and the actors writing frames themselves (--inference_records=off), with
-#      Sample Factory at equal work per frame when PEER=serial and its venv is
-#      there (benchmarks/peer_sample_factory.py).
+#      the inference server's double buffering, polled doorbell and CUDA graphs (their GPU
+#      defaults wait for this) and the actors writing frames themselves
+#      (--inference_records=off), with Sample Factory at equal work per frame when PEER is
+#      set (serial on a few cores, async on many) and its venv or PEER_SITE is there
+#      (benchmarks/peer_sample_factory.py).
 # Everything it prints and records goes to $OUT (default /tmp/gpu_checks).
 # usage: [STEPS=tests,pong,throughput] [PEER=serial|async] [PEER_SITE=DIR] [PEER_VARIANTS=all|equal-work]
 #        [WORKERS=16] [ENVS=8] [CONFIGS=on-policy,...] bash benchmarks/gpu_checks.sh [pong minutes] [throughput seconds]
