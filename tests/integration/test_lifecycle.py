@@ -101,12 +101,14 @@ def test_kill_9_while_checkpointing_leaves_a_loadable_checkpoint(tmp_path):
             if a["process"].poll() is None:
                 os.killpg(a["process"].pid, signal.SIGKILL)
     for a in attempts:
-        a["process"].communicate(timeout=10)
-        assert a["process"].returncode == -signal.SIGKILL
+        assert a["process"].wait(timeout=10) == -signal.SIGKILL
         state, path = load_checkpoint(only_run(a["results"]))    # the newest surviving checkpoint loads
         assert state["counters"]["updates"] >= 1
         # Actors (and the evaluation worker) notice their learner is gone and exit by themselves.
         assert wait_for(lambda: not any_alive(a["children"]), 15)
+        # Only then are the output pipes they inherited closed: reading them to the end first
+        # would bound the same exits by 10 s instead of 15.
+        a["process"].communicate(timeout=10)
     assert len(attempts[0]["children"]) > len(attempts[1]["children"])      # the evaluation worker was there
 
 
