@@ -4,9 +4,10 @@
 #      device, the inference server's device path and device-to-device weights);
 #   2. Pong with no flag (`benchmarks/pong.py --defaults`): the 100-game average's curve
 #      and the frames and seconds at which it first reaches -15, 0, 10, 18 and 20;
-#   3. throughput against the env-only ceiling: the headline on-policy configuration and
-#      the inference server's double buffering, polled doorbell and CUDA graphs (their GPU
-#      defaults wait for this) and the actors writing frames themselves
+#   3. throughput against the env-only ceiling: the headline on-policy configuration (on a
+#      GPU: double-buffered actors, servers from their measured load) against single-buffered
+#      actors, the polled doorbell and CUDA graphs of every size (their GPU defaults wait
+#      for this) and the actors writing frames themselves
 #      (--inference_records=off), with Sample Factory at equal work per frame when PEER is
 #      set (serial on a few cores, async on many) and its venv or PEER_SITE is there
 #      (benchmarks/peer_sample_factory.py).
@@ -52,7 +53,7 @@ if [[ $STEPS == *throughput* ]]; then
 echo "== throughput, $WORKERS workers x $ENVS envs"
 # Each configuration costs RUN_SECONDS of device time: CONFIGS=... picks fewer to fit a budget.
 if [ -z "${CONFIGS:-}" ]; then
-    CONFIGS=on-policy,on-policy-server-double-buffer
+    CONFIGS=on-policy,on-policy-server-single-buffer
     if nvidia-smi > /dev/null 2>&1; then
         CONFIGS=$CONFIGS,on-policy-server-spin,on-policy-server-records-off,on-policy-server-cuda-graphs
     fi

@@ -58,11 +58,12 @@ CONFIGS = {
     "on-policy-lstm": [*ON_POLICY, "--use_lstm=True"],       # the same with an LSTM core (256) after the CNN
     "defaults": [],                                           # the seed's replay mix, batch 100, T 10
     # The inference server's options whose defaults on a GPU wait for a measurement there:
-    # double-buffered actors (on 2 CPU cores they did not pay: docs/benchmarks.md) and CUDA
-    # graphs of the server's forward pass (needs a GPU), and the actors writing every frame
-    # into their slots themselves (--inference_records=off: each frame then crosses to the
-    # GPU twice; the GPU default records them in the server). Run only when named in --configs.
-    "on-policy-server-double-buffer": [*ON_POLICY, "--actor_inference=server", "--actor_double_buffer=True"],
+    # single-buffered actors (the GPU default double-buffers them; on 2 CPU cores that did not
+    # pay: docs/benchmarks.md), CUDA graphs of every batch size of the server's forward pass,
+    # and the actors writing every frame into their slots themselves (--inference_records=off:
+    # each frame then crosses to the GPU twice; the GPU default records them in the server).
+    # Run only when named in --configs.
+    "on-policy-server-single-buffer": [*ON_POLICY, "--actor_inference=server", "--actor_double_buffer=False"],
     "on-policy-server-cuda-graphs": [*ON_POLICY, "--actor_inference=server", "--inference_cuda_graphs=True"],
     "on-policy-server-records-off": [*ON_POLICY, "--actor_inference=server", "--inference_records=off"],
     # The number of servers for 16 actors (the default on a GPU: one per 8 actors), whose

@@ -149,7 +149,7 @@ class ParallelConfig:
     inference_cuda_graphs: Optional[bool] = opt(None, "inference server on CUDA: replay CUDA graphs captured for padded batch sizes (8, 16, ... rows) instead of launching every kernel (not with an LSTM core); True on a CPU is refused. unset: on a GPU, each size's graph is kept where replaying it measured faster than the eager pass at the server's start (the log says which); True: every size; False: none")
     inference_records: str = opt("auto", "inference server: it writes the observations it acts on and its actions, logits and values into the trajectories itself, and the actors write only rewards, dones and each rollout's last observation (herd/inference/records.py): on a GPU each frame then crosses to the GPU once (the learner copies the rest device to device); on a CPU the server writes into the actors' slots. on, off, or auto (on where the servers run on the learner's GPU)", ("auto", "on", "off"))
     synchronous_sampling: Optional[bool] = opt(None, "local backend: an actor starts its next rollout only after the learner has trained on its last one and published the weights that update made (PPO's synchronous sampling, Sample Factory's async_rl=False): the policy lag stays near 0 at the cost of actors idle during updates; one slot per actor (--shared_queue_size=1, its default then), and a batch's fresh trajectories must fit in the actors' slots (unset: on for APPO on Atari with the local backend, one learner and one slot's worth of actors (no --env_batch_size, no double buffering), where every rollout is then trained by the weights that acted in it, as PPO's; off otherwise)")
-    actor_double_buffer: bool = opt(False, "with an inference server: each actor keeps two half-batches of its environments in flight, stepping one half while the server acts on the other (Sample Factory's double buffering); needs --envs_per_worker >= 2, --env_batch_size=0 and --shared_queue_size >= 2")
+    actor_double_buffer: Optional[bool] = opt(None, "with an inference server: each actor keeps two half-batches of its environments in flight, stepping one half while the server acts on the other (Sample Factory's double buffering; with one slot per actor the halves end each rollout together); needs --envs_per_worker >= 2 and --env_batch_size=0 (unset: on where the actors are served by a server on a GPU and those hold, off otherwise)")
     # --- end inference servers ---
 
 
@@ -396,9 +396,11 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         cfg.parallel.worker_count = max(1, os.cpu_count() or 1)
     if cfg.parallel.learner_count is None:
         cfg.parallel.learner_count = torchrun_world_size() or 1
+    if cfg.parallel.actor_double_buffer is None:
+        cfg.parallel.actor_double_buffer = double_buffers_by_default(cfg)
     if cfg.parallel.synchronous_sampling is None:
         p = cfg.parallel
-        needs_two_slots = 0 < p.env_batch_size < p.envs_per_worker or p.actor_double_buffer
+        needs_two_slots = 0 < p.env_batch_size < p.envs_per_worker    # a double-buffered actor can do with one
         p.synchronous_sampling = (samples_synchronously(cfg.general.algorithm, kind, p.multiprocessing_backend)
                                   and p.learner_count == 1 and not needs_two_slots)
     if batch_unset and cfg.parallel.synchronous_sampling and cfg.train.passes_per_batch * cfg.train.minibatches_per_pass > 1:
@@ -456,6 +458,18 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     return cfg
 
 
+def double_buffers_by_default(cfg: Config) -> bool:
+    """--actor_double_buffer's default: on where a server on a GPU acts for the actors (the
+    round trip to it is what the actors wait on: docs/inference.md) and each actor's
+    environments split into two halves that step together."""
+    p = cfg.parallel
+    cuda = learner_device(cfg.general.device).type == "cuda"
+    served = cfg.general.actor_inference == "server" or (cfg.general.actor_inference == "auto"
+                                                         and ALGORITHMS[cfg.general.algorithm].inference_server)
+    return (cuda and served and p.multiprocessing_backend == "python_native" and p.envs_per_worker >= 2
+            and p.env_batch_size == 0)
+
+
 def names_impala_options(cfg: Config) -> bool:
     """The config names an option only IMPALA has: a replay other than the queue, LASER's
     mask, CLEAR's cloning terms or the entropy decay (APPO refuses them)."""
@@ -478,6 +492,8 @@ def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
         names.insert(0, "algorithm")                # by the learner device (MACHINE_ALGORITHMS)
     if cfg.general.actor_inference == "server" or (cfg.general.actor_inference == "auto" and device.type == "cuda"):
         names.append("inference_servers")           # from the actors per server on this device
+    if device.type == "cuda":
+        names.append("actor_double_buffer")         # on where a GPU's server acts (double_buffers_by_default)
     if profile.get("learner_precision") == "auto":
         names.append("learner_precision")           # bf16 where the hardware has bf16 units
     if "learner_thread_count" not in profile:

@@ -246,7 +246,7 @@ def actor_spec(plan: Plan, first_actor: int = 0) -> ActorSpec:
                      if cfg.stats.worker_verbose else 0, worker_count=p.worker_count,
                      act_options=plan.algorithm.actor_options(cfg),
                      record_fields=tuple(name for name, _ in plan.layout.step_fields),
-                     double_buffer=p.actor_double_buffer)
+                     double_buffer=p.actor_double_buffer, one_slot=p.shared_queue_size == 1)
 
 
 def inference_device(cfg, device: torch.device, serves_algorithm: bool = True) -> str | None:

@@ -236,9 +236,6 @@ def validate_inference(cfg: Config) -> None:
         raise ConfigError(f"--actor_double_buffer splits each actor's environments in two halves: it needs "
                           f"--envs_per_worker >= 2 (got {p.envs_per_worker}) and --env_batch_size=0 (got "
                           f"{p.env_batch_size})")
-    if p.shared_queue_size < 2:
-        raise ConfigError("--actor_double_buffer needs --shared_queue_size >= 2: one half opens the next slot "
-                          "while the other still fills the current one")
 
 
 def validate_records(cfg: Config, algorithm) -> None:

@@ -54,14 +54,21 @@ def served(weights: SharedWeights, records: StepRecords | None = None, model: di
 
 
 def trajectories(weights: SharedWeights, double: bool = False, recording: bool = False, model: dict = MLP,
-                 env: dict | None = None) -> list[dict]:
-    """ROLLOUTS rollouts of one actor, copied out of its slots as delivered; `recording`:
-    the server records the steps into the slots (the local backend's step_records)."""
-    slots = TrajectorySlots(layout(model), ROLLOUTS + 2, E)
+                 env: dict | None = None, slots_per_actor: int = ROLLOUTS + 2) -> list[dict]:
+    """ROLLOUTS rollouts of one actor, copied out of its slots as delivered (each slot then
+    given back, as the learner does); `recording`: the server records the steps into the
+    slots (the local backend's step_records); slots_per_actor: 1 is synchronous sampling's
+    single slot, where asking for a second one while it is filled would wait for ever."""
+    slots = TrajectorySlots(layout(model), slots_per_actor, E)
     records = step_records(slots, "cpu") if recording else None
     recorded = tuple(records.tensors) if recording else ()
-    free = list(range(ROLLOUTS + 2))
-    writer = RolloutWriter(slots.views, lambda: free.pop(0), T, E, recorded)
+    free = list(range(slots_per_actor))
+
+    def acquire() -> int:
+        assert free, "the actor asked for a slot while all of its slots are filled: it would wait for ever"
+        return free.pop(0)
+
+    writer = RolloutWriter(slots.views, acquire, T, E, recorded)
     place_of = writer.places if recording else None
     record = tuple(n for n in RECORD if n not in recorded)
     stop = threading.Event()
@@ -71,7 +78,7 @@ def trajectories(weights: SharedWeights, double: bool = False, recording: bool =
     with served(weights, records, model) as channels:
         if double:
             envs, policy = double_buffered(spec, InferenceRoute(channels, 0, 2), stop, record, place_of)
-            rollouts = collect_double_buffered(envs, policy, writer, stop)
+            rollouts = collect_double_buffered(envs, policy, writer, stop, together=slots_per_actor == 1)
         else:
             envs = make_actor_envs("gymnasium", "CartPole-v1", E, seed=SEED, env_kwargs=env)
             policy = InferenceClient(channels, 0, seed=SEED, record=record, place_of=place_of)
@@ -79,6 +86,7 @@ def trajectories(weights: SharedWeights, double: bool = False, recording: bool =
         out = []
         for delivery in rollouts:
             out.append({name: view.copy() for name, view in slots.views(delivery.slot).items()})
+            free.append(delivery.slot)
             if len(out) == ROLLOUTS:
                 break
         envs.close()

@@ -68,6 +68,30 @@ def test_atari_defaults_depend_on_the_learner_device_and_say_what_was_picked():
     assert (apex.train.batch_size, apex.train.learner_compile, apex.replays[0].type) == (128, False, "prioritized")
 
 
+def test_actors_served_on_a_gpu_are_double_buffered_by_default():
+    """Unset, --actor_double_buffer is on where a server on a GPU acts for the actors and
+    their games split in halves that step together; synchronous sampling keeps its one slot
+    (the halves then end each rollout together: herd/actors/double_buffer.py)."""
+    def double(**options):
+        cfg = resolve({"env": "PongNoFrameskip-v4", **options}, env_kind=kind_of)
+        if options["device"] == "cpu":
+            cfg.validate()                 # (a CUDA device is refused on this machine)
+        return cfg.parallel.actor_double_buffer
+    gpu = resolve({"env": "PongNoFrameskip-v4", "device": "cuda"}, env_kind=kind_of)
+    assert gpu.parallel.actor_double_buffer is True
+    assert (gpu.parallel.synchronous_sampling, gpu.parallel.shared_queue_size) == (True, 1)   # APPO's Atari default
+    assert double(device="cuda", algorithm="impala") is True
+    assert double(device="cpu") is False and double(device="cpu", actor_inference="server") is False
+    assert double(device="cuda", actor_inference="local") is False
+    assert double(device="cuda", envs_per_worker="1") is False
+    assert double(device="cuda", algorithm="impala", env_backend="ale_vector", env_batch_size="4") is False
+    assert double(device="cuda", algorithm="apex") is False                    # its actors act themselves
+    assert double(device="cuda", actor_double_buffer="False") is False         # the command line wins
+    assert double(device="cpu", actor_inference="server", actor_double_buffer="True") is True
+    from herd.config import machine_picks
+    assert machine_picks(gpu, "atari", given={"env", "device"})["options"]["actor_double_buffer"] is True
+
+
 def test_a_gpu_atari_run_is_appo_unless_it_names_what_only_impala_has():
     """--algorithm unset: APPO for Atari on a GPU learner; a replay mix, LASER's mask, CLEAR's
     cloning terms or the entropy decay keep it IMPALA (APPO refuses them), as does a CPU

@@ -47,6 +47,7 @@ class ActorSpec:
     act_options: dict = field(default_factory=dict)   # the algorithm's actor_options(cfg)
     record_fields: tuple | None = None      # the step fields the trajectory layout holds (None: all)
     double_buffer: bool = False             # two half-batches in flight (with an inference server)
+    one_slot: bool = False                  # one slot per actor (--shared_queue_size=1): the halves end rollouts together
 
 
 class Rollout(NamedTuple):
@@ -172,9 +173,12 @@ def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots
     elif not spec.double_buffer:
         policy = InferenceClient(inference.channels, inference.client, stop=stop, seed=spec.seed,
                                  restart_timeout=inference.restart_timeout, record=record, place_of=place_of)
-    loop = collect_double_buffered if spec.double_buffer and inference is not None else collect_rollouts
+    if spec.double_buffer and inference is not None:
+        deliveries = collect_double_buffered(envs, policy, writer, stop, together=spec.one_slot)
+    else:
+        deliveries = collect_rollouts(envs, policy, writer, stop)
     try:
-        for delivery in loop(envs, policy, writer, stop):
+        for delivery in deliveries:
             send_rollout(delivery)
     except (ActorStopped, BrokenPipeError, EOFError, InferenceServerGone):
         pass  # asked to stop, or the learner (or its inference server) is gone

@@ -85,16 +85,25 @@ def double_buffered(spec, inference: InferenceRoute, stop, record: tuple | None 
     return halves, lanes
 
 
-def collect_double_buffered(halves: EnvHalves, lanes: Lanes, writer: RolloutWriter, stop):
+def collect_double_buffered(halves: EnvHalves, lanes: Lanes, writer: RolloutWriter, stop, together: bool = False):
     """collect_rollouts (herd/actors/actor.py) with two half-batches in flight: yields each
-    finished rollout's Delivery until `stop` is set."""
+    finished rollout's Delivery until `stop` is set. together: the halves end each rollout
+    together, for an actor with one slot (--shared_queue_size=1, synchronous sampling): the
+    half that finishes its part of the rollout first would need the next slot, which comes
+    back only once the other half has finished this one, so it waits, with no request in
+    flight, and the two go on in their order (the sampling uniforms stay in the
+    single-buffered order) once the rollout is delivered. The overlap is lost for one
+    half-step per rollout."""
     in_flight = []
     for envs, lane in zip(halves, lanes):
         batch = envs.start()
         writer.observe(batch)
         in_flight.append((batch, lane.submit(batch.obs, batch.env_ids, batch.done)))
+    waiting: dict[int, object] = {}              # half -> its batch, whose observations wait for the next slot
     while not stop.is_set():
         for h, (envs, lane) in enumerate(zip(halves, lanes)):
+            if h in waiting:
+                continue
             batch, request = in_flight[h]
             out = lane.collect(request)
             writer.record_action(batch.env_ids, out)
@@ -102,5 +111,11 @@ def collect_double_buffered(halves: EnvHalves, lanes: Lanes, writer: RolloutWrit
             batch = envs.recv()                   # this half steps while the server acts on the other
             delivered = writer.record_outcome(batch, truncated_values(lane, batch))
             yield from delivered
-            writer.observe(batch)                 # after the deliveries (collect_rollouts says why)
-            in_flight[h] = (batch, lane.submit(batch.obs, batch.env_ids, batch.done))
+            if together and not delivered and writer.opens_slot(batch.env_ids):
+                waiting[h] = batch                # the other half still fills the one slot
+                continue
+            waiting[h] = batch
+            for g in sorted(waiting):             # after the deliveries (collect_rollouts says why)
+                ready = waiting.pop(g)
+                writer.observe(ready)
+                in_flight[g] = (ready, lanes[g].submit(ready.obs, ready.env_ids, ready.done))

@@ -80,6 +80,11 @@ class RolloutWriter:
             self.open.append(OpenSlot(index, self.views_of(index)))
         return self.open[offset]
 
+    def opens_slot(self, env_ids: np.ndarray) -> bool:
+        """Whether observe() of these environments would open a slot (acquire one) beyond
+        those open now."""
+        return bool(np.any(self.traj[env_ids] - self.base >= len(self.open)))
+
     def groups(self, env_ids: np.ndarray, rows: np.ndarray | None = None):
         """Rows (of the batch; all of them by default) that share a slot and a step:
         (rows, envs, slot, t, count). One group in sync mode, where rows and envs are the

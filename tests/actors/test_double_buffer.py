@@ -33,6 +33,22 @@ def test_double_buffered_trajectories_equal_the_single_buffered_ones():
         assert not np.isnan(b["behaviour_logits"]).any()      # every step written
 
 
+def test_double_buffered_with_one_slot_ends_each_rollout_with_both_halves():
+    """Synchronous sampling's one slot per actor: the half that finishes its part of a
+    rollout first waits for the other half's delivery instead of asking for a second slot
+    (the learner would give the one slot back only after that delivery: a deadlock), and
+    the trajectories stay the single-buffered ones (the uniforms drawn in the same order)."""
+    weights = SharedWeights(build_model(**MLP), CONTEXT)
+    single = trajectories(weights, double=False, slots_per_actor=1)
+    double = trajectories(weights, double=True, slots_per_actor=1)
+    assert len(single) == len(double) == ROLLOUTS
+    for a, b in zip(single, double):
+        for name in ("obs", "action", "reward", "done", "trunc_value"):
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+        for name in RECORD:
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_halves_cover_every_environment_once():
     for envs in range(2, 12):
         (first_a, count_a), (first_b, count_b) = split(envs)

@@ -41,6 +41,22 @@ def test_every_rollout_is_trained_by_the_weights_that_acted(tmp_path, algorithm)
     assert lags["slots to spare"][1] >= 2, lags                     # the control: without it, rollouts wait
 
 
+def test_double_buffered_actors_served_by_a_server_sample_synchronously(tmp_path):
+    """A GPU's Atari default on the CPU: APPO, one slot per actor, actors served by a server
+    and double-buffered (their halves end each rollout together, herd/actors/double_buffer.py).
+    Catches a half that asks for a second slot (the run would wait for ever: the timeout)
+    and a server acting on a rollout's first step with the weights from before the update."""
+    result = run_cli([*SYNC_RUN, "--algorithm=appo", "--environment_max_steps=12000", "--synchronous_sampling",
+                      "--actor_inference=server", "--device=cpu", "--actor_double_buffer=True"], tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "double-buffered actors" in result.stderr
+    summary = summary_of(tmp_path)
+    assert summary["ended"] == "finished" and summary["environment_steps"] >= 12000, summary
+    assert (summary["policy_lag_mean"], summary["policy_lag_max"]) == (0.0, 0.0), summary
+    config = json.loads((only_run(tmp_path) / "config.json").read_text())
+    assert (config["shared_queue_size"], config["actor_double_buffer"]) == (1, True)
+
+
 def test_a_killed_actor_is_replaced_while_the_learner_holds_its_slot(tmp_path):
     """kill -9 of an actor in a synchronous run: it is restarted, the run finishes with lag 0
     and no slot is handed out twice (two actors writing one slot would corrupt rollouts,
