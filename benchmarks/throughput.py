@@ -66,8 +66,8 @@ CONFIGS = {
     "on-policy-server-single-buffer": [*ON_POLICY, "--actor_inference=server", "--actor_double_buffer=False"],
     "on-policy-server-cuda-graphs": [*ON_POLICY, "--actor_inference=server", "--inference_cuda_graphs=True"],
     "on-policy-server-records-off": [*ON_POLICY, "--actor_inference=server", "--inference_records=off"],
-    # The number of servers for 16 actors (the default on a GPU: one per 8 actors), whose
-    # choice waits for the servers' measured load on a GPU box.
+    # A fixed number of servers for 16 actors, against the default's count chosen from their
+    # measured load (herd/backends/inference_servers.py), still to compare on a GPU box.
     "on-policy-server-servers-1": [*ON_POLICY, "--actor_inference=server", "--inference_servers=1"],
     "on-policy-server-servers-4": [*ON_POLICY, "--actor_inference=server", "--inference_servers=4"],
     # Requests and answers polled instead of slept on: no wake-up latency, where cores are idle.

@@ -29,7 +29,7 @@ from herd.inputs import FromFile, check_option_value, excerpt
 from herd.models import NETWORKS
 from herd.placement import refuse_placement, split_placement
 from herd.profiles import (ALGORITHM_PROFILES, COMPILE_FROM_STEPS, DEFAULT_ALGORITHM, FALLBACKS, MACHINE_ALGORITHMS,
-                           MACHINE_PROFILES, PROFILES, game_profile, inference_servers_for, machine_algorithm,
+                           MACHINE_PROFILES, PROFILES, game_profile, machine_algorithm,
                            machine_profile, samples_synchronously, slots_for_bounded_lag)
 from herd.replay.spec import ReplaySpec, batch_shares, parse_replay_parameters, passes_per_batch
 from herd.replay.writer import DISCARDING_STRATEGIES
@@ -140,7 +140,7 @@ class ParallelConfig:
     ray_compress_obs: bool = opt(False, "Ray backend: actors LZ4-compress observations before they leave their node, the learner (or replay server) decompresses: on Pong 12x fewer bytes on the network per step at no measured cost in actor frames/s; pays where the learner's network link limits throughput (docs/netns-cluster.md)")
     replay_server_node: str = opt("learner", "Ray backend, --replay_server: the node it runs on. learner: the learner's node (it reserves no Ray CPU there, as the learner does not); or a node id (hex, as `ray list nodes` and summary.json show): it then reserves 1 CPU there, which no actor gets")
     # --- the inference servers (herd/inference, docs/inference.md) ---
-    inference_servers: Optional[int] = opt(None, "with --actor_inference=server: batched inference servers on --device, actor i served by server i mod N; unset: from the machine (one per 8 actors on a GPU, one on a CPU)")
+    inference_servers: Optional[int] = opt(None, "with --actor_inference=server: batched inference servers on --device, actor i served by server i mod N; unset: from their measured load: one at first, and another beside any server busier than 0.6 of a core over 5 s while the machine has a core idle, which takes half of its actors, up to 4 (docs/inference.md)")
     inference_batch_wait_us: float = opt(0.0, "inference server: after a first request, wait up to this many microseconds for a fuller batch (0: answer at once)")
     inference_min_clients: int = opt(0, "inference server: stop waiting (--inference_batch_wait_us) once this many of its actors have asked (0: all of them)")
     inference_doorbell: str = opt("semaphore", "inference server: how a request wakes the server and an answer its actor. semaphore: each side sleeps on a POSIX semaphore; spin: each side polls the shared header, yielding its core between polls (no wake-up latency, at the cost of the waiting processes' cores: for a machine with idle cores)", ("semaphore", "spin"))
@@ -415,9 +415,6 @@ def apply_profile(cfg: Config, kind: str) -> Config:
         two_needed = 0 < p.env_batch_size < p.envs_per_worker or p.actor_double_buffer
         p.shared_queue_size = slots_for_bounded_lag(cfg.train.batch_size, p.worker_count, p.envs_per_worker,
                                                     fewest=2 if two_needed else 1)
-    if cfg.parallel.inference_servers is None:
-        cfg.parallel.inference_servers = inference_servers_for(learner_device(cfg.general.device).type,
-                                                               cfg.parallel.worker_count)
     if cfg.train.learner_precision == "auto":
         cfg.train.learner_precision = "bf16" if fast_bf16(learner_device(cfg.general.device)) else "fp32"
     on_gpu = learner_device(cfg.general.device).type == "cuda"
@@ -490,8 +487,6 @@ def machine_picks(cfg: Config, kind: str, given: set[str]) -> dict[str, Any]:
     names = [*machine_profile(kind, cfg.general.device), "worker_count"]     # one actor per core
     if kind in MACHINE_ALGORITHMS:
         names.insert(0, "algorithm")                # by the learner device (MACHINE_ALGORITHMS)
-    if cfg.general.actor_inference == "server" or (cfg.general.actor_inference == "auto" and device.type == "cuda"):
-        names.append("inference_servers")           # from the actors per server on this device
     if device.type == "cuda":
         names.append("actor_double_buffer")         # on where a GPU's server acts (double_buffers_by_default)
     if profile.get("learner_precision") == "auto":

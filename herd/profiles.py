@@ -235,20 +235,10 @@ ALGORITHM_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-# Actors per batched inference server, by learner device (--inference_servers unset): on a
-# GPU one server process at 80-86 % of a core served 16 actors x 8 envs on an H100 (issue
-# 27), so two or more share the load; a CPU server shares the actors' cores, where a second
-# server only adds a process.
-ACTORS_PER_INFERENCE_SERVER = {"cuda": 8, "cpu": 0}     # 0: one server, whatever the actors
+# The most inference servers a run adds by their measured load (--inference_servers unset:
+# herd/backends/inference_servers.py): on an H100 with 16 cores one server at 80-86 % of a
+# core served 16 actors x 8 envs (issue 27), two at 0.45 on the H200 box.
 MAX_INFERENCE_SERVERS = 4
-
-
-def inference_servers_for(device_type: str, worker_count: int) -> int:
-    """--inference_servers' default for `worker_count` actors and a learner on `device_type`."""
-    per_server = ACTORS_PER_INFERENCE_SERVER.get(device_type, 0)
-    if per_server <= 0:
-        return 1
-    return max(1, min(MAX_INFERENCE_SERVERS, -(-worker_count // per_server), worker_count))
 
 
 def machine_profile(kind: str, device: str) -> dict[str, Any]:

@@ -25,8 +25,10 @@ import torch.multiprocessing as mp
 from herd import stopping
 from herd.actors.actor import ActorSpec
 from herd.backends import backend_options, get_backend
+from herd.backends.inference_servers import GROW_AT
 from herd.backends.local import InferenceSetup
 from herd.backends.signals import install_stop_signals
+from herd.profiles import MAX_INFERENCE_SERVERS
 from herd.config import parse_eval_interval
 from herd.device_copies import DeviceCopies
 from herd.devices import fast_bf16, learner_device, use_deterministic_algorithms
@@ -275,7 +277,12 @@ def inference_setup(cfg, device: str, worker_count: int) -> InferenceSetup:
                             graphs_measured=p.inference_cuda_graphs is None)
     records = p.inference_records == "on" or (p.inference_records == "auto" and cuda)
     # With several learners each has its share of the actors: never more servers than those.
-    return InferenceSetup(max(1, min(p.inference_servers or 1, worker_count)), options, records, p.inference_doorbell)
+    if p.inference_servers is None:         # from their measured load: one, then more as it asks
+        servers, most, grow_at = 1, min(MAX_INFERENCE_SERVERS, worker_count), GROW_AT
+    else:
+        servers = most = max(1, min(p.inference_servers, worker_count))
+        grow_at = None
+    return InferenceSetup(servers, most, grow_at, options, records, p.inference_doorbell)
 
 
 def start_hardware_monitor(plan: Plan, session: TrainingSession, run_dir: Path) -> HardwareMonitor | None:

@@ -77,7 +77,7 @@ def trajectories(weights: SharedWeights, double: bool = False, recording: bool =
                      seed=SEED, record_fields=RECORD, double_buffer=double)
     with served(weights, records, model) as channels:
         if double:
-            envs, policy = double_buffered(spec, InferenceRoute(channels, 0, 2), stop, record, place_of)
+            envs, policy = double_buffered(spec, InferenceRoute.alone(channels, 2), stop, record, place_of)
             rollouts = collect_double_buffered(envs, policy, writer, stop, together=slots_per_actor == 1)
         else:
             envs = make_actor_envs("gymnasium", "CartPole-v1", E, seed=SEED, env_kwargs=env)

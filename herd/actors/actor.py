@@ -22,8 +22,8 @@ from herd.actors.policy import LocalPolicy
 from herd.actors.rollout import ActorStopped, RolloutWriter, truncated_values
 from herd.envs.actor_envs import make_actor_envs
 from herd.actors.double_buffer import collect_double_buffered, double_buffered
-from herd.inference import InferenceClient, InferenceServerGone
-from herd.inference.routing import InferenceRoute
+from herd.inference import InferenceServerGone
+from herd.inference.routing import InferenceRoute, RoutedClient
 from herd.store import TrajectorySlots
 from herd.weights import SharedWeights
 
@@ -171,8 +171,7 @@ def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots
                              num_actors=spec.worker_count, options=spec.act_options, num_envs=spec.envs_per_worker,
                              record=spec.record_fields)
     elif not spec.double_buffer:
-        policy = InferenceClient(inference.channels, inference.client, stop=stop, seed=spec.seed,
-                                 restart_timeout=inference.restart_timeout, record=record, place_of=place_of)
+        policy = RoutedClient(inference, stop=stop, seed=spec.seed, record=record, place_of=place_of)
     if spec.double_buffer and inference is not None:
         deliveries = collect_double_buffered(envs, policy, writer, stop, together=spec.one_slot)
     else:

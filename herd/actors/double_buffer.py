@@ -20,8 +20,7 @@ import numpy as np
 
 from herd.actors.rollout import RolloutWriter, truncated_values
 from herd.envs.actor_envs import make_actor_envs
-from herd.inference import InferenceClient
-from herd.inference.routing import InferenceRoute
+from herd.inference.routing import InferenceRoute, RoutedClient
 from herd.interfaces import EnvBatch
 
 
@@ -77,12 +76,10 @@ def double_buffered(spec, inference: InferenceRoute, stop, record: tuple | None 
                                                threads=spec.env_threads, env_kwargs=spec.env_kwargs), first)
                        for first, count in split(spec.envs_per_worker))
     rng = np.random.default_rng(spec.seed)       # what a single client with this seed would draw
-    lanes = Lanes(InferenceClient(inference.channels, inference.client + lane, stop=stop, rng=rng,
-                                  restart_timeout=inference.restart_timeout, record=record, place_of=place_of)
-                  for lane in range(2))
-    if lanes[0].states is not None:
-        lanes[1].states = lanes[0].states        # one LSTM state per env, whichever lane asks
-    return halves, lanes
+    first = RoutedClient(inference, 0, stop=stop, rng=rng, record=record, place_of=place_of)
+    # One LSTM state per env, whichever lane asks.
+    second = RoutedClient(inference, 1, stop=stop, rng=rng, states=first.states, record=record, place_of=place_of)
+    return halves, Lanes([first, second])
 
 
 def collect_double_buffered(halves: EnvHalves, lanes: Lanes, writer: RolloutWriter, stop, together: bool = False):

@@ -58,7 +58,9 @@ log = logging.getLogger("herd")
 @dataclass(frozen=True)
 class InferenceSetup:
     """How many inference servers, and how they batch (--inference_* options)."""
-    servers: int = 1
+    servers: int = 1                # at first
+    most: int = 1                   # the most the run may start (InferenceServers grows to it by load)
+    grow_at: float | None = None    # a server's load above which another is added (None: a fixed count)
     options: ServerOptions = ServerOptions()
     records: bool = False           # --inference_records: the servers record the steps they act on
     doorbell: str = "semaphore"     # --inference_doorbell: how requests and answers wake their waiters
@@ -269,7 +271,8 @@ class LocalRollouts:
         """Dead or hung actors (and inference servers) replaced; the servers' load and batches."""
         servers = {} if self.servers is None else {"inference_server_restarts": self.servers.restarts,
                                                    "inference_server_busy": self.servers.busy(),
-                                                   "inference_server_batches": self.servers.tallies()}
+                                                   "inference_server_batches": self.servers.tallies(),
+                                                   "inference_servers_added": self.servers.grown}
         return {"actor_restarts": self.pool.restarts, **servers}
 
 
@@ -311,7 +314,7 @@ def start_inference_servers(spec: ActorSpec, worker_count: int, weights: SharedW
     servers = InferenceServers(spec.model_kwargs, worker_count, setup.servers, rows, weights, device, stop, context,
                                setup.options, lanes=lanes, features=features, torch_threads=spec.torch_threads,
                                seed=spec.seed, max_restarts=max_restarts, registry=registry, records=records,
-                               doorbell=setup.doorbell)
+                               doorbell=setup.doorbell, most=setup.most, grow_at=setup.grow_at)
     servers.start()
     return servers
 

@@ -114,6 +114,17 @@ class InferenceChannels:
         life = int(info[SERVER_LIFE_NS])
         return round(int(info[SERVER_CPU_NS]) / life, 3) if life > 0 else None
 
+    def running(self) -> bool:
+        """A server has started on these channels and serves them."""
+        return int(self.server[SERVER_STATE]) == RUNNING
+
+    def usage(self) -> tuple[int, int]:
+        """The server's CPU time and life so far, in nanoseconds, as it last reported them
+        (a replacement's since it started): the load over a window is the ratio of two
+        readings' differences."""
+        info = self.server.numpy()
+        return int(info[SERVER_CPU_NS]), int(info[SERVER_LIFE_NS])
+
     def tally(self) -> dict:
         """What the server (and any replacement) answered so far: batches, and per batch the
         mean rows, requests (clients answered together) and microseconds from its launch to

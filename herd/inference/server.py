@@ -28,6 +28,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import psutil
@@ -40,6 +41,7 @@ from herd.inference.channels import (ANSWER_SEQ, EXITED, REQUEST_SEQ, ROWS, RUNN
 from herd.inference.device import DevicePath
 from herd.inference.forward import ServerOptions, policy_outputs, sample_actions
 from herd.inference.records import StepRecords
+from herd.inference.routing import RouteTable
 from herd.models import build_model
 from herd.weights import SharedWeights
 
@@ -181,12 +183,14 @@ class BatchServer:
 def run_inference_server(channels: InferenceChannels, model_kwargs: dict,
                          weights: SharedWeights | DeviceWeightBoard, device: str,
                          stop, torch_threads: int = 1, seed: int = 0, batch_wait_us: float = 0.0,
-                         options: ServerOptions | None = None, records: StepRecords | None = None) -> None:
+                         options: ServerOptions | None = None, records: StepRecords | None = None,
+                         table: RouteTable | None = None, index: int = 0) -> None:
     """Process entry point: serves `channels` until `stop` (an Event) is set or the parent
     process dies. `seed` seeds torch in this process; actions are sampled with the
     clients' uniforms (see client.py). `batch_wait_us`: after a first request, wait this
     long for others before serving (0: serve at once; options.batch_wait_us if given).
-    records: where the rows acted on are recorded (records.py; None: the actors write them)."""
+    records: where the rows acted on are recorded (records.py; None: the actors write them).
+    table: the route table that names server `index`'s actors (None: every client is ours)."""
     # Ctrl+C reaches the whole process group: the main process alone decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(torch_threads)
@@ -199,7 +203,9 @@ def run_inference_server(channels: InferenceChannels, model_kwargs: dict,
         server = BatchServer(channels, model_kwargs, weights, torch.device(device), options, records)
         server_info[SERVER_PID] = os.getpid()
         server_info[SERVER_STATE] = RUNNING
-        serve_forever(server, channels, stop, options.batch_wait_us * 1e-6, options.min_clients, started)
+        own_clients = None if table is None else partial(table.clients_of, index)
+        serve_forever(server, channels, stop, options.batch_wait_us * 1e-6, options.min_clients, started,
+                      own_clients)
     finally:
         report_load(server_info, started)
         server_info[SERVER_PID] = os.getpid()
@@ -214,10 +220,11 @@ def report_load(server_info, started: float) -> None:
 
 
 def fuller_batch(server: BatchServer, channels: InferenceChannels, clients: np.ndarray, batch_wait: float,
-                 min_clients: int, busy: np.ndarray) -> np.ndarray:
-    """Waits up to `batch_wait` s (from now) until `min_clients` clients (0: all of them)
-    have a request waiting; sleeps on the doorbell between rings instead of polling."""
-    wanted = min(min_clients or channels.num_clients, channels.num_clients - len(busy))
+                 min_clients: int, busy: np.ndarray, everyone: int) -> np.ndarray:
+    """Waits up to `batch_wait` s (from now) until `min_clients` clients (0: all `everyone`
+    this server serves) have a request waiting; sleeps on the doorbell between rings
+    instead of polling."""
+    wanted = min(min_clients or everyone, everyone - len(busy))
     deadline = time.perf_counter() + batch_wait
     ready = lambda: len(np.setdiff1d(server.pending(), busy)) >= wanted   # noqa: E731  ("spin" polls it)
     while len(clients) < wanted and (left := deadline - time.perf_counter()) > 0:
@@ -227,9 +234,12 @@ def fuller_batch(server: BatchServer, channels: InferenceChannels, clients: np.n
 
 
 def serve_forever(server: BatchServer, channels: InferenceChannels, stop, batch_wait: float,
-                  min_clients: int = 0, started: float | None = None) -> None:
+                  min_clients: int = 0, started: float | None = None, own_clients=None) -> None:
     """The loop of run_inference_server (also runnable in a thread, as the tests do).
-    started: the serving process's start (epoch seconds), from which its load is reported."""
+    started: the serving process's start (epoch seconds), from which its load is reported;
+    own_clients() -> how many of the channels' clients this server serves now (None: all;
+    the route table's count where several servers share the actors: routing.py)."""
+    own_clients = own_clients or (lambda: channels.num_clients)
     started = psutil.Process().create_time() if started is None else started
     parent = multiprocessing.parent_process()
     doorbell = channels.doorbell
@@ -251,7 +261,7 @@ def serve_forever(server: BatchServer, channels: InferenceChannels, stop, batch_
             doorbell.wait_server(lambda: len(server.pending()) > 0, WAKE_INTERVAL)
         clients = server.pending() if in_flight is None else np.setdiff1d(server.pending(), busy)
         if len(clients) and batch_wait > 0 and in_flight is None:
-            clients = fuller_batch(server, channels, clients, batch_wait, min_clients, busy)
+            clients = fuller_batch(server, channels, clients, batch_wait, min_clients, busy, own_clients())
         server.refresh_weights()  # between batches, and while idle, so refresh() stays current
         launched = server.launch(clients) if len(clients) else None
         if in_flight is not None:

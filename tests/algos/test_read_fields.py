@@ -78,15 +78,24 @@ def test_inference_options_are_refused_in_one_line(options, message, tmp_path):
     assert "\n" not in str(err.value)
 
 
-def test_the_machine_picks_the_number_of_servers(tmp_path):
-    from herd.profiles import inference_servers_for
-    assert inference_servers_for("cpu", 16) == 1
-    assert inference_servers_for("cuda", 16) == 2 and inference_servers_for("cuda", 3) == 1
-    assert inference_servers_for("cuda", 100) == 4
-    plan = prepare({"env": "CartPole-v1", "results_dir": str(tmp_path), "actor_inference": "server",
-                    "device": "cpu", "worker_count": 2})
-    assert plan.cfg.parallel.inference_servers == 1
-    assert plan.machine_picks["options"]["inference_servers"] == 1       # shown in the log's "picked" line
+def test_the_number_of_servers_follows_their_load_unless_given(tmp_path):
+    """Unset: one server at first and up to 4 (never more than the actors) added by their
+    measured load (herd/backends/inference_servers.py); given: that many, fixed."""
+    from herd.backends.inference_servers import GROW_AT
+    from herd.training import inference_setup
+
+    def setup(workers: int, **options):
+        plan = prepare({"env": "CartPole-v1", "results_dir": str(tmp_path), "actor_inference": "server",
+                        "device": "cpu", "worker_count": workers, **options})
+        return inference_setup(plan.cfg, "cpu", workers)
+    grown = setup(16)
+    assert (grown.servers, grown.most, grown.grow_at) == (1, 4, GROW_AT)
+    assert setup(3).most == 3 and setup(1).most == 1
+    fixed = setup(16, inference_servers=2)
+    assert (fixed.servers, fixed.most, fixed.grow_at) == (2, 2, None)
+    plan = prepare({"env": "CartPole-v1", "results_dir": str(tmp_path), "actor_inference": "server", "device": "cpu",
+                    "worker_count": 2})
+    assert plan.cfg.parallel.inference_servers is None          # saved unset: a resumed run measures again
 
 
 @pytest.mark.parametrize("records, on_gpu, on_cpu", [("auto", True, False), ("on", True, True), ("off", False, False)])

@@ -14,50 +14,32 @@ import torch.multiprocessing as mp
 from herd.backends.inference_servers import InferenceServers
 from herd.inference import InferenceClient, InferenceServerGone, ServerOptions, run_inference_server
 from herd.inference.channels import REQUEST_SEQ
-from herd.inference.routing import actors_of, route
-from herd.inference.server import BatchServer, serve_forever
+from herd.inference.routing import InferenceRoute, RoutedClient, RouteTable
+from herd.inference.server import serve_forever
 from herd.models import build_model
 from herd.weights import SharedWeights
+from server_testing import CountingServer, request_obs
 
 MLP = dict(network="mlp", obs_shape=(4,), obs_dtype="float32", num_actions=3, feature_size=None)
 CONTEXT = mp.get_context("spawn")
 
 
 def test_actor_i_goes_to_server_i_mod_s_and_every_client_slot_is_used_once():
-    """Catches two actors sharing a client slot (their answers would be swapped or lost) or
-    a slot beyond a server's channels."""
+    """Catches two actors (or lanes) sharing a client slot (their answers would be swapped
+    or lost), a slot beyond a server's channels, and a move that takes other actors along."""
     for workers in range(1, 12):
         for servers in range(1, workers + 1):
-            seen = defaultdict(set)
-            for actor in range(workers):
-                server, place = route(actor, servers)
-                assert server == actor % servers
-                assert place not in seen[server]
-                seen[server].add(place)
+            table = RouteTable(workers, servers, lanes=2)
+            assert [table.server_of(a) for a in range(workers)] == [a % servers for a in range(workers)]
             for server in range(servers):
-                assert seen[server] == set(range(len(actors_of(server, servers, workers))))
-
-
-class CountingServer(BatchServer):
-    """Records every (client, request number) it answers, and each batch's clients.
-    pipelined=True runs serve_forever's CUDA schedule on the CPU: batch k+1 launched before
-    batch k is answered (the in-flight clients must not be served twice)."""
-
-    def __init__(self, *args, answered: list, pipelined: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.answered, self.batches, self.pipelined_here = answered, [], pipelined
-
-    @property
-    def pipelined(self) -> bool:
-        return self.pipelined_here
-
-    def launch(self, clients):
-        self.batches.append(sorted(clients.tolist()))
-        return super().launch(clients)
-
-    def finish(self, launched) -> None:
-        self.answered.extend(zip(launched.clients.tolist(), launched.seqs.tolist()))
-        super().finish(launched)
+                assert table.actors_of(server).tolist() == list(range(server, workers, servers))
+                assert table.clients_of(server) == 2 * len(range(server, workers, servers))
+            slots = [InferenceRoute((None,) * servers, table, a, 2).client + lane for a in range(workers)
+                     for lane in range(2)]
+            assert sorted(slots) == list(range(2 * workers))
+    table = RouteTable(6, 2)
+    table.move(table.actors_of(0)[1::2], 1)                      # actors 0, 2, 4: 2 moves
+    assert [table.server_of(a) for a in range(6)] == [0, 1, 1, 1, 0, 1]
 
 
 def run_actors(actor, workers: int) -> None:
@@ -67,11 +49,6 @@ def run_actors(actor, workers: int) -> None:
         thread.start()
     for thread in threads:
         thread.join(120)
-
-
-def request_obs(actor: int, k: int) -> np.ndarray:
-    """Observations that name their actor and request: an answer for another request differs."""
-    return np.full((3, 4), actor + 0.01 * k, dtype=np.float32) + np.arange(3, dtype=np.float32)[:, None]
 
 
 @pytest.mark.parametrize("lanes, pipelined", [(1, False), (2, False), (1, True)])
@@ -98,7 +75,7 @@ def test_every_request_is_answered_once_in_order_by_its_own_server(lanes, pipeli
     def actor(i: int) -> None:
         try:
             r = servers.route(i)
-            clients = [InferenceClient(r.channels, r.client + lane, seed=i) for lane in range(r.lanes)]
+            clients = [RoutedClient(r, lane, seed=i) for lane in range(r.lanes)]
             results[i] = [clients[k % r.lanes].act(request_obs(i, k)).fields["behaviour_logits"] for k in range(calls)]
         except Exception as err:     # reported below, with the actor
             errors.append((i, err))
@@ -118,12 +95,13 @@ def test_every_request_is_answered_once_in_order_by_its_own_server(lanes, pipeli
         per_client = defaultdict(list)
         for client, seq in answered[s]:
             per_client[client].append(seq)
-        slots = lanes * len(actors_of(s, count, workers))
-        assert sorted(per_client) == list(range(slots))              # only its own actors' clients
+        own = [a * lanes + lane for a in range(s, workers, count) for lane in range(lanes)]
+        assert sorted(per_client) == own                              # only its own actors' clients
         for client, seqs in per_client.items():
             assert seqs == list(range(1, len(seqs) + 1)), (s, client, seqs)   # once each, in order
-        assert sum(len(v) for v in per_client.values()) == calls * len(actors_of(s, count, workers))
-        assert (servers.channels[s].header[:, REQUEST_SEQ].numpy() == [len(per_client[c]) for c in range(slots)]).all()
+        assert sum(len(v) for v in per_client.values()) == calls * len(range(s, workers, count))
+        asked = servers.channels[s].header[:, REQUEST_SEQ].numpy()
+        assert (asked == [len(per_client[c]) for c in range(lanes * workers)]).all()
 
 
 class OrderServer(CountingServer):
@@ -158,8 +136,7 @@ def test_a_batch_whose_outputs_are_home_is_answered_before_the_next_is_launched(
     thread.start()
 
     def actor(i: int) -> None:
-        r = servers.route(i)
-        client = InferenceClient(r.channels, r.client, seed=i)
+        client = RoutedClient(servers.route(i), seed=i)
         for k in range(calls):
             client.act(request_obs(i, k))
 
