@@ -21,7 +21,10 @@
 # start 30-60 s; the CUDA tests 80 s; Pong with no flag 140 s (the run ends by itself at 5M
 # frames); the ceiling 35 s, then each configuration RUN_SECONDS + 10 s; the peer
 # PEER_SECONDS + 20 s. Two calls fit a 15-minute lease: STEPS=tests,pong, then
-# STEPS=throughput with CONFIGS= and PEER_VARIANTS=equal-work PEER_SECONDS=120.
+# STEPS=throughput with CONFIGS= and PEER_VARIANTS=equal-work PEER_SECONDS=120. Next in
+# line (2026-11-30): CONFIGS=on-policy,on-policy-server-single-buffer,on-policy-server-servers-2
+# (the new defaults, double-buffered actors and servers by load, against the H200's
+# single-buffered actors and two fixed servers), then -spin, -records-off, -cuda-graphs.
 # On a CPU it runs too (the CUDA tests skip), for trying it before a GPU is lent:
 #   WORKERS=2 ENVS=2 bash benchmarks/gpu_checks.sh 0.5 20
 set -uo pipefail

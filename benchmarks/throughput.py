@@ -69,6 +69,7 @@ CONFIGS = {
     # A fixed number of servers for 16 actors, against the default's count chosen from their
     # measured load (herd/backends/inference_servers.py), still to compare on a GPU box.
     "on-policy-server-servers-1": [*ON_POLICY, "--actor_inference=server", "--inference_servers=1"],
+    "on-policy-server-servers-2": [*ON_POLICY, "--actor_inference=server", "--inference_servers=2"],
     "on-policy-server-servers-4": [*ON_POLICY, "--actor_inference=server", "--inference_servers=4"],
     # Requests and answers polled instead of slept on: no wake-up latency, where cores are idle.
     "on-policy-server-spin": [*ON_POLICY, "--actor_inference=server", "--inference_doorbell=spin"],
