@@ -39,8 +39,8 @@ log = logging.getLogger("herd")
 
 LOAD_WINDOW = 5.0       # s: the window a server's load is measured over before a server is added
 # A server busier than this share of a core (with --inference_servers unset) gets another
-# beside it. Its actors wait in its queue: at a load of 0.6 a request waits, on average, as
-# long again as its own batch takes (an M/M/1 queue's rho / (1 - rho) = 1.5 service times).
+# beside it. Its actors wait in its queue: at a load of 0.6 a request waits, on average, 1.5
+# times as long as its own batch takes before that batch starts (an M/M/1 queue's rho / (1 - rho)).
 GROW_AT = 0.6
 
 
