@@ -17,8 +17,12 @@ TrajectorySlots). C clients, each with a fixed index and room for R rows:
                its environments from zero states, and no answer depends on who shared a batch.
     places     [C, R, 2] int64, only where the server records the steps itself
                (--inference_records, records.py): each row's obs and step place   client writes
-    header     [C, 5]      int64: REQUEST_SEQ, ROWS, KIND, ANSWER_SEQ, VERSION
-    server     [3]         int64: server pid, state (NOT_STARTED/RUNNING/EXITED), version loaded
+    header     [C, 6]      int64: REQUEST_SEQ, ROWS, KIND, ANSWER_SEQ, VERSION, REQUEST_NS (the
+               client's perf_counter_ns as it published: CLOCK_MONOTONIC, one clock for
+               every process of the machine, from which the server tallies how long
+               requests wait for their batch's launch)
+    server     [SERVER_FIELDS] int64: server pid, state (NOT_STARTED/RUNNING/EXITED), version
+               loaded, and the tally and load below
 
 A request is pending while header[c, REQUEST_SEQ] != header[c, ANSWER_SEQ]. The client
 writes obs, uniforms, ROWS and KIND first and REQUEST_SEQ last; the server answers by
@@ -36,17 +40,18 @@ import torch.multiprocessing as mp
 from herd.inference.doorbells import make_doorbell
 
 # header columns
-REQUEST_SEQ, ROWS, KIND, ANSWER_SEQ, VERSION = range(5)
-HEADER_FIELDS = 5
+REQUEST_SEQ, ROWS, KIND, ANSWER_SEQ, VERSION, REQUEST_NS = range(6)
+HEADER_FIELDS = 6
 # request kinds
 ACT, VALUE = 1, 2
 # server columns and states; the tally of answered batches (BatchServer.finish): batches,
-# their rows and requests, and the nanoseconds from each batch's launch to its answers; the
+# their rows and requests, the nanoseconds from each batch's launch to its answers, and
+# (BatchServer.launch) from each request's publication to its batch's launch; the
 # server process's CPU time and life so far, in nanoseconds (written by the server itself,
 # every WAKE_INTERVAL and as it exits: its load, readable after it is gone)
 (SERVER_PID, SERVER_STATE, SERVER_VERSION, SERVER_BATCHES, SERVER_ROWS, SERVER_REQUESTS, SERVER_ANSWER_NS,
- SERVER_CPU_NS, SERVER_LIFE_NS) = range(9)
-SERVER_FIELDS = 9
+ SERVER_CPU_NS, SERVER_LIFE_NS, SERVER_WAIT_NS) = range(10)
+SERVER_FIELDS = 10
 NOT_STARTED, RUNNING, EXITED = 0, 1, 2
 
 
@@ -128,10 +133,13 @@ class InferenceChannels:
     def tally(self) -> dict:
         """What the server (and any replacement) answered so far: batches, and per batch the
         mean rows, requests (clients answered together) and microseconds from its launch to
-        its answers (the forward pass, and on a GPU the copies and the wait for the device)."""
+        its answers (the forward pass, and on a GPU the copies and the wait for the device);
+        per request the mean microseconds from its publication to its batch's launch (the
+        server's wake-up and its queue: what more servers would shorten)."""
         info = self.server.numpy()
         batches = int(info[SERVER_BATCHES])
         per_batch = max(batches, 1)
         return {"batches": batches, "mean_rows": round(int(info[SERVER_ROWS]) / per_batch, 2),
                 "mean_requests": round(int(info[SERVER_REQUESTS]) / per_batch, 2),
-                "mean_answer_us": round(int(info[SERVER_ANSWER_NS]) / per_batch / 1e3, 1)}
+                "mean_answer_us": round(int(info[SERVER_ANSWER_NS]) / per_batch / 1e3, 1),
+                "mean_wait_us": round(int(info[SERVER_WAIT_NS]) / max(int(info[SERVER_REQUESTS]), 1) / 1e3, 1)}

@@ -17,8 +17,8 @@ import psutil
 
 from herd.interfaces import PolicyStep
 from herd.models.core import CORE_STATE, EnvCoreStates, state_from_rows, state_to_rows
-from herd.inference.channels import (ACT, ANSWER_SEQ, EXITED, KIND, NOT_STARTED, REQUEST_SEQ, ROWS, SERVER_PID,
-                                     SERVER_STATE, SERVER_VERSION, VALUE, VERSION, InferenceChannels)
+from herd.inference.channels import (ACT, ANSWER_SEQ, EXITED, KIND, NOT_STARTED, REQUEST_NS, REQUEST_SEQ, ROWS,
+                                     SERVER_PID, SERVER_STATE, SERVER_VERSION, VALUE, VERSION, InferenceChannels)
 from herd.inference.records import FIELD_OF_OUTPUT, NOTHING
 
 
@@ -192,6 +192,7 @@ class InferenceClient:
         self.seq += 1
         self.header[ROWS] = n
         self.header[KIND] = kind
+        self.header[REQUEST_NS] = time.perf_counter_ns()
         self.header[REQUEST_SEQ] = self.seq  # last: from here on the server may read the request
         self.doorbell.ring_server(self.index)
         return self.seq

@@ -35,9 +35,10 @@ import psutil
 import torch
 
 from herd.device_weights import DeviceWeightBoard
-from herd.inference.channels import (ANSWER_SEQ, EXITED, REQUEST_SEQ, ROWS, RUNNING, SERVER_ANSWER_NS, SERVER_BATCHES,
-                                     SERVER_CPU_NS, SERVER_LIFE_NS, SERVER_PID, SERVER_REQUESTS, SERVER_ROWS,
-                                     SERVER_STATE, SERVER_VERSION, VERSION, InferenceChannels)
+from herd.inference.channels import (ANSWER_SEQ, EXITED, REQUEST_NS, REQUEST_SEQ, ROWS, RUNNING, SERVER_ANSWER_NS,
+                                     SERVER_BATCHES, SERVER_CPU_NS, SERVER_LIFE_NS, SERVER_PID, SERVER_REQUESTS,
+                                     SERVER_ROWS, SERVER_STATE, SERVER_VERSION, SERVER_WAIT_NS, VERSION,
+                                     InferenceChannels)
 from herd.inference.device import DevicePath
 from herd.inference.forward import ServerOptions, policy_outputs, sample_actions
 from herd.inference.records import StepRecords
@@ -77,7 +78,7 @@ class BatchServer:
         self.channels, self.weights, self.device = channels, weights, device
         self.options = options or ServerOptions()
         C, R = channels.num_clients, channels.max_rows
-        self.header = channels.header.numpy()                       # [C, 5]
+        self.header = channels.header.numpy()                       # [C, HEADER_FIELDS]
         self.server_info = channels.server.numpy()                  # [SERVER_FIELDS]
         self.row_index = np.arange(C * R, dtype=np.int64).reshape(C, R)
         # Flat [C*R, ...] views: client c's row r is row c*R + r.
@@ -131,6 +132,7 @@ class BatchServer:
         # Sequence numbers first: whatever is read after them belongs to these requests or
         # (a predecessor's request overwritten by its successor) to later ones.
         seqs = self.header[clients, REQUEST_SEQ].copy()
+        self.server_info[SERVER_WAIT_NS] += int((started - self.header[clients, REQUEST_NS]).sum())
         rows = np.clip(self.header[clients, ROWS], 0, self.channels.max_rows)
         rows_at = np.concatenate([self.row_index[c, :r] for c, r in zip(clients, rows)])                   # [N]
         index = torch.from_numpy(rows_at)
