@@ -12,7 +12,8 @@
    inference servers, learner) busy as a share of one core each, after the warm-up: the
    actors' share says how much of their time they step (goal on a GPU box: 0.85), the
    servers' the load that decides how many a machine needs; from its summary.json, the
-   servers' mean batch (rows, microseconds from a request to its launch and from launch to answers).
+   servers' mean batch (rows, microseconds from a request to its launch, from launch to
+   answers, and from answers to the actors' reading them).
 3. With --peer MODE: Sample Factory 2.1.1 with the same workers and envs, from its own venv
    (peer_sample_factory.py) or from --peer_site (wheels installed to a folder, on a machine
    without a registry), its learner on --peer_device, after herd, so that the two never
@@ -133,15 +134,17 @@ def steady_state_rate(train_rows: list[dict], warmup: float) -> float:
 
 
 def answer_us(tallies: list[dict]) -> str:
-    """The servers' mean batch: rows, microseconds from a request to its launch and from
-    launch to answers ("" without servers)."""
+    """The servers' mean batch: rows, microseconds from a request to its launch, from
+    launch to answers and from answers to the actors' reading them ("" without servers)."""
     batches = sum(t["batches"] for t in tallies)
     if not batches:
         return ""
     rows = sum(t["batches"] * t["mean_rows"] for t in tallies) / batches
     requests = sum(t["batches"] * t["mean_requests"] for t in tallies) or 1
     wait = sum(t["batches"] * t["mean_requests"] * t["mean_wait_us"] for t in tallies) / requests
-    return f"{rows:.1f}, {wait:.0f}, {sum(t['batches'] * t['mean_answer_us'] for t in tallies) / batches:.0f}"
+    taken = sum(t["batches"] * t["mean_requests"] * t["mean_taken_us"] for t in tallies) / requests
+    answer = sum(t["batches"] * t["mean_answer_us"] for t in tallies) / batches
+    return f"{rows:.1f}, {wait:.0f}, {answer:.0f}, {taken:.0f}"
 
 
 def main() -> None:
@@ -211,7 +214,7 @@ def main() -> None:
                       f"{result['frames_per_s']:,.0f}", f"{100 * result['frames_per_s'] / best_ceiling:.1f}%", "",
                       f"{result['frames_per_s'] / peer['frames_per_s']:.2f}x", "", "", "", ""])
     print_table(["what", "agent steps/s", "frames/s", "of ceiling", "policy lag", "vs peer", "actors busy",
-                 "servers busy", "learner busy", "server batch: rows, us to launch, to answer"], table)
+                 "servers busy", "learner busy", "server batch: rows, us to launch, to answer, to read"], table)
     ray_share = None
     if "on-policy" in runs and "on-policy-ray" in runs:
         ray_share = round(runs["on-policy-ray"]["fps"] / runs["on-policy"]["fps"], 3)

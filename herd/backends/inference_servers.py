@@ -183,8 +183,9 @@ class InferenceServers:
                  "--inference_servers fixes how many)", ", ".join(map(str, self.busy())))
         for server, tally in enumerate(self.tallies()):
             log.info("inference server %d: %d batches, each %.1f rows from %.2f requests, launched %.0f us after "
-                     "a request and answered %.0f us after its launch (mean)", server, tally["batches"],
-                     tally["mean_rows"], tally["mean_requests"], tally["mean_wait_us"], tally["mean_answer_us"])
+                     "a request, answered %.0f us after its launch, the answer read %.0f us later (mean)", server,
+                     tally["batches"], tally["mean_rows"], tally["mean_requests"], tally["mean_wait_us"],
+                     tally["mean_answer_us"], tally["mean_taken_us"])
         self.stop_event.set()
         for process in self.processes:
             if process is None:

@@ -17,10 +17,13 @@ TrajectorySlots). C clients, each with a fixed index and room for R rows:
                its environments from zero states, and no answer depends on who shared a batch.
     places     [C, R, 2] int64, only where the server records the steps itself
                (--inference_records, records.py): each row's obs and step place   client writes
-    header     [C, 6]      int64: REQUEST_SEQ, ROWS, KIND, ANSWER_SEQ, VERSION, REQUEST_NS (the
-               client's perf_counter_ns as it published: CLOCK_MONOTONIC, one clock for
-               every process of the machine, from which the server tallies how long
-               requests wait for their batch's launch)
+    header     [C, 9]      int64: REQUEST_SEQ, ROWS, KIND, ANSWER_SEQ, VERSION; the clocks of
+               the round trip, in perf_counter_ns (CLOCK_MONOTONIC: one clock for every
+               process of the machine): REQUEST_NS (client: as it published; the server
+               tallies each request's wait for its launch), ANSWER_NS (server: as it
+               answered), and the client's TAKEN_NS, TAKEN (the nanoseconds from answers
+               to the client's reading them, summed, and how many: its wake-up, or the
+               time a double-buffered actor was busy elsewhere)
     server     [SERVER_FIELDS] int64: server pid, state (NOT_STARTED/RUNNING/EXITED), version
                loaded, and the tally and load below
 
@@ -40,8 +43,8 @@ import torch.multiprocessing as mp
 from herd.inference.doorbells import make_doorbell
 
 # header columns
-REQUEST_SEQ, ROWS, KIND, ANSWER_SEQ, VERSION, REQUEST_NS = range(6)
-HEADER_FIELDS = 6
+REQUEST_SEQ, ROWS, KIND, ANSWER_SEQ, VERSION, REQUEST_NS, ANSWER_NS, TAKEN_NS, TAKEN = range(9)
+HEADER_FIELDS = 9
 # request kinds
 ACT, VALUE = 1, 2
 # server columns and states; the tally of answered batches (BatchServer.finish): batches,
@@ -135,11 +138,13 @@ class InferenceChannels:
         mean rows, requests (clients answered together) and microseconds from its launch to
         its answers (the forward pass, and on a GPU the copies and the wait for the device);
         per request the mean microseconds from its publication to its batch's launch (the
-        server's wake-up and its queue: what more servers would shorten)."""
-        info = self.server.numpy()
+        server's wake-up and its queue: what more servers would shorten), and from its
+        answer to the client's reading it (the client's wake-up)."""
+        info, header = self.server.numpy(), self.header.numpy()
         batches = int(info[SERVER_BATCHES])
         per_batch = max(batches, 1)
         return {"batches": batches, "mean_rows": round(int(info[SERVER_ROWS]) / per_batch, 2),
                 "mean_requests": round(int(info[SERVER_REQUESTS]) / per_batch, 2),
                 "mean_answer_us": round(int(info[SERVER_ANSWER_NS]) / per_batch / 1e3, 1),
-                "mean_wait_us": round(int(info[SERVER_WAIT_NS]) / max(int(info[SERVER_REQUESTS]), 1) / 1e3, 1)}
+                "mean_wait_us": round(int(info[SERVER_WAIT_NS]) / max(int(info[SERVER_REQUESTS]), 1) / 1e3, 1),
+                "mean_taken_us": round(int(header[:, TAKEN_NS].sum()) / max(int(header[:, TAKEN].sum()), 1) / 1e3, 1)}

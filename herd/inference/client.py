@@ -17,8 +17,9 @@ import psutil
 
 from herd.interfaces import PolicyStep
 from herd.models.core import CORE_STATE, EnvCoreStates, state_from_rows, state_to_rows
-from herd.inference.channels import (ACT, ANSWER_SEQ, EXITED, KIND, NOT_STARTED, REQUEST_NS, REQUEST_SEQ, ROWS,
-                                     SERVER_PID, SERVER_STATE, SERVER_VERSION, VALUE, VERSION, InferenceChannels)
+from herd.inference.channels import (ACT, ANSWER_NS, ANSWER_SEQ, EXITED, KIND, NOT_STARTED, REQUEST_NS, REQUEST_SEQ,
+                                     ROWS, SERVER_PID, SERVER_STATE, SERVER_VERSION, TAKEN, TAKEN_NS, VALUE, VERSION,
+                                     InferenceChannels)
 from herd.inference.records import FIELD_OF_OUTPUT, NOTHING
 
 
@@ -205,6 +206,8 @@ class InferenceClient:
             self.doorbell.wait_client(self.index, ready, self.poll_interval)
             if header[ANSWER_SEQ] != seq:
                 self._check_server(started)  # woken without our answer: timeout or a stale ring
+        header[TAKEN_NS] += time.perf_counter_ns() - header[ANSWER_NS]
+        header[TAKEN] += 1
         return int(header[VERSION])
 
     def _check_server(self, started: float) -> None:

@@ -35,7 +35,7 @@ import psutil
 import torch
 
 from herd.device_weights import DeviceWeightBoard
-from herd.inference.channels import (ANSWER_SEQ, EXITED, REQUEST_NS, REQUEST_SEQ, ROWS, RUNNING, SERVER_ANSWER_NS,
+from herd.inference.channels import (ANSWER_NS, ANSWER_SEQ, EXITED, REQUEST_NS, REQUEST_SEQ, ROWS, RUNNING, SERVER_ANSWER_NS,
                                      SERVER_BATCHES, SERVER_CPU_NS, SERVER_LIFE_NS, SERVER_PID, SERVER_REQUESTS,
                                      SERVER_ROWS, SERVER_STATE, SERVER_VERSION, SERVER_WAIT_NS, VERSION,
                                      InferenceChannels)
@@ -172,6 +172,7 @@ class BatchServer:
                 for name, tensor in launched.results.items():
                     self.outputs[name].index_copy_(0, launched.index, tensor)
         self.header[launched.clients, VERSION] = self.version
+        self.header[launched.clients, ANSWER_NS] = time.perf_counter_ns()
         self.header[launched.clients, ANSWER_SEQ] = launched.seqs   # last: from here on the client may read
         for c in launched.clients:
             self.channels.doorbell.ring_client(int(c))

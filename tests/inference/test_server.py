@@ -288,25 +288,32 @@ def test_a_stale_answer_is_never_taken():
 
 def test_the_server_tallies_the_batches_it_answers():
     """Batches, their rows and requests, the time from launch to answers and from each
-    request to its launch, summed in the channels' shared header (what InferenceServers
-    logs and summary.json keeps)."""
+    request to its launch and from each answer to its reading, summed in the channels'
+    shared header (what InferenceServers logs and summary.json keeps)."""
     channels = channels_for(MLP, 2, 8)
     server = BatchServer(channels, MLP, SharedWeights(build_model(**MLP), CONTEXT), torch.device("cpu"))
     assert channels.tally()["batches"] == 0
+    clients, seqs = [], []
     for client, rows in ((0, 8), (1, 3)):
-        asking = InferenceClient(channels, client)
-        asking._write(observations(MLP, rows, client))
-        asking._publish(rows, kind=1)
+        clients.append(InferenceClient(channels, client))
+        clients[-1]._write(observations(MLP, rows, client))
+        seqs.append(clients[-1]._publish(rows, kind=1))
     time.sleep(0.05)                                     # the two requests wait 50 ms for their launch
     server.serve(server.pending())                       # both together: 11 rows, 2 requests
+    clients[0]._wait(seqs[0])                            # client 0 reads its answer at once
+    asking = clients[1]
     asking._write(observations(MLP, 3, 5))
-    asking._publish(3, kind=1)
+    seq = asking._publish(3, kind=1)
     server.serve(server.pending())                       # client 1 alone: 3 rows
+    time.sleep(0.1)
+    asking._wait(seq)                                    # its answer read 100 ms after it came
     tally = channels.tally()
     assert (tally["batches"], tally["mean_rows"], tally["mean_requests"]) == (2, 7.0, 1.5), tally
     assert tally["mean_answer_us"] > 0
     # From publication to launch: at least the 50 ms of the first two requests, over three.
     assert 2 * 50_000 / 3 <= tally["mean_wait_us"] < 60_000_000, tally
+    # Two answers read (client 1's first answer never was): at once and after 100 ms.
+    assert 50_000 <= tally["mean_taken_us"] < 95_000, tally
 
 
 def raised_by(call, what: str, deadline: float = 60.0) -> BaseException | None:

@@ -41,7 +41,7 @@ def test_cartpole_learns_through_the_inference_server(tmp_path, records):
     envs = json.loads((run / "config.json").read_text())["envs_per_worker"]
     assert tally["batches"] * tally["mean_rows"] >= summary["environment_steps"], tally
     assert 1 <= tally["mean_requests"] <= actors and tally["mean_rows"] <= actors * envs, tally
-    assert tally["mean_answer_us"] > 0 and tally["mean_wait_us"] > 0
+    assert tally["mean_answer_us"] > 0 and tally["mean_wait_us"] > 0 and tally["mean_taken_us"] > 0
 
 
 def server_pids(results) -> list[int]:
