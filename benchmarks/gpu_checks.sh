@@ -41,7 +41,7 @@ if [[ $STEPS == *tests* ]]; then
 echo "== CUDA tests"
 timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_devices.py tests/learner/test_capture_cuda.py tests/models/test_frame_normalizer.py \
     tests/inference/test_device_weights.py tests/inference/test_device_path.py tests/learner/test_device_copies.py \
-    tests/inference/test_records.py \
+    tests/inference/test_records.py tests/inference/test_growth.py \
     "tests/inference/test_server.py::test_cuda_server_equals_the_local_cpu_model" > "$OUT/cuda_tests.txt" 2>&1
 tail -4 "$OUT/cuda_tests.txt"
 fi

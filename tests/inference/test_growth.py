@@ -82,17 +82,20 @@ def test_a_moved_actor_gets_the_answers_it_would_have_got(lanes):
     assert len(answered_moved[0]) == 7
 
 
-def test_a_busy_server_gets_another_that_takes_half_its_actors(monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_a_busy_server_gets_another_that_takes_half_its_actors(monkeypatch, device):
     """Real server processes: 4 actors (threads) at one server; with any load counting as
     busy, the supervisor starts a second server process, waits until it serves, then moves
     actors 1 and 3 to it. Every answer stays right throughout and the new server answers
     the moved actors. Catches a move before the new server serves (the moved actors would
-    wait for its start), a new server given nobody, and answers lost in the move."""
+    wait for its start), a new server given nobody, and answers lost in the move. On CUDA
+    the servers run the device path (page-locked channels, one copy each way)."""
     monkeypatch.setattr(inference_servers, "LOAD_WINDOW", 0.3)
     model = build_model(**MLP)
     weights = SharedWeights(model, CONTEXT)
     stop = CONTEXT.Event()
-    servers = InferenceServers(MLP, 4, 1, rows=3, weights=weights, device="cpu", stop=stop, context=CONTEXT,
+    servers = InferenceServers(MLP, 4, 1, rows=3, weights=weights, device=device, stop=stop, context=CONTEXT,
                                options=ServerOptions(), most=2, grow_at=0.0, idle_cores=0.0)
     running_at_move, move = [], RouteTable.move
 
@@ -112,7 +115,7 @@ def test_a_busy_server_gets_another_that_takes_half_its_actors(monkeypatch):
                 step = client.act(request_obs(i, k))
                 with torch.no_grad():
                     expected = model(torch.from_numpy(request_obs(i, k)).unsqueeze(0)).logits[0].numpy()
-                np.testing.assert_allclose(step.fields["behaviour_logits"], expected, rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(step.fields["behaviour_logits"], expected, rtol=1e-4, atol=1e-4)
                 k += 1
                 asked[i] = k
         except Exception as err:        # reported below, with the actor
