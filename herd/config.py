@@ -397,7 +397,7 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     if cfg.parallel.learner_count is None:
         cfg.parallel.learner_count = torchrun_world_size() or 1
     if cfg.parallel.actor_double_buffer is None:
-        cfg.parallel.actor_double_buffer = double_buffers_by_default(cfg)
+        cfg.parallel.actor_double_buffer = double_buffers_by_default(cfg, kind)
     if cfg.parallel.synchronous_sampling is None:
         p = cfg.parallel
         needs_two_slots = 0 < p.env_batch_size < p.envs_per_worker    # a double-buffered actor can do with one
@@ -455,14 +455,15 @@ def apply_profile(cfg: Config, kind: str) -> Config:
     return cfg
 
 
-def double_buffers_by_default(cfg: Config) -> bool:
+def double_buffers_by_default(cfg: Config, kind: str) -> bool:
     """--actor_double_buffer's default: on where a server on a GPU acts for the actors (the
     round trip to it is what the actors wait on: docs/inference.md) and each actor's
-    environments split into two halves that step together."""
+    environments split into two halves that step together. `kind`: the environment's
+    profile kind (continuous-action runs act with their own models)."""
     p = cfg.parallel
     cuda = learner_device(cfg.general.device).type == "cuda"
-    served = cfg.general.actor_inference == "server" or (cfg.general.actor_inference == "auto"
-                                                         and ALGORITHMS[cfg.general.algorithm].inference_server)
+    served = kind != "continuous" and (cfg.general.actor_inference == "server" or (
+        cfg.general.actor_inference == "auto" and ALGORITHMS[cfg.general.algorithm].inference_server))
     return (cuda and served and p.multiprocessing_backend == "python_native" and p.envs_per_worker >= 2
             and p.env_batch_size == 0)
 

@@ -230,6 +230,9 @@ def check_continuous(cfg: Config, spec: EnvSpec, algorithm: Algorithm) -> None:
     if spec.action_kind == "continuous" and cfg.general.actor_inference == "server":
         raise ConfigError("--actor_inference=server samples discrete actions only: continuous-action runs act "
                           "with --actor_inference=local")
+    if spec.action_kind == "continuous" and cfg.parallel.actor_double_buffer:
+        raise ConfigError("--actor_double_buffer overlaps stepping with an inference server's work, and "
+                          "continuous-action runs act with their own models (--actor_inference=local)")
     if c.normalize_observations and cfg.general.algorithm not in ("impala", "impact", "appo"):
         raise ConfigError(f"--normalize_observations is built for --algorithm=impala, impact or appo, not "
                           f"{cfg.general.algorithm} (its target network would normalise with older statistics)")

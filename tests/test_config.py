@@ -1,6 +1,7 @@
 """Config parsing, precedence, profiles and validation (no processes started)."""
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -86,6 +87,14 @@ def test_actors_served_on_a_gpu_are_double_buffered_by_default():
     assert double(device="cuda", envs_per_worker="1") is False
     assert double(device="cuda", algorithm="impala", env_backend="ale_vector", env_batch_size="4") is False
     assert double(device="cuda", algorithm="apex") is False                    # its actors act themselves
+    from herd.envs.registry import profile_kind
+    from herd.plan import check_continuous
+    continuous = resolve({"env": "InvertedPendulum-v5", "device": "cuda"}, env_kind=profile_kind)
+    assert continuous.parallel.actor_double_buffer is False                   # its actors act themselves
+    asked = resolve({"env": "InvertedPendulum-v5", "device": "cuda", "actor_double_buffer": "True"},
+                    env_kind=profile_kind)
+    with pytest.raises(ConfigError, match="continuous-action runs act with their own models"):
+        check_continuous(asked, SimpleNamespace(action_kind="continuous"), None)
     assert double(device="cuda", actor_double_buffer="False") is False         # the command line wins
     assert double(device="cpu", actor_inference="server", actor_double_buffer="True") is True
     from herd.config import machine_picks
