@@ -28,7 +28,6 @@ from herd.backends import backend_options, get_backend
 from herd.backends.inference_servers import GROW_AT
 from herd.backends.local import InferenceSetup
 from herd.backends.signals import install_stop_signals
-from herd.profiles import MAX_INFERENCE_SERVERS
 from herd.config import parse_eval_interval
 from herd.device_copies import DeviceCopies
 from herd.devices import fast_bf16, learner_device, use_deterministic_algorithms
@@ -50,6 +49,7 @@ from herd.monitor.metrics import RunMetrics
 from herd.monitor.progress import ProgressLine
 from herd.monitor.stats import EpisodeStats
 from herd.plan import Plan, env_kwargs, env_spec_dict, plays_greedily, test_policy_of
+from herd.profiles import MAX_INFERENCE_SERVERS
 from herd.replay.mixer import ReplayMixer
 from herd.replay.registry import build_replay
 from herd.replay.spec import batch_shares

@@ -47,7 +47,7 @@ class ActorSpec:
     act_options: dict = field(default_factory=dict)   # the algorithm's actor_options(cfg)
     record_fields: tuple | None = None      # the step fields the trajectory layout holds (None: all)
     double_buffer: bool = False             # two half-batches in flight (with an inference server)
-    one_slot: bool = False                  # one slot per actor (--shared_queue_size=1): the halves end rollouts together
+    one_slot: bool = False                  # --shared_queue_size=1: double-buffered halves end rollouts together
 
 
 class Rollout(NamedTuple):

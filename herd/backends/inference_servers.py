@@ -79,14 +79,13 @@ class InferenceServers:
         self.joining: tuple[int, int] | None = None     # (a started server not yet given actors, the busy one)
         self.window: tuple | None = None                # (its start, each server's usage, the cores' idle s)
         self.grown: list[dict] = []                     # each server added: when, why, for which actors
-        self.started_at = time.monotonic()
+        self.started_at = time.monotonic()             # the seconds of `grown` count from here
 
     def route(self, actor_id: int) -> InferenceRoute:
         recorded = tuple(self.records.tensors) if self.records is not None else ()
         return InferenceRoute(tuple(self.channels), self.table, actor_id, self.lanes, recorded=recorded)
 
     def start(self) -> None:
-        self.started_at = time.monotonic()
         for server in range(self.count):
             self.start_server(server)
         growth = (f"; more as their load asks, up to {self.most} (a server above {self.grow_at:g} of a core over "

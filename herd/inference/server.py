@@ -35,10 +35,10 @@ import psutil
 import torch
 
 from herd.device_weights import DeviceWeightBoard
-from herd.inference.channels import (ANSWER_NS, ANSWER_SEQ, EXITED, REQUEST_NS, REQUEST_SEQ, ROWS, RUNNING, SERVER_ANSWER_NS,
-                                     SERVER_BATCHES, SERVER_CPU_NS, SERVER_LIFE_NS, SERVER_PID, SERVER_REQUESTS,
-                                     SERVER_ROWS, SERVER_STATE, SERVER_VERSION, SERVER_WAIT_NS, VERSION,
-                                     InferenceChannels)
+from herd.inference.channels import (ANSWER_NS, ANSWER_SEQ, EXITED, REQUEST_NS, REQUEST_SEQ, ROWS, RUNNING,
+                                     SERVER_ANSWER_NS, SERVER_BATCHES, SERVER_CPU_NS, SERVER_LIFE_NS, SERVER_PID,
+                                     SERVER_REQUESTS, SERVER_ROWS, SERVER_STATE, SERVER_VERSION, SERVER_WAIT_NS,
+                                     VERSION, InferenceChannels)
 from herd.inference.device import DevicePath
 from herd.inference.forward import ServerOptions, policy_outputs, sample_actions
 from herd.inference.records import StepRecords
