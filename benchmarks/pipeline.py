@@ -13,7 +13,11 @@ a constant policy, against the env-only ceiling, in one command.
    slots, the actors only rewards and dones, herd/inference/records.py; `server_spin`:
    requests and answers polled instead of slept on, --inference_doorbell=spin), or
    (`threaded`) all the games in one actor process stepped by `workers` emulator threads
-   of ale_vector, asynchronously, the policy in that process (EnvPool's shape). The
+   of ale_vector, asynchronously, the policy in that process (EnvPool's shape), or
+   (`threaded_server`) that one process served by an inference server, or running the
+   server's batched path itself (`threaded_in_actor`: Sebulba's shape, the policy where a
+   GPU would hold it); `in_actor`: every actor runs that path itself
+   (--actor_inference=in_actor, herd/inference/in_actor.py). The
    learner's side is reduced to what an actor needs of it: each rollout's slot goes back
    at once (nothing is stored or trained).
 
@@ -24,7 +28,8 @@ a quarter from one minute to the next, so the measurement runs in `rounds`, each
 and then every mode for seconds / rounds, and the ratio reported is the median of the
 rounds' own ratios.
 Usage: python benchmarks/pipeline.py [--env PongNoFrameskip-v4] [--workers 2] [--envs 8] [--seconds 30]
-       [--rounds 3] [--modes local,server,server_db,server_records,server_spin,threaded]
+       [--rounds 3] [--modes local,server,server_db,server_records,server_spin,threaded,threaded_server,
+       in_actor,threaded_in_actor]
 Records benchmarks/results/pipeline_<env>_<workers>x<envs>.json; its last line:
     pipeline: ceiling_fps=<n> <mode>_fps=<n> <mode>_ratio=<r> ...
 """
@@ -37,7 +42,7 @@ import time
 from common import print_table, record
 from throughput import ceiling
 
-from herd.backends.local import ActorPool, start_inference_servers, step_records
+from herd.backends.local import ActorPool, in_actor_inference, start_inference_servers, step_records
 from herd.backends.start import actor_context
 from herd.models import build_model
 from herd.plan import prepare
@@ -52,18 +57,23 @@ MODES = {"local": "actors, policy in each", "server": "actors + {servers} infere
          "server_db": "double-buffered actors + {servers} server(s)",
          "server_records": "actors + {servers} server(s) recording the steps",
          "server_spin": "actors + {servers} server(s), requests and answers polled",
-         "threaded": "1 actor, all games, {workers} emulator threads"}
+         "threaded": "1 actor, all games, {workers} emulator threads",
+         "threaded_server": "1 actor, all games, {workers} emulator threads + {servers} server(s)",
+         "in_actor": "actors, each running the server's path",
+         "threaded_in_actor": "1 actor, all games, {workers} emulator threads, the server's path in it"}
 
 
 def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: float, mode: str) -> dict:
     """Agent steps per second of `workers` actors with the constant policy, after `warmup` s."""
+    in_actor = mode.endswith("in_actor")
+    served = mode.startswith("server") or mode == "threaded_server" or in_actor
     options = {"env": env, "network": "constant", "normalize_observations": False, "worker_count": workers,
                "envs_per_worker": envs, "device": "cpu", "tensorboard": False,
-               "actor_inference": "server" if mode.startswith("server") else "local",
+               "actor_inference": ("in_actor" if in_actor else "server") if served else "local",
                "actor_double_buffer": mode == "server_db",
                "inference_records": "on" if mode == "server_records" else "off",
                "inference_doorbell": "spin" if mode == "server_spin" else "semaphore"}
-    if mode == "threaded":
+    if mode.startswith("threaded"):
         # The EnvPool / Sebulba shape: one process steps every game on `workers` emulator
         # threads, asynchronously (half the games step while the policy acts on the others).
         options.update(worker_count=1, envs_per_worker=workers * envs, env_threads=workers,
@@ -77,13 +87,17 @@ def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: flo
     weights = SharedWeights(model, context)
     weights.publish(model, version=0)
     stop = context.Event()
-    servers = None
-    if mode.startswith("server"):
+    servers = acting = None
+    if served:
         setup = inference_setup(plan.cfg, "cpu", workers)
-        servers = start_inference_servers(spec, workers, weights, "cpu", stop, context, setup, max_restarts=0,
-                                          registry={}, records=step_records(slots, "cpu") if setup.records else None)
+        records = step_records(slots, "cpu") if setup.records else None
+        if in_actor:
+            acting = in_actor_inference(spec, weights, "cpu", setup, records)
+        else:
+            servers = acting = start_inference_servers(spec, workers, weights, "cpu", stop, context, setup,
+                                                       max_restarts=0, registry={}, records=records)
     pool = ActorPool(spec, workers, slots, SLOTS_PER_ACTOR, weights, context, timeout=120.0, max_restarts=0,
-                     inference=servers, stop_event=stop)
+                     inference=acting, stop_event=stop)
     pool.start()
     steps, first, deadline = 0, None, None
     try:
@@ -119,7 +133,10 @@ def main() -> None:
                                                                  "server_db (the same, double-buffered actors), "
                                                                  "server_records (servers that record the steps), "
                                                                  "server_spin (requests and answers polled), "
-                                                                 "threaded (one actor process, --workers threads)")
+                                                                 "threaded (one actor process, --workers threads), "
+                                                                 "threaded_server (the same, served), in_actor "
+                                                                 "(each actor runs the server's path), "
+                                                                 "threaded_in_actor (threaded, the path in it)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - set(MODES)

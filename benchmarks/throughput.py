@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import shlex
 import sys
@@ -74,7 +75,28 @@ CONFIGS = {
     "on-policy-server-servers-4": [*ON_POLICY, "--actor_inference=server", "--inference_servers=4"],
     # Requests and answers polled instead of slept on: no wake-up latency, where cores are idle.
     "on-policy-server-spin": [*ON_POLICY, "--actor_inference=server", "--inference_doorbell=spin"],
+    # No server process: each actor runs the server's batched path on the device itself
+    # (herd/inference/in_actor.py), as many actors as above, or (threaded, see THREADED) the
+    # same games in a few actor processes stepped by ale_vector's threads: Sebulba's shape.
+    "on-policy-server-in-actor": [*ON_POLICY, "--actor_inference=in_actor"],
+    "on-policy-server-in-actor-threaded": [*ON_POLICY, "--actor_inference=in_actor"],
+    "on-policy-server-threaded": [*ON_POLICY, "--actor_inference=server"],
 }
+# Configurations that fold up to this many actors into one actor process: the same games
+# (workers x envs), stepped by as many ale_vector threads, half of them per batch (they
+# step while the policy acts on the other half: --env_batch_size).
+THREADED = {"on-policy-server-in-actor-threaded": 8, "on-policy-server-threaded": 8}
+
+
+def actor_shape(name: str, workers: int, envs: int) -> list[str]:
+    """The flags that give configuration `name` its actors: `workers` processes of `envs`
+    games, or (THREADED) the same games folded into fewer processes with emulator threads."""
+    fold = math.gcd(workers, THREADED.get(name, 1))
+    if fold == 1:
+        return [f"--worker_count={workers}", f"--envs_per_worker={envs}"]
+    games = envs * fold
+    return [f"--worker_count={workers // fold}", f"--envs_per_worker={games}", f"--env_threads={fold}",
+            f"--env_batch_size={games // 2}", "--env_backend=ale_vector"]
 # What runs without --configs: all but the server options above.
 DEFAULT_CONFIGS = [name for name in CONFIGS if not name.startswith("on-policy-server-")]
 
@@ -178,7 +200,7 @@ def main() -> None:
     best_ceiling = max(ceilings.values())
     runs = {}
     for name in names:
-        herd_args = ["train", f"--env={args.env}", f"--worker_count={args.workers}", f"--envs_per_worker={args.envs}",
+        herd_args = ["train", f"--env={args.env}", *actor_shape(name, args.workers, args.envs),
                      "--environment_max_steps=100000000", "--basic_verbose=False", "--verbose_learner_out_int=5",
                      "--tensorboard=False", *CONFIGS[name], *shlex.split(args.extra)]
         with tempfile.TemporaryDirectory() as tmp:

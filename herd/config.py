@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from herd.algos import ALGORITHMS
-from herd.backends import BACKEND_CHOICES
+from herd.backends import BACKEND_CHOICES, SERVED_INFERENCE
 from herd.devices import bf16_choice, fast_bf16, learner_device
 from herd.envs.actor_envs import ENV_BACKENDS
 from herd.envs.wrappers import REWARD_CLIPPING_METHODS
@@ -66,7 +66,7 @@ class GeneralConfig:
     name: Optional[str] = opt(None, "a name for the run: its folder is <results_dir>/<name>_<env>_<algorithm>_<date-time>")
     tag: Optional[str] = opt(None, "labels for the run, comma-separated (kept in config.json; the folder name carries them after the name; herd plot ignores both when grouping)")
     # -- end run names
-    actor_inference: str = opt("auto", "who chooses the actors' actions: local (each actor runs the model on its CPU), server (one batched inference server on --device for all actors), auto (server when the device is cuda)", ("auto", "local", "server"))
+    actor_inference: str = opt("auto", "who chooses the actors' actions: local (each actor runs the model on its CPU), server (batched inference servers on --device for all actors), in_actor (each actor runs the servers' batched path on --device in its own process: no server process and no round trip; with few actors of many games and --env_threads, Sebulba's shape: docs/inference.md), auto (server when the device is cuda)", ("auto", "local", "server", "in_actor"))
 
 
 @dataclass
@@ -462,7 +462,7 @@ def double_buffers_by_default(cfg: Config, kind: str) -> bool:
     profile kind (continuous-action runs act with their own models)."""
     p = cfg.parallel
     cuda = learner_device(cfg.general.device).type == "cuda"
-    served = kind != "continuous" and (cfg.general.actor_inference == "server" or (
+    served = kind != "continuous" and (cfg.general.actor_inference in SERVED_INFERENCE or (
         cfg.general.actor_inference == "auto" and ALGORITHMS[cfg.general.algorithm].inference_server))
     return (cuda and served and p.multiprocessing_backend == "python_native" and p.envs_per_worker >= 2
             and p.env_batch_size == 0)

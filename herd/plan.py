@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from herd.algos import Algorithm, get_algorithm, trajectory_layout
+from herd.backends import SERVED_INFERENCE
 from herd.backends.ray_cluster import check_ray_address
 from herd.backends.start import check_fork_server_python
 from herd.checkpoint import check_compatible, check_parts, check_session_parts, load_checkpoint
@@ -227,9 +228,9 @@ def check_action_kind(cfg: Config) -> None:
 def check_continuous(cfg: Config, spec: EnvSpec, algorithm: Algorithm) -> None:
     """What continuous actions, observation normalisation and reward scaling cannot run with."""
     c = cfg.continuous
-    if spec.action_kind == "continuous" and cfg.general.actor_inference == "server":
-        raise ConfigError("--actor_inference=server samples discrete actions only: continuous-action runs act "
-                          "with --actor_inference=local")
+    if spec.action_kind == "continuous" and cfg.general.actor_inference in SERVED_INFERENCE:
+        raise ConfigError(f"--actor_inference={cfg.general.actor_inference} samples discrete actions only: "
+                          "continuous-action runs act with --actor_inference=local")
     if spec.action_kind == "continuous" and cfg.parallel.actor_double_buffer:
         raise ConfigError("--actor_double_buffer overlaps stepping with an inference server's work, and "
                           "continuous-action runs act with their own models (--actor_inference=local)")

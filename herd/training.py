@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 
 from herd import stopping
 from herd.actors.actor import ActorSpec
-from herd.backends import backend_options, get_backend
+from herd.backends import SERVED_INFERENCE, backend_options, get_backend
 from herd.backends.inference_servers import GROW_AT
 from herd.backends.local import InferenceSetup
 from herd.backends.signals import install_stop_signals
@@ -259,7 +259,7 @@ def inference_device(cfg, device: torch.device, serves_algorithm: bool = True) -
     mode = cfg.general.actor_inference
     if cfg.parallel.multiprocessing_backend != "python_native":
         return None                     # the server shares memory with its actors: on this machine only
-    if mode == "server" or (mode == "auto" and device.type == "cuda" and serves_algorithm):
+    if mode in SERVED_INFERENCE or (mode == "auto" and device.type == "cuda" and serves_algorithm):
         return str(device)              # "cuda:1": each learner's server beside it
     return None
 
@@ -282,7 +282,8 @@ def inference_setup(cfg, device: str, worker_count: int) -> InferenceSetup:
     else:
         servers = most = max(1, min(p.inference_servers, worker_count))
         grow_at = None
-    return InferenceSetup(servers, most, grow_at, options, records, p.inference_doorbell)
+    return InferenceSetup(servers, most, grow_at, options, records, p.inference_doorbell,
+                          in_actor=cfg.general.actor_inference == "in_actor")
 
 
 def start_hardware_monitor(plan: Plan, session: TrainingSession, run_dir: Path) -> HardwareMonitor | None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from herd.algos import ALGORITHMS
-from herd.backends import check_backend
+from herd.backends import SERVED_INFERENCE, check_backend
 from herd.devices import learner_device
 from herd.errors import ConfigError
 from herd.inputs import excerpt
@@ -198,9 +198,9 @@ def validate(cfg: Config) -> None:
     if t.replay_ratio is not None and any(spec.on_policy for spec in specs):
         raise ConfigError("--replay_ratio paces training without a queue replay; with a queue, each fresh "
                           "trajectory is used once: drop --replay_ratio or the queue")
-    if cfg.general.actor_inference == "server" and not algorithm.inference_server:
-        raise ConfigError(f"--actor_inference=server: {algorithm.name} actors need their own model "
-                          "(use --actor_inference=local)")
+    if cfg.general.actor_inference in SERVED_INFERENCE and not algorithm.inference_server:
+        raise ConfigError(f"--actor_inference={cfg.general.actor_inference}: {algorithm.name} actors need their own "
+                          "model (use --actor_inference=local)")
     validate_impact(cfg, specs, shares)
     validate_learners(cfg, specs)
     validate_reuse(cfg)
@@ -228,10 +228,11 @@ def validate_inference(cfg: Config) -> None:
         raise ConfigError("--inference_cuda_graphs captures CUDA graphs: it needs --device=cuda (or auto with a GPU)")
     if not p.actor_double_buffer:
         return
-    serves = cfg.general.actor_inference == "server" or (cfg.general.actor_inference == "auto" and cuda)
+    serves = cfg.general.actor_inference in SERVED_INFERENCE or (cfg.general.actor_inference == "auto" and cuda)
     if not serves or p.multiprocessing_backend != "python_native":
         raise ConfigError("--actor_double_buffer overlaps stepping with an inference server's work: it needs "
-                          "--actor_inference=server (or auto on a GPU) and --multiprocessing_backend=python_native")
+                          "--actor_inference=server or in_actor (or auto on a GPU) and "
+                          "--multiprocessing_backend=python_native")
     if p.envs_per_worker < 2 or p.env_batch_size != 0:
         raise ConfigError(f"--actor_double_buffer splits each actor's environments in two halves: it needs "
                           f"--envs_per_worker >= 2 (got {p.envs_per_worker}) and --env_batch_size=0 (got "
@@ -244,11 +245,11 @@ def validate_records(cfg: Config, algorithm) -> None:
     if p.inference_records != "on":
         return
     cuda = learner_device(cfg.general.device).type == "cuda"
-    serves = cfg.general.actor_inference == "server" or (cfg.general.actor_inference == "auto" and cuda)
+    serves = cfg.general.actor_inference in SERVED_INFERENCE or (cfg.general.actor_inference == "auto" and cuda)
     if not serves or not algorithm.inference_server or p.multiprocessing_backend != "python_native":
         raise ConfigError("--inference_records=on: the inference server records the steps it acts on; it needs one "
-                          "(--actor_inference=server, or auto on a GPU, an algorithm whose actors it serves, and "
-                          "--multiprocessing_backend=python_native)")
+                          "(--actor_inference=server or in_actor, or auto on a GPU, an algorithm whose actors it "
+                          "serves, and --multiprocessing_backend=python_native)")
 
 
 def validate_synchronous(cfg: Config, specs: list, shares: list) -> None:
@@ -416,9 +417,10 @@ def validate_ray(cfg: Config) -> None:
     if (p.learner_count or 1) > 1:
         raise ConfigError(f"--learner_count={p.learner_count} with --multiprocessing_backend=ray is not built yet: "
                           "use one learner with Ray, or several with python_native")
-    if cfg.general.actor_inference == "server":
-        raise ConfigError("--actor_inference=server shares memory with actors on this machine: with "
-                          "--multiprocessing_backend=ray actors act with their own model (use --actor_inference=local)")
+    if cfg.general.actor_inference in SERVED_INFERENCE:
+        raise ConfigError(f"--actor_inference={cfg.general.actor_inference} shares memory with the learner on this "
+                          "machine: with --multiprocessing_backend=ray actors act with their own model (use "
+                          "--actor_inference=local)")
 
 
 def check_replay_server(cfg: Config) -> None:

@@ -1,7 +1,8 @@
-"""One actor served by a real inference server (in a thread), stepping real CartPole
-environments into its slots: the rollouts it delivers, for tests that compare two ways of
-acting (double buffering: tests/actors/test_double_buffer.py; a server that records the
-steps: tests/inference/test_records.py)."""
+"""One actor served by a real inference server (in a thread), or running the server's
+path itself (--actor_inference=in_actor), stepping real CartPole environments into its
+slots: the rollouts it delivers, for tests that compare ways of acting (double buffering:
+tests/actors/test_double_buffer.py; a server that records the steps:
+tests/inference/test_records.py; the server's path in the actor: tests/inference/test_in_actor.py)."""
 from __future__ import annotations
 
 import threading
@@ -16,9 +17,10 @@ from herd.actors.rollout import RolloutWriter
 from herd.algos import IMPALA, trajectory_layout
 from herd.backends.local import step_records
 from herd.envs.actor_envs import make_actor_envs
-from herd.inference import InferenceChannels, InferenceClient
+from herd.inference import InferenceChannels, ServerOptions
+from herd.inference.in_actor import InActorInference
 from herd.inference.records import StepRecords
-from herd.inference.routing import InferenceRoute
+from herd.inference.routing import InferenceRoute, RoutedClient
 from herd.inference.server import BatchServer, serve_forever
 from herd.store import TrajectorySlots
 from herd.weights import SharedWeights
@@ -53,8 +55,21 @@ def served(weights: SharedWeights, records: StepRecords | None = None, model: di
         thread.join(5)
 
 
+@contextmanager
+def route(weights: SharedWeights, records: StepRecords | None, model: dict, lanes: int, in_actor: str | None):
+    """The route the actor's clients take: to a server thread, or (in_actor: its device) to
+    a BatchServer of the actor's own, rung inline (herd/inference/in_actor.py)."""
+    if in_actor:
+        yield InActorInference(model, weights, in_actor, ServerOptions(), lanes, E, features=False,
+                               records=records).start()
+        return
+    with served(weights, records, model) as channels:
+        yield InferenceRoute.alone(channels, lanes)
+
+
 def trajectories(weights: SharedWeights, double: bool = False, recording: bool = False, model: dict = MLP,
-                 env: dict | None = None, slots_per_actor: int = ROLLOUTS + 2) -> list[dict]:
+                 env: dict | None = None, slots_per_actor: int = ROLLOUTS + 2, in_actor: str | None = None
+                 ) -> list[dict]:
     """ROLLOUTS rollouts of one actor, copied out of its slots as delivered (each slot then
     given back, as the learner does); `recording`: the server records the steps into the
     slots (the local backend's step_records); slots_per_actor: 1 is synchronous sampling's
@@ -75,13 +90,13 @@ def trajectories(weights: SharedWeights, double: bool = False, recording: bool =
     env = env or {}
     spec = ActorSpec(env_id="CartPole-v1", env_kwargs=env, model_kwargs=model, envs_per_worker=E, unroll_length=T,
                      seed=SEED, record_fields=RECORD, double_buffer=double)
-    with served(weights, records, model) as channels:
+    with route(weights, records, model, 2 if double else 1, in_actor) as way:
         if double:
-            envs, policy = double_buffered(spec, InferenceRoute.alone(channels, 2), stop, record, place_of)
+            envs, policy = double_buffered(spec, way, stop, record, place_of)
             rollouts = collect_double_buffered(envs, policy, writer, stop, together=slots_per_actor == 1)
         else:
             envs = make_actor_envs("gymnasium", "CartPole-v1", E, seed=SEED, env_kwargs=env)
-            policy = InferenceClient(channels, 0, seed=SEED, record=record, place_of=place_of)
+            policy = RoutedClient(way, stop=stop, seed=SEED, record=record, place_of=place_of)
             rollouts = collect_rollouts(envs, policy, writer, stop)
         out = []
         for delivery in rollouts:

@@ -16,3 +16,16 @@ def test_busy_shares_average_each_role_s_processes_after_the_warm_up():
                 (10, "learner", "cpu", 150.0), (10, "system", "cpu", 70.0)]]
     assert busy_shares(rows, after=10) == {"actors": 0.85, "servers": 0.5, "learner": 1.5}
     assert busy_shares(rows[:2], after=10) == {}
+
+
+def test_threaded_configurations_step_the_same_games_in_fewer_processes():
+    """throughput.py's THREADED configurations (Sebulba's shape) fold up to 8 actors into one
+    process with as many emulator threads, half its games per batch; the others keep the
+    command's actors. The games are the same: the ceiling stays comparable."""
+    from throughput import actor_shape
+    assert actor_shape("on-policy", 16, 8) == ["--worker_count=16", "--envs_per_worker=8"]
+    assert actor_shape("on-policy-server-in-actor-threaded", 16, 8) == [
+        "--worker_count=2", "--envs_per_worker=64", "--env_threads=8", "--env_batch_size=32", "--env_backend=ale_vector"]
+    assert actor_shape("on-policy-server-threaded", 2, 4)[:4] == [
+        "--worker_count=1", "--envs_per_worker=8", "--env_threads=2", "--env_batch_size=4"]
+    assert actor_shape("on-policy-server-threaded", 6, 2)[:2] == ["--worker_count=3", "--envs_per_worker=4"]

@@ -84,6 +84,7 @@ def test_actors_served_on_a_gpu_are_double_buffered_by_default():
     assert double(device="cuda", algorithm="impala") is True
     assert double(device="cpu") is False and double(device="cpu", actor_inference="server") is False
     assert double(device="cuda", actor_inference="local") is False
+    assert double(device="cuda", actor_inference="in_actor") is True          # the server's path in each actor
     assert double(device="cuda", envs_per_worker="1") is False
     assert double(device="cuda", algorithm="impala", env_backend="ale_vector", env_batch_size="4") is False
     assert double(device="cuda", algorithm="apex") is False                    # its actors act themselves

@@ -53,6 +53,7 @@ def test_atari_frames_are_normalised_per_pixel_by_default_but_for_ape_x(tmp_path
 @pytest.mark.parametrize("options, words", [
     ({"env": "Pendulum-v1", "algorithm": "apex"}, ["--algorithm=apex needs discrete actions", "--algorithm=impala"]),
     ({"env": "Pendulum-v1", "actor_inference": "server"}, ["--actor_inference=server", "local"]),
+    ({"env": "Pendulum-v1", "actor_inference": "in_actor"}, ["--actor_inference=in_actor", "local"]),
     ({"env": "MinAtar/Breakout-v1", "normalize_observations": "True"}, ["network minatar_cnn has no observation "
                                                                         "normaliser", "nature_cnn or resnet"]),
     ({"env": "CartPole-v1", "algorithm": "apex", "normalize_observations": "True"}, ["built for --algorithm=impala"]),

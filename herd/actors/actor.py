@@ -23,6 +23,7 @@ from herd.actors.rollout import ActorStopped, RolloutWriter, truncated_values
 from herd.envs.actor_envs import make_actor_envs
 from herd.actors.double_buffer import collect_double_buffered, double_buffered
 from herd.inference import InferenceServerGone
+from herd.inference.in_actor import InActorInference
 from herd.inference.routing import InferenceRoute, RoutedClient
 from herd.store import TrajectorySlots
 from herd.weights import SharedWeights
@@ -128,16 +129,19 @@ def run_as_throughput_work() -> None:
 
 
 def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots, rollouts,
-              weights: SharedWeights, stop, inference: InferenceRoute | None = None) -> None:
+              weights: SharedWeights, stop, inference: InferenceRoute | InActorInference | None = None) -> None:
     """Process entry point. `free_slots`: this actor's FreeSlots, the indices it may fill;
     `rollouts`: the write end of this actor's pipe to the learner; `stop`: an Event;
-    `inference`: this actor's place at a batched inference server (None: act with a local model)."""
+    `inference`: this actor's place at a batched inference server, or the server's path to
+    run in this process (herd/inference/in_actor.py); None: act with a local model."""
     # Ctrl+C reaches the whole process group: the main process alone decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     run_as_throughput_work()
     torch.set_num_threads(spec.torch_threads)
     torch.manual_seed(spec.seed)
     parent = multiprocessing.parent_process()
+    if isinstance(inference, InActorInference):
+        inference = inference.start()       # its own BatchServer, reached like a server's
 
     def acquire() -> int:
         while not stop.is_set():

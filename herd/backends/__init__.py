@@ -22,6 +22,9 @@ BACKENDS: dict[str, str] = {
 # Names the seed's command line knows, with why they cannot run yet (none today).
 NOT_BUILT: dict[str, str] = {}
 BACKEND_CHOICES = tuple(BACKENDS) + tuple(NOT_BUILT)
+# --actor_inference values whose actors are answered by the inference server's batched path
+# (herd/inference/, the local backend's): server processes, or that path in each actor's own.
+SERVED_INFERENCE = ("server", "in_actor")
 # name -> (the package it imports, how to install it): an optional extra of pyproject.toml.
 REQUIRES: dict[str, tuple[str, str]] = {"ray": ("ray", "pip install -e '.[ray]'")}
 # name -> the options of ParallelConfig its wiring function takes as keyword arguments.

@@ -19,6 +19,10 @@ the trajectories (herd/inference/records.py): into the actors' slots on a CPU; o
 into a mirror of the slots on the learner's device, which the learner copies from, device
 to device, with what the actors wrote into their slots (rewards, dones, obs[T]).
 
+With --actor_inference=in_actor there is no server process: each actor runs the server's
+batched path on the device itself (herd/inference/in_actor.py), with the same weights,
+records and sampling.
+
 On the learner's own CUDA device the servers take the weights device to device
 (herd/device_weights.py: the learner's two-slot board, shared as a CUDA IPC handle);
 elsewhere they pull SharedWeights, which actors acting with their own model always do.
@@ -44,6 +48,7 @@ from herd.stopping import sigint_blocked
 from herd.errors import ActorFailure
 from herd.backends.inference_servers import InferenceServers
 from herd.inference import ServerOptions
+from herd.inference.in_actor import InActorInference
 from herd.inference.records import StepRecords, recorded_fields
 from herd.learner.loop import Arrival, run_loop
 from herd.learner.publisher import WeightPublisher
@@ -64,6 +69,7 @@ class InferenceSetup:
     options: ServerOptions = ServerOptions()
     records: bool = False           # --inference_records: the servers record the steps they act on
     doorbell: str = "semaphore"     # --inference_doorbell: how requests and answers wake their waiters
+    in_actor: bool = False          # --actor_inference=in_actor: each actor runs the server's path itself
 
 
 # Seconds an actor may take to deliver its first rollout, or --actor_timeout if longer.
@@ -91,9 +97,11 @@ class ActorPool:
 
     def __init__(self, spec: ActorSpec, count: int, slots: TrajectorySlots, slots_per_actor: int,
                  weights: SharedWeights, context, timeout: float, max_restarts: int,
-                 inference: InferenceServers | None = None, stop_event=None, registry: dict | None = None):
+                 inference: InferenceServers | InActorInference | None = None, stop_event=None,
+                 registry: dict | None = None):
         self.spec, self.count, self.slots, self.weights = spec, count, slots, weights
-        self.inference = inference  # None: every actor acts with its own CPU model
+        # The servers, or the server's path each actor runs itself; None: each acts with its own CPU model.
+        self.inference = inference
         self.slots_per_actor = slots_per_actor
         self.context = context
         self.timeout = timeout
@@ -301,16 +309,29 @@ def step_records(slots: TrajectorySlots, device: str) -> StepRecords:
     return StepRecords.on_device(slots.layout, slots.num_slots, slots.envs_per_slot, fields, torch.device(device))
 
 
+def client_shape(spec: ActorSpec) -> tuple[int, int, bool]:
+    """An actor's clients at a server: lanes (two when double-buffered), the most rows a
+    lane sends at once, and whether the channels carry feature vectors (a replay reads them)."""
+    lanes = 2 if spec.double_buffer else 1
+    envs = spec.env_batch_size or spec.envs_per_worker      # the most observations one actor sends at once
+    rows = -(-envs // lanes)                                 # ... per lane: half of them, rounded up
+    return lanes, rows, spec.record_fields is None or "features" in spec.record_fields
+
+
+def in_actor_inference(spec: ActorSpec, weights: SharedWeights | DeviceWeightBoard, device: str,
+                       setup: InferenceSetup, records: StepRecords | None) -> InActorInference:
+    """What each actor needs to run the server's batched path on `device` itself."""
+    lanes, rows, features = client_shape(spec)
+    return InActorInference(spec.model_kwargs, weights, device, setup.options, lanes, rows, features, records)
+
+
 def start_inference_servers(spec: ActorSpec, worker_count: int, weights: SharedWeights | DeviceWeightBoard,
                             device: str, stop, context, setup: InferenceSetup, max_restarts: int,
                             registry: dict, records: StepRecords | None = None) -> InferenceServers:
     """setup.servers batched inference server processes for `worker_count` actors, on
     `device`, pulling `weights` (SharedWeights, or the learner's board on its device) and
     recording steps into `records` (None: the actors write them)."""
-    lanes = 2 if spec.double_buffer else 1
-    envs = spec.env_batch_size or spec.envs_per_worker      # the most observations one actor sends at once
-    rows = -(-envs // lanes)                                 # ... per lane: half of them, rounded up
-    features = spec.record_fields is None or "features" in spec.record_fields
+    lanes, rows, features = client_shape(spec)
     servers = InferenceServers(spec.model_kwargs, worker_count, setup.servers, rows, weights, device, stop, context,
                                setup.options, lanes=lanes, features=features, torch_threads=spec.torch_threads,
                                seed=spec.seed, max_restarts=max_restarts, registry=registry, records=records,
@@ -353,7 +374,7 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
     if weights.adopt(session.learner.model):
         session.learner.write_weights_within(weights.writing)
     weights.publish(session.learner.model, version=session.counters.updates)
-    servers = board = records = None
+    servers = acting = board = records = None       # acting: the servers, or what each actor runs itself
     stop_actors = context.Event()
     setup = inference or InferenceSetup()
     # A resumed run whose budget is already spent trains nothing: starting actors would
@@ -364,15 +385,21 @@ def train_local(session: TrainingSession, spec: ActorSpec, worker_count: int, sl
             records = step_records(slots, inference_device)
             log.info("the inference servers record the steps they act on %s", "in the actors' slots"
                      if records.on_host else f"on {records.device}: each frame crosses to it once")
-        servers = start_inference_servers(spec, worker_count, board or weights, inference_device, stop_actors,
-                                          context, setup, max_restarts, session.processes, records)
+        if setup.in_actor:
+            acting = in_actor_inference(spec, board or weights, inference_device, setup, records)
+            log.info("each actor runs the inference server's batched path on %s itself (no server process)",
+                     inference_device)
+        else:
+            servers = acting = start_inference_servers(spec, worker_count, board or weights, inference_device,
+                                                       stop_actors, context, setup, max_restarts, session.processes,
+                                                       records)
     pool = ActorPool(spec, worker_count, slots, slots_per_actor, weights, context, actor_timeout, max_restarts,
-                     inference=servers, stop_event=stop_actors, registry=session.processes)
+                     inference=acting, stop_event=stop_actors, registry=session.processes)
     if not session.done:
         pool.start()
     # After every update; on a GPU learner the copy off the device does not block the update.
     # With a board, the same side stream also copies them device to device for the servers.
-    publish = WeightPublisher(session.learner.model, host_weight_store(weights, servers, board), board=board)
+    publish = WeightPublisher(session.learner.model, host_weight_store(weights, acting, board), board=board)
     try:
         mirror = records if records is not None and not records.on_host else None
         rollouts = LocalRollouts(pool, slots, servers, synchronous_sampling, mirror, session.device_copies)

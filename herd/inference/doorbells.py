@@ -21,12 +21,19 @@ Four mechanisms, compared by benchmarks/inference_server.py:
 
 Every `wait_*` returns after at most `timeout` seconds, rung or not, so callers can check
 for a stop request or a dead peer.
+
+One more, not a choice of --inference_doorbell: `inline`, where the server is no other
+process but a BatchServer in the client's own (herd/inference/in_actor.py): ringing
+launches the request's batch in the ringing thread, waiting for the answer finishes it.
 """
 from __future__ import annotations
 
 import queue
 import time
+from collections import deque
 from typing import Callable
+
+import numpy as np
 
 MECHANISMS = ("semaphore", "pipe", "queue", "spin")
 
@@ -143,8 +150,40 @@ class SpinDoorbell:
         pass
 
 
+class InlineDoorbell:
+    """The server is a BatchServer in the clients' own process (serve_with): a ring pulls
+    newer weights and launches the ringing client's batch (on a GPU it runs while the
+    caller goes on: a double-buffered actor steps its other half); a wait finishes the
+    batches launched so far, in order, until the waiter's answer is in."""
+
+    def __init__(self, num_clients: int, context):
+        self.server = None
+        self.launched = deque()
+
+    def serve_with(self, server) -> None:
+        self.server = server
+
+    def ring_server(self, client: int) -> None:
+        self.server.refresh_weights()
+        self.launched.append(self.server.launch(np.array([client])))
+
+    def wait_server(self, ready: Ready, timeout: float) -> None:
+        raise RuntimeError("an inline doorbell's server runs in its clients' thread: nothing waits for rings")
+
+    def ring_client(self, client: int) -> None:
+        pass            # the answer is in the header: the client reads it as its wait returns
+
+    def wait_client(self, client: int, ready: Ready, timeout: float) -> None:
+        while self.launched and not ready():
+            self.server.finish(self.launched.popleft())
+
+    def forget_client(self, client: int) -> None:
+        pass
+
+
 def make_doorbell(mechanism: str, num_clients: int, context):
-    kinds = {"semaphore": SemaphoreDoorbell, "pipe": PipeDoorbell, "queue": QueueDoorbell, "spin": SpinDoorbell}
+    kinds = {"semaphore": SemaphoreDoorbell, "pipe": PipeDoorbell, "queue": QueueDoorbell, "spin": SpinDoorbell,
+             "inline": InlineDoorbell}
     if mechanism not in kinds:
         raise ValueError(f"unknown inference signalling mechanism '{mechanism}' (use one of {', '.join(MECHANISMS)})")
     return kinds[mechanism](num_clients, context)

@@ -68,6 +68,8 @@ def test_the_local_policy_returns_only_the_recorded_fields():
     ({"inference_records": "on", "device": "cpu"}, "--inference_records=on: the inference server records"),
     ({"inference_records": "on", "actor_inference": "server", "device": "cpu", "algorithm": "apex"},
      "--actor_inference=server: apex actors need their own model"),
+    ({"actor_inference": "in_actor", "algorithm": "apex"}, "--actor_inference=in_actor: apex actors need their own"),
+    ({"actor_inference": "in_actor", "actor_double_buffer": True, "envs_per_worker": 1}, "--envs_per_worker >= 2"),
     ({"inference_records": "maybe"}, "not one of"),
 ])
 def test_inference_options_are_refused_in_one_line(options, message, tmp_path):

@@ -32,6 +32,7 @@ def test_actor_cpus_fractions_below_one_and_whole_numbers_above(cpus):
     ({"ray_address": "10.0.0.5:70000"}, "--ray_address must be"),
     ({"multiprocessing_backend": "ray", "learner_count": "2"}, "not built yet"),
     ({"multiprocessing_backend": "ray", "actor_inference": "server"}, "--actor_inference=local"),
+    ({"multiprocessing_backend": "ray", "actor_inference": "in_actor"}, "--actor_inference=in_actor shares memory"),
     # The replay server (Ape-X on Ray): never silently the replay in the learner instead.
     ({"algorithm": "apex", "replay_server": "True"}, "needs --multiprocessing_backend=ray"),
     ({"multiprocessing_backend": "ray", "replay_server": "True"}, "built for --algorithm=apex only"),

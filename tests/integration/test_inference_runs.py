@@ -44,6 +44,23 @@ def test_cartpole_learns_through_the_inference_server(tmp_path, records):
     assert tally["mean_answer_us"] > 0 and tally["mean_wait_us"] > 0 and tally["mean_taken_us"] > 0
 
 
+def test_cartpole_learns_with_the_servers_path_in_each_actor(tmp_path):
+    """--actor_inference=in_actor: no server process; each actor runs the server's batched
+    path itself (herd/inference/in_actor.py), here also recording the steps into its slots."""
+    result = run_cli(["train", "--env=CartPole-v1", "--actor_inference=in_actor", "--device=cpu",
+                      "--environment_max_steps=60000", "--seed=1", "--basic_verbose=False",
+                      "--inference_records=on"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = only_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ended"] == "finished" and summary["environment_steps"] >= 60000
+    assert summary["max_average_score"] >= 100, summary      # as through a server, above
+    log = log_text(tmp_path)
+    assert "each actor runs the inference server's batched path on cpu itself" in log
+    assert "record the steps they act on in the actors' slots" in log
+    assert not server_pids(tmp_path) and "inference_server_batches" not in summary
+
+
 def server_pids(results) -> list[int]:
     """The inference servers' pids, from the run's log line (herd/backends/inference_servers.py)."""
     runs = [r for r in results.iterdir() if (r / "log.txt").exists()] if results.exists() else []
