@@ -24,7 +24,9 @@
 # STEPS=throughput with CONFIGS= and PEER_VARIANTS=equal-work PEER_SECONDS=120. Next in
 # line (2026-11-30): CONFIGS=on-policy,on-policy-server-single-buffer,on-policy-server-servers-2
 # (the new defaults, double-buffered actors and servers by load, against the H200's
-# single-buffered actors and two fixed servers), then -spin, -records-off, -cuda-graphs.
+# single-buffered actors and two fixed servers), then the server's path in each actor and
+# the threaded shape (CONFIGS=on-policy-server-in-actor,on-policy-server-in-actor-threaded,
+# on-policy-server-threaded: docs/inference.md), then -spin, -records-off, -cuda-graphs.
 # On a CPU it runs too (the CUDA tests skip), for trying it before a GPU is lent:
 #   WORKERS=2 ENVS=2 bash benchmarks/gpu_checks.sh 0.5 20
 set -uo pipefail
@@ -41,7 +43,7 @@ if [[ $STEPS == *tests* ]]; then
 echo "== CUDA tests"
 timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_devices.py tests/learner/test_capture_cuda.py tests/models/test_frame_normalizer.py \
     tests/inference/test_device_weights.py tests/inference/test_device_path.py tests/learner/test_device_copies.py \
-    tests/inference/test_records.py tests/inference/test_growth.py \
+    tests/inference/test_records.py tests/inference/test_growth.py tests/inference/test_in_actor.py \
     "tests/inference/test_server.py::test_cuda_server_equals_the_local_cpu_model" > "$OUT/cuda_tests.txt" 2>&1
 tail -4 "$OUT/cuda_tests.txt"
 fi
