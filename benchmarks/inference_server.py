@@ -11,12 +11,17 @@ observations back to back for `seconds`:
     local obs/s  the same clients running the same model themselves (1 torch thread each,
                  forward + torch.multinomial, as herd/actors/actor.py does today)
 
+and, as a configuration of its own, the clients running the server's batched path
+themselves ("in the client": --actor_inference=in_actor, herd/inference/in_actor.py), whose
+round trip is what the path costs without a server. Network `constant` (no network to
+compute: herd/models/constant.py) leaves only that cost.
+
 Client processes are started once and reused; a server is started per configuration.
 On a machine with few, shared cores the numbers are indicative only: the server, the
 clients and everyone else's work compete for the same cores.
 Usage: python benchmarks/inference_server.py [--seconds 1.0] [--rounds 2] [--rows 4] [--clients 1,2,4,8]
        [--mechanisms semaphore,pipe,queue,spin] [--batch_wait_us 50,200] [--min_clients 0] [--servers 2]
-       [--device cpu] [--record_as inference_server]
+       [--networks mlp,nature_cnn,constant] [--device cpu] [--record_as inference_server]
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ NETWORKS = {
     "mlp": dict(network="mlp", obs_shape=(4,), obs_dtype="float32", num_actions=2, feature_size=None),
     "nature_cnn": dict(network="nature_cnn", obs_shape=(4, 84, 84), obs_dtype="uint8", num_actions=6,
                        feature_size=None),
+    "constant": dict(network="constant", obs_shape=(4, 84, 84), obs_dtype="uint8", num_actions=6, feature_size=None),
 }
 
 
@@ -54,12 +60,13 @@ def timed_loop(step, seconds: float) -> np.ndarray:
     return np.asarray(durations)
 
 
-def bench_client(index: int, channels: dict, commands, results) -> None:
+def bench_client(index: int, channels: dict, weights: dict, device: str, commands, results) -> None:
     """Client process: runs the commands main sends until None."""
-    from herd.inference import InferenceClient
+    from herd.inference import InferenceClient, ServerOptions
+    from herd.inference.in_actor import InActorInference
     from herd.models import build_model
     torch.set_num_threads(1)
-    local_models = {}
+    local_models, own = {}, {}
     while (command := commands.recv()) is not None:
         kind, network, key, rows, seconds = command
         obs = observations(NETWORKS[network], rows, seed=index)
@@ -71,6 +78,13 @@ def bench_client(index: int, channels: dict, commands, results) -> None:
                 with torch.no_grad():
                     logits = model(batch).logits[0]
                     torch.multinomial(torch.softmax(logits, -1), 1)
+        elif kind == "in_actor":
+            if (network, rows) not in own:
+                route = InActorInference(NETWORKS[network], weights[network], device, ServerOptions(),
+                                         rows=rows).start()
+                own[network, rows] = InferenceClient(route.channels[0], 0, seed=index)
+            client = own[network, rows]
+            step = lambda: client.act(obs)  # noqa: E731
         else:
             servers = channels[key]                      # client i: server i mod S, place i // S
             client = InferenceClient(servers[index % len(servers)], index // len(servers), seed=index)
@@ -113,13 +127,13 @@ def serve_and_measure(context, pipes, channels: dict, key: tuple, weights, args,
                 server.kill()
 
 
-def start_clients(context, count: int, channels: dict) -> tuple[list, list]:
+def start_clients(context, count: int, channels: dict, weights: dict, device: str) -> tuple[list, list]:
     pipes, processes = [], []
     for index in range(count):
         command_rx, command_tx = context.Pipe(duplex=False)
         result_rx, result_tx = context.Pipe(duplex=False)
-        processes.append(context.Process(target=bench_client, args=(index, channels, command_rx, result_tx),
-                                         daemon=True))
+        processes.append(context.Process(target=bench_client, daemon=True,
+                                         args=(index, channels, weights, device, command_rx, result_tx)))
         processes[-1].start()
         pipes.append((command_tx, result_rx))
     return pipes, processes
@@ -157,7 +171,7 @@ def main() -> None:
                                                         c[0], context) for s in range(c[2])]
                 for r in range(args.rounds) for n in networks for c in configs}
     weights = {n: SharedWeights(build_model(**NETWORKS[n]), context) for n in networks}
-    pipes, processes = start_clients(context, max(counts), channels)
+    pipes, processes = start_clients(context, max(counts), channels, weights, args.device)
     samples = {}   # (network, configuration, clients) -> [(median µs, p90 µs, obs/s) per round]
     try:
         for r in range(args.rounds):
@@ -165,6 +179,8 @@ def main() -> None:
                 for k in counts:
                     samples.setdefault((network, "local", k), []).append(
                         run_phase(pipes, k, ("local", network, None, args.rows, args.seconds)))
+                    samples.setdefault((network, "in_actor", k), []).append(
+                        run_phase(pipes, k, ("in_actor", network, None, args.rows, args.seconds)))
                 for config in configs:
                     measured = serve_and_measure(context, pipes, channels, (r, network, config), weights[network],
                                                  args, counts)
@@ -186,7 +202,7 @@ def report(samples: dict, args) -> None:
     for (network, config, k), results in samples.items():
         median, p90, rate = (float(np.median(column)) for column in zip(*results))
         local = float(np.median([r[2] for r in samples[network, "local", k]]))
-        name = "local (no server)" if config == "local" else \
+        name = {"local": "local (no server)", "in_actor": "in the client (no server)"}.get(config) or \
             (f"{config[2]} servers" if config[2] > 1 else "server") + f" {config[0]}" + \
             (f" wait {config[1]:.0f}us" + (f" min {args.min_clients}" if args.min_clients else "") if config[1] else "")
         table.append([network, name, k, f"{median:,.0f}", f"{p90:,.0f}", f"{rate:,.0f}",

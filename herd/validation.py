@@ -223,6 +223,14 @@ def validate_inference(cfg: Config) -> None:
                           f"{p.inference_min_clients}")
     if p.inference_weights_interval < 1:
         raise ConfigError(f"--inference_weights_interval must be >= 1, got {p.inference_weights_interval}")
+    if cfg.general.actor_inference == "in_actor":
+        given = [name for name, set_ in (("--inference_servers", p.inference_servers is not None),
+                                         ("--inference_doorbell", p.inference_doorbell != "semaphore"),
+                                         ("--inference_batch_wait_us", p.inference_batch_wait_us != 0),
+                                         ("--inference_min_clients", p.inference_min_clients != 0)) if set_]
+        if given:
+            raise ConfigError(f"--actor_inference=in_actor runs no server process, so {', '.join(given)} would do "
+                              "nothing: drop it or use --actor_inference=server")
     cuda = learner_device(cfg.general.device).type == "cuda"
     if p.inference_cuda_graphs and not cuda:
         raise ConfigError("--inference_cuda_graphs captures CUDA graphs: it needs --device=cuda (or auto with a GPU)")

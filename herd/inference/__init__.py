@@ -29,6 +29,7 @@ Public API (everything else is internal):
         # restart_timeout s without a new server where the backend restarts servers).
 
 Several servers: herd/backends/inference_servers.py (actor i -> server i mod S, routing.py).
+The server's path inside each actor instead (--actor_inference=in_actor): in_actor.py.
 
 Protocol and its guarantees: see channels.py (shared memory, sequence numbers),
 doorbells.py (wake-ups), client.py (sampling, dead-server detection), server.py (batching).

@@ -61,6 +61,7 @@ class Launched:
     results: dict | None         # name -> [N, ...] outputs (None: nothing to compute)
     event: object = None         # CUDA: fires when the outputs are in host memory
     started_ns: int = 0          # perf_counter_ns() as its launch began
+    run: slice | None = None     # CPU: the rows as one run of the channels (a lone client's), else None
 
 
 class BatchServer:
@@ -133,8 +134,10 @@ class BatchServer:
         # (a predecessor's request overwritten by its successor) to later ones.
         seqs = self.header[clients, REQUEST_SEQ].copy()
         self.server_info[SERVER_WAIT_NS] += int((started - self.header[clients, REQUEST_NS]).sum())
-        rows = np.clip(self.header[clients, ROWS], 0, self.channels.max_rows)
-        rows_at = np.concatenate([self.row_index[c, :r] for c, r in zip(clients, rows)])                   # [N]
+        rows = np.minimum(np.maximum(self.header[clients, ROWS], 0), self.channels.max_rows)   # (np.clip: slower)
+        alone = len(clients) == 1
+        rows_at = (self.row_index[clients[0], :rows[0]] if alone                                       # [N]
+                   else np.concatenate([self.row_index[c, :r] for c, r in zip(clients, rows)]))
         index = torch.from_numpy(rows_at)
         if len(index) == 0:
             return Launched(clients, seqs, rows, index, None, started_ns=started)
@@ -143,20 +146,24 @@ class BatchServer:
             results, event = self.path.launch(clients, rows, index, places)
             return Launched(clients, seqs, rows, index, results, event, started_ns=started)
         first, N = int(rows_at[0]), len(rows_at)
-        if np.array_equal(rows_at, np.arange(first, first + N)):
+        run = slice(first, first + N) if alone or np.array_equal(rows_at, np.arange(first, first + N)) else None
+        if run is not None:
             # One run of rows (a lone client's): read in place, no gather.
-            inputs = {name: source[first:first + N] for name, source in self.inputs.items()}           # [N, ...]
+            inputs = {name: source[run] for name, source in self.inputs.items()}                       # [N, ...]
         else:
             inputs = {name: source.index_select(0, index) for name, source in self.inputs.items()}     # [N, ...]
         results = self.forward(inputs)
         if places is not None:
             self.records.write(places, inputs["obs"], results)
-        return Launched(clients, seqs, rows, index, results, started_ns=started)
+        return Launched(clients, seqs, rows, index, results, started_ns=started, run=run)
 
     def forward(self, inputs: dict) -> dict:
         """CPU: inputs name -> [N, ...] -> outputs name -> [N, ...]."""
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.options.bf16):
-            return policy_outputs(self.model, inputs, self.recurrent, "features" in self.outputs)
+        with torch.inference_mode():
+            if not self.options.bf16:
+                return policy_outputs(self.model, inputs, self.recurrent, "features" in self.outputs)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return policy_outputs(self.model, inputs, self.recurrent, "features" in self.outputs)
 
     def done(self, launched: Launched) -> bool:
         """Whether a launched batch's outputs are in host memory (its CUDA event fired; on
@@ -168,6 +175,9 @@ class BatchServer:
         if launched.results is not None:
             if self.path is not None:
                 self.path.finish(launched.clients, launched.rows, launched.index, launched.results, launched.event)
+            elif launched.run is not None:
+                for name, tensor in launched.results.items():
+                    self.outputs[name][launched.run].copy_(tensor)
             else:
                 for name, tensor in launched.results.items():
                     self.outputs[name].index_copy_(0, launched.index, tensor)

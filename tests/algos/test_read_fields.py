@@ -70,6 +70,9 @@ def test_the_local_policy_returns_only_the_recorded_fields():
      "--actor_inference=server: apex actors need their own model"),
     ({"actor_inference": "in_actor", "algorithm": "apex"}, "--actor_inference=in_actor: apex actors need their own"),
     ({"actor_inference": "in_actor", "actor_double_buffer": True, "envs_per_worker": 1}, "--envs_per_worker >= 2"),
+    ({"actor_inference": "in_actor", "inference_servers": 1, "inference_doorbell": "spin"},
+     "in_actor runs no server process, so --inference_servers, --inference_doorbell would do nothing"),
+    ({"actor_inference": "in_actor", "inference_batch_wait_us": 50}, "so --inference_batch_wait_us would do nothing"),
     ({"inference_records": "maybe"}, "not one of"),
 ])
 def test_inference_options_are_refused_in_one_line(options, message, tmp_path):
