@@ -10,7 +10,8 @@
    Each rate is the steady state read from train.csv after a warm-up; the run is then
    stopped with SIGINT. From the run's hardware.csv, each role's processes (actors,
    inference servers, learner) busy as a share of one core each, after the warm-up: the
-   actors' share says how much of their time they step (goal on a GPU box: 0.85), the
+   actors' share says how much of their time they step (goal on a GPU box: 0.85; a
+   threaded configuration's actor process per core of its emulator threads), the
    servers' the load that decides how many a machine needs; from its summary.json, the
    servers' mean batch (rows, microseconds from a request to its launch, from launch to
    answers, and from answers to the actors' reading them).
@@ -88,10 +89,21 @@ CONFIGS = {
 THREADED = {"on-policy-server-in-actor-threaded": 8, "on-policy-server-threaded": 8}
 
 
+def fold_of(name: str, workers: int) -> int:
+    """How many of the command's actors configuration `name` folds into one process (1: none)."""
+    return math.gcd(workers, THREADED.get(name, 1))
+
+
+def per_core(busy: dict, threads: int) -> dict:
+    """A threaded actor process steps its games on `threads` cores: its busy share per core
+    of those, comparable with one actor process per core (goal 0.85)."""
+    return {role: round(share / threads, 3) if role == "actors" else share for role, share in busy.items()}
+
+
 def actor_shape(name: str, workers: int, envs: int) -> list[str]:
     """The flags that give configuration `name` its actors: `workers` processes of `envs`
     games, or (THREADED) the same games folded into fewer processes with emulator threads."""
-    fold = math.gcd(workers, THREADED.get(name, 1))
+    fold = fold_of(name, workers)
     if fold == 1:
         return [f"--worker_count={workers}", f"--envs_per_worker={envs}"]
     games = envs * fold
@@ -214,7 +226,8 @@ def main() -> None:
                           "fps": round(steady_state_rate(rows, args.warmup) * args.frame_skip),
                           "policy_lag": round(float(np.mean(lags)), 2) if lags else None,
                           # Each role's processes, share of a core busy (goal for actors: 0.85).
-                          "busy": busy_shares(read_csv(hardware), args.warmup) if hardware.exists() else {},
+                          "busy": per_core(busy_shares(read_csv(hardware), args.warmup) if hardware.exists() else {},
+                                           fold_of(name, args.workers)),
                           "server_batches": batches}
     variants = list(PEER_VARIANTS) if args.peer_variants == "all" else [EQUAL_WORK]
     peers = (run_peers(args.env, args.workers, args.envs, args.peer_seconds, args.peer, variants,

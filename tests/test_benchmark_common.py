@@ -29,3 +29,10 @@ def test_threaded_configurations_step_the_same_games_in_fewer_processes():
     assert actor_shape("on-policy-server-threaded", 2, 4)[:4] == [
         "--worker_count=1", "--envs_per_worker=8", "--env_threads=2", "--env_batch_size=4"]
     assert actor_shape("on-policy-server-threaded", 6, 2)[:2] == ["--worker_count=3", "--envs_per_worker=4"]
+
+
+def test_a_threaded_actor_s_busy_share_is_per_core_of_its_threads():
+    from throughput import fold_of, per_core
+    assert per_core({"actors": 6.4, "learner": 0.9}, fold_of("on-policy-server-threaded", 16)) == {
+        "actors": 0.8, "learner": 0.9}
+    assert per_core({"actors": 0.5}, fold_of("on-policy", 16)) == {"actors": 0.5}
