@@ -14,7 +14,7 @@ This is EnvPool's and Sebulba's shape when the actors are few and each steps man
 with ale_vector's threads (--worker_count 2 --envs_per_worker 64 --env_threads 8
 --env_batch_size 32): a GPU then acts for a large batch per request, with a CUDA context
 per actor process instead of one per server. Whether it beats actors served by servers is
-measured on a GPU box (benchmarks/throughput.py's on-policy-in-actor configurations)."""
+measured on a GPU box (benchmarks/throughput.py's on-policy-server-in-actor configurations)."""
 from __future__ import annotations
 
 import os
