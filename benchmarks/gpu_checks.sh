@@ -6,9 +6,10 @@
 #      and the frames and seconds at which it first reaches -15, 0, 10, 18 and 20;
 #   3. throughput against the env-only ceiling: the headline on-policy configuration (on a
 #      GPU: double-buffered actors, servers from their measured load) against single-buffered
-#      actors, the polled doorbell and CUDA graphs of every size (their GPU defaults wait
-#      for this) and the actors writing frames themselves
-#      (--inference_records=off), with Sample Factory at equal work per frame when PEER is
+#      actors, the server's path in each actor, and the threaded shape (few actor processes
+#      on ale_vector's threads) with that path or served (by default; CONFIGS= names the
+#      polled doorbell, CUDA graphs of every size and --inference_records=off, the other
+#      GPU defaults still to check), with Sample Factory at equal work per frame when PEER is
 #      set (serial on a few cores, async on many) and its venv or PEER_SITE is there
 #      (benchmarks/peer_sample_factory.py).
 # Everything it prints and records goes to $OUT (default /tmp/gpu_checks).
@@ -60,7 +61,7 @@ echo "== throughput, $WORKERS workers x $ENVS envs"
 if [ -z "${CONFIGS:-}" ]; then
     CONFIGS=on-policy,on-policy-server-single-buffer
     if nvidia-smi > /dev/null 2>&1; then
-        CONFIGS=$CONFIGS,on-policy-server-spin,on-policy-server-records-off,on-policy-server-cuda-graphs
+        CONFIGS=$CONFIGS,on-policy-server-in-actor,on-policy-server-in-actor-threaded,on-policy-server-threaded
     fi
 fi
 python3 benchmarks/throughput.py --workers "$WORKERS" --envs "$ENVS" --seconds "$RUN_SECONDS" --warmup "${WARMUP:-30}" --configs "$CONFIGS" \
