@@ -46,7 +46,16 @@ def served(weights: SharedWeights, records: StepRecords | None = None, model: di
                                            with_places=records is not None)
     stop = threading.Event()
     server = BatchServer(channels, model, weights, torch.device("cpu"), records=records)
-    thread = threading.Thread(target=serve_forever, daemon=True, args=(server, channels, stop, 0.0))
+    threads = torch.get_num_threads()
+
+    def serve() -> None:
+        # A new thread's intra-op pool is not the caller's (OpenMP sets it per thread): with
+        # another number of threads the forward pass's sums round differently. As in a
+        # server process (run_inference_server), the count is set where the server runs.
+        torch.set_num_threads(threads)
+        serve_forever(server, channels, stop, 0.0)
+
+    thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
         yield channels
