@@ -19,7 +19,7 @@ from herd.backends.local import step_records
 from herd.envs.actor_envs import make_actor_envs
 from herd.inference import InferenceChannels, ServerOptions
 from herd.inference.in_actor import InActorInference
-from herd.inference.records import StepRecords
+from herd.inference.records import StepRecords, recorded_by
 from herd.inference.routing import InferenceRoute, RoutedClient
 from herd.inference.server import BatchServer, serve_forever
 from herd.store import TrajectorySlots
@@ -85,7 +85,7 @@ def trajectories(weights: SharedWeights, double: bool = False, recording: bool =
     single slot, where asking for a second one while it is filled would wait for ever."""
     slots = TrajectorySlots(layout(model), slots_per_actor, E)
     records = step_records(slots, "cpu") if recording else None
-    recorded = tuple(records.tensors) if recording else ()
+    recorded = recorded_by(records)
     free = list(range(slots_per_actor))
 
     def acquire() -> int:

@@ -31,7 +31,7 @@ import psutil
 
 from herd.errors import ActorFailure
 from herd.inference import InferenceChannels, ServerOptions, run_inference_server
-from herd.inference.records import StepRecords
+from herd.inference.records import StepRecords, recorded_by
 from herd.inference.routing import InferenceRoute, RouteTable
 from herd.stopping import sigint_blocked
 
@@ -82,8 +82,8 @@ class InferenceServers:
         self.started_at = time.monotonic()             # the seconds of `grown` count from here
 
     def route(self, actor_id: int) -> InferenceRoute:
-        recorded = tuple(self.records.tensors) if self.records is not None else ()
-        return InferenceRoute(tuple(self.channels), self.table, actor_id, self.lanes, recorded=recorded)
+        return InferenceRoute(tuple(self.channels), self.table, actor_id, self.lanes,
+                              recorded=recorded_by(self.records))
 
     def start(self) -> None:
         for server in range(self.count):

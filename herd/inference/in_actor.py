@@ -25,7 +25,7 @@ import torch
 from herd.device_weights import DeviceWeightBoard
 from herd.inference.channels import RUNNING, SERVER_PID, SERVER_STATE, InferenceChannels
 from herd.inference.forward import ServerOptions
-from herd.inference.records import StepRecords
+from herd.inference.records import StepRecords, recorded_by
 from herd.inference.routing import InferenceRoute
 from herd.inference.server import BatchServer
 from herd.weights import SharedWeights
@@ -48,10 +48,6 @@ class InActorInference:
         """The same for every actor: each runs its own server (ActorPool asks each actor's route)."""
         return self
 
-    @property
-    def recorded(self) -> tuple:
-        return tuple(self.records.tensors) if self.records is not None else ()
-
     def start(self) -> InferenceRoute:
         """In the actor's process: its channels and BatchServer; the route its clients take."""
         channels = InferenceChannels.for_model(self.model_kwargs, self.lanes, self.rows, mechanism="inline",
@@ -61,4 +57,5 @@ class InActorInference:
         channels.doorbell.serve_with(server)
         info = channels.server.numpy()
         info[SERVER_PID], info[SERVER_STATE] = os.getpid(), RUNNING
-        return InferenceRoute.alone(channels, self.lanes, restart_timeout=0.0, recorded=self.recorded)
+        return InferenceRoute.alone(channels, self.lanes, restart_timeout=0.0,
+                                    recorded=recorded_by(self.records))

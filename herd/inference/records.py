@@ -43,6 +43,12 @@ def recorded_fields(layout: TrajectoryLayout, outputs: tuple) -> tuple:
     return ("obs", *(FIELD_OF_OUTPUT[o] for o in outputs if FIELD_OF_OUTPUT.get(o) in fields))
 
 
+def recorded_by(records: "StepRecords | None") -> tuple:
+    """The trajectory fields a server writing into `records` records itself, which its
+    actors leave to it (none where nothing records)."""
+    return tuple(records.tensors) if records is not None else ()
+
+
 class StepRecords:
     """field -> tensor [S, time, E, ...] (the slots' layout: obs with T+1 steps, the step
     fields with T), where the servers write the rows they act on."""

@@ -67,7 +67,8 @@ class InferenceRoute:
 
     @classmethod
     def alone(cls, channels: InferenceChannels, lanes: int = 1, **kwargs) -> "InferenceRoute":
-        """One actor at one server's channels (client slots 0 .. lanes-1): for tests and benchmarks."""
+        """One actor at one server's channels (client slots 0 .. lanes-1): an actor's own
+        server (herd/inference/in_actor.py), and tests and benchmarks that drive one server."""
         return cls((channels,), RouteTable(1, 1, lanes), 0, lanes, **kwargs)
 
 
