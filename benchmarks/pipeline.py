@@ -26,7 +26,10 @@ per frame (goal: at least 0.9). Frames are agent steps x 4 (Atari's frame skip);
 `warmup` seconds of each pipeline run are not counted. The ceiling of a 2-core VM moves by
 a quarter from one minute to the next, so the measurement runs in `rounds`, each a ceiling
 and then every mode for seconds / rounds, and the ratio reported is the median of the
-rounds' own ratios.
+rounds' own ratios. Beside it, where the machine's cores went over each mode's measured
+seconds (psutil: the actor processes, the server processes, this process, idle) and the
+servers' CPU per request: what a server mode loses to the server's work and what to its
+wake-ups (cores left idle while every process waits on another).
 Usage: python benchmarks/pipeline.py [--env PongNoFrameskip-v4] [--workers 2] [--envs 8] [--seconds 30]
        [--rounds 3] [--modes local,server,server_db,server_records,server_spin,threaded,threaded_server,
        in_actor,threaded_in_actor]
@@ -38,6 +41,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+
+import psutil
 
 from common import print_table, record
 from throughput import ceiling
@@ -51,6 +56,7 @@ from herd.store import TrajectorySlots
 from herd.weights import SharedWeights
 
 GOAL = 0.9
+CORE_USES = ("actors", "servers", "main", "idle", "server_us_per_request")   # cores_used()'s fields
 FRAME_SKIP = 4
 SLOTS_PER_ACTOR = 2
 MODES = {"local": "actors, policy in each", "server": "actors + {servers} inference server(s)",
@@ -61,6 +67,31 @@ MODES = {"local": "actors, policy in each", "server": "actors + {servers} infere
          "threaded_server": "1 actor, all games, {workers} emulator threads + {servers} server(s)",
          "in_actor": "actors, each running the server's path",
          "threaded_in_actor": "1 actor, all games, {workers} emulator threads, the server's path in it"}
+
+
+def cpu_use(registry: dict, servers) -> dict:
+    """CPU seconds so far: the actor processes' and the inference servers' (every thread
+    of each: the emulator threads too), this process's (the learner's stand-in), the
+    machine's idle time; the requests the servers answered."""
+    use = {"time": time.monotonic(), "actors": 0.0, "servers": 0.0, "main": sum(psutil.Process().cpu_times()[:2]),
+           "idle": psutil.cpu_times().idle,
+           "requests": 0 if servers is None else sum(t["requests"] for t in servers.tallies())}
+    for name, pid in registry.items():
+        try:
+            use["servers" if name.startswith("inference") else "actors"] += sum(psutil.Process(pid).cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return use
+
+
+def cores_used(start: dict, end: dict) -> dict:
+    """Where the machine's cores went between two cpu_use() readings: cores of actors,
+    servers, this process and idle; the servers' CPU microseconds per request."""
+    seconds = end["time"] - start["time"]
+    cores = {name: round((end[name] - start[name]) / seconds, 3) for name in ("actors", "servers", "main", "idle")}
+    requests = end["requests"] - start["requests"]
+    cores["server_us_per_request"] = round((end["servers"] - start["servers"]) / requests * 1e6, 1) if requests else None
+    return cores
 
 
 def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: float, mode: str) -> dict:
@@ -88,6 +119,7 @@ def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: flo
     weights.publish(model, version=0)
     stop = context.Event()
     servers = acting = None
+    registry: dict = {}                     # process name -> pid, of the actors and servers
     if served:
         setup = inference_setup(plan.cfg, "cpu", workers)
         records = step_records(slots, "cpu") if setup.records else None
@@ -95,11 +127,11 @@ def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: flo
             acting = in_actor_inference(spec, weights, "cpu", setup, records)
         else:
             servers = acting = start_inference_servers(spec, workers, weights, "cpu", stop, context, setup,
-                                                       max_restarts=0, registry={}, records=records)
+                                                       max_restarts=0, registry=registry, records=records)
     pool = ActorPool(spec, workers, slots, SLOTS_PER_ACTOR, weights, context, timeout=120.0, max_restarts=0,
-                     inference=acting, stop_event=stop)
+                     inference=acting, stop_event=stop, registry=registry)
     pool.start()
-    steps, first, deadline = 0, None, None
+    steps, first, deadline, measured = 0, None, None, None
     try:
         while deadline is None or time.monotonic() < deadline:
             for rollout in pool.receive(0.5):
@@ -108,14 +140,22 @@ def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: flo
                     first = time.monotonic()
                     deadline = first + warmup + seconds
                 elif time.monotonic() >= first + warmup:
+                    if measured is None:
+                        measured = cpu_use(registry, servers)
                     steps += rollout.steps
             pool.check_health()
+        cores = cores_used(measured, cpu_use(registry, servers))
     finally:
         pool.stop()
         if servers is not None:
             servers.stop()
     return {"mode": mode, "agent_steps": steps, "steps_per_s": steps / seconds,
-            "servers": 0 if servers is None else servers.count}
+            "servers": 0 if servers is None else servers.count, "cores": cores}
+
+
+def median_of(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
 def main() -> None:
@@ -161,15 +201,22 @@ def main() -> None:
         runs.append({"mode": mode, "servers": of_mode[0]["servers"],
                      "steps_per_s": statistics.median(r["steps_per_s"] for r in of_mode),
                      "ratio": statistics.median(r["ratio"] for r in of_mode),
-                     "ratios": [r["ratio"] for r in of_mode]})
+                     "ratios": [r["ratio"] for r in of_mode],
+                     "cores": {name: median_of(r["cores"][name] for r in of_mode) for name in CORE_USES}})
     top = statistics.median(r["ceiling_steps_per_s"] for r in rounds)
-    rows = [["env only (ceiling)", backend, f"{top * FRAME_SKIP:,.0f}", "1.00", ""]]
+    rows = [["env only (ceiling)", backend, f"{top * FRAME_SKIP:,.0f}", "1.00", "", "", ""]]
     for run in runs:
         label = MODES[run["mode"]].format(servers=run["servers"], workers=args.workers)
+        cores = run["cores"]
         rows.append([label, backend, f"{run['steps_per_s'] * FRAME_SKIP:,.0f}", f"{run['ratio']:.2f} (goal {GOAL})",
-                     " ".join(f"{r:.2f}" for r in run["ratios"])])
-    print(f"median of {args.rounds} rounds of a ceiling and then each mode, {each:.0f} s each")
-    print_table(["what runs", "env backend", "frames/s", "share of the ceiling", "each round"], rows)
+                     " ".join(f"{r:.2f}" for r in run["ratios"]),
+                     " / ".join(f"{cores[name]:.2f}" for name in CORE_USES[:4]),
+                     "" if cores["server_us_per_request"] is None else f"{cores['server_us_per_request']:.0f}"])
+    print(f"median of {args.rounds} rounds of a ceiling and then each mode, {each:.0f} s each; cores: of "
+          f"{psutil.cpu_count()}, the actors' processes (their emulator threads included), the servers', this "
+          f"process's (the learner's stand-in), idle")
+    print_table(["what runs", "env backend", "frames/s", "share of the ceiling", "each round",
+                 "cores: actors / servers / main / idle", "server CPU us per request"], rows)
     name = args.label or f"pipeline_{args.env.split('NoFrameskip')[0].split('-')[0]}_{args.workers}x{args.envs}"
     record(name, {"command": f"python benchmarks/pipeline.py --env {args.env} --workers {args.workers} --envs "
                              f"{args.envs} --seconds {args.seconds} --rounds {args.rounds} --warmup {args.warmup} "

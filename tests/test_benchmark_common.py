@@ -36,3 +36,14 @@ def test_a_threaded_actor_s_busy_share_is_per_core_of_its_threads():
     assert per_core({"actors": 6.4, "learner": 0.9}, fold_of("on-policy-server-threaded", 16)) == {
         "actors": 0.8, "learner": 0.9}
     assert per_core({"actors": 0.5}, fold_of("on-policy", 16)) == {"actors": 0.5}
+
+
+def test_pipeline_splits_the_cores_between_two_readings():
+    """benchmarks/pipeline.py's cores_used: the shares of a core per second of the window, and
+    the servers' CPU per request (none without requests)."""
+    from pipeline import cores_used
+    start = {"time": 100.0, "actors": 10.0, "servers": 1.0, "main": 0.5, "idle": 50.0, "requests": 1_000}
+    end = {"time": 110.0, "actors": 26.0, "servers": 2.5, "main": 0.7, "idle": 52.0, "requests": 21_000}
+    assert cores_used(start, end) == {"actors": 1.6, "servers": 0.15, "main": 0.02, "idle": 0.2,
+                                      "server_us_per_request": 75.0}
+    assert cores_used(start, {**end, "requests": 1_000})["server_us_per_request"] is None

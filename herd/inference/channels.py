@@ -134,7 +134,7 @@ class InferenceChannels:
         return int(info[SERVER_CPU_NS]), int(info[SERVER_LIFE_NS])
 
     def tally(self) -> dict:
-        """What the server (and any replacement) answered so far: batches, and per batch the
+        """What the server (and any replacement) answered so far: batches and requests, and per batch the
         mean rows, requests (clients answered together) and microseconds from its launch to
         its answers (the forward pass, and on a GPU the copies and the wait for the device);
         per request the mean microseconds from its publication to its batch's launch (the
@@ -143,7 +143,8 @@ class InferenceChannels:
         info, header = self.server.numpy(), self.header.numpy()
         batches = int(info[SERVER_BATCHES])
         per_batch = max(batches, 1)
-        return {"batches": batches, "mean_rows": round(int(info[SERVER_ROWS]) / per_batch, 2),
+        return {"batches": batches, "requests": int(info[SERVER_REQUESTS]),
+                "mean_rows": round(int(info[SERVER_ROWS]) / per_batch, 2),
                 "mean_requests": round(int(info[SERVER_REQUESTS]) / per_batch, 2),
                 "mean_answer_us": round(int(info[SERVER_ANSWER_NS]) / per_batch / 1e3, 1),
                 "mean_wait_us": round(int(info[SERVER_WAIT_NS]) / max(int(info[SERVER_REQUESTS]), 1) / 1e3, 1),

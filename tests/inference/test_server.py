@@ -308,7 +308,7 @@ def test_the_server_tallies_the_batches_it_answers():
     time.sleep(0.1)
     asking._wait(seq)                                    # its answer read 100 ms after it came
     tally = channels.tally()
-    assert (tally["batches"], tally["mean_rows"], tally["mean_requests"]) == (2, 7.0, 1.5), tally
+    assert (tally["batches"], tally["requests"], tally["mean_rows"], tally["mean_requests"]) == (2, 3, 7.0, 1.5), tally
     assert tally["mean_answer_us"] > 0
     # From publication to launch: at least the 50 ms of the first two requests, over three.
     assert 2 * 50_000 / 3 <= tally["mean_wait_us"] < 60_000_000, tally
