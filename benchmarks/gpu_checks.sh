@@ -14,7 +14,7 @@
 #      (benchmarks/peer_sample_factory.py).
 # Everything it prints and records goes to $OUT (default /tmp/gpu_checks).
 # usage: [STEPS=tests,pong,throughput] [PEER=serial|async] [PEER_SITE=DIR] [PEER_VARIANTS=all|equal-work]
-#        [WORKERS=16] [ENVS=8] [CONFIGS=on-policy,...] bash benchmarks/gpu_checks.sh [pong minutes] [throughput seconds]
+#        [WORKERS=16] [ENVS=8] [WARMUP=30] [CONFIGS=on-policy,...] bash benchmarks/gpu_checks.sh [pong minutes] [throughput seconds]
 # STEPS picks the parts (to split them between calls of a short device lease); PEER_SITE is
 # a folder Sample Factory's wheels were installed to (pip install --target), for a machine
 # that reaches no registry (docs/gpu.md); the peer's learner is on the GPU where there is one.
@@ -22,14 +22,11 @@
 # start 30-60 s; the CUDA tests 80 s; Pong with no flag 140 s (the run ends by itself at 5M
 # frames); the ceiling 35 s, then each configuration RUN_SECONDS + 10 s; the peer
 # PEER_SECONDS + 20 s. Two calls fit a 15-minute lease: STEPS=tests,pong, then
-# STEPS=throughput with CONFIGS= and PEER_VARIANTS=equal-work PEER_SECONDS=120. Next in
-# line (2026-11-30): CONFIGS=on-policy,on-policy-server-single-buffer,on-policy-server-servers-2
-# (the new defaults, double-buffered actors and servers by load, against the H200's
-# single-buffered actors and two fixed servers), then the server's path in each actor and
-# the threaded shape (CONFIGS=on-policy-server-in-actor,on-policy-server-in-actor-threaded,
-# on-policy-server-threaded: docs/inference.md), then -spin, -records-off, -cuda-graphs.
+# STEPS=throughput with PEER_VARIANTS=equal-work PEER_SECONDS=120 (and RUN_SECONDS 60 for
+# the five default configurations below). After those: CONFIGS=on-policy-server-servers-2
+# (the H200's two fixed servers), then -spin, -records-off, -cuda-graphs.
 # On a CPU it runs too (the CUDA tests skip), for trying it before a GPU is lent:
-#   WORKERS=2 ENVS=2 bash benchmarks/gpu_checks.sh 0.5 20
+#   WARMUP=10 WORKERS=2 ENVS=2 bash benchmarks/gpu_checks.sh 0.5 30
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_checks}; mkdir -p "$OUT"
 PONG_MINUTES=${1:-4}; RUN_SECONDS=${2:-75}

@@ -206,6 +206,10 @@ def main() -> None:
     unknown = [name for name in names if name not in CONFIGS]
     if unknown:
         raise SystemExit(f"throughput: unknown configuration(s) {unknown}; known: {list(CONFIGS)}")
+    if args.warmup >= args.seconds:
+        print(f"throughput: --warmup {args.warmup:g} leaves nothing of each {args.seconds:g} s run to measure: "
+              f"make it shorter than --seconds", file=sys.stderr)
+        sys.exit(2)
 
     ceilings = {backend: ceiling(backend, args.env, args.workers, args.envs, seconds=15) * args.frame_skip
                 for backend in ("gymnasium", "ale_vector")}

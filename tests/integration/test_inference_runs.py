@@ -6,9 +6,10 @@ import re
 import signal
 import threading
 
+import psutil
 import pytest
 
-from herd_testing import killed_at_exit, log_text, only_run, run_cli, start_cli, wait_for
+from herd_testing import actor_pids, killed_at_exit, log_text, only_run, run_cli, start_cli, wait_for
 from herd.checkpoint import load_checkpoint
 
 
@@ -112,6 +113,32 @@ def test_a_killed_inference_server_is_restarted_and_the_run_goes_on(tmp_path):
     summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
     assert summary["ended"] == "stopped" and summary["inference_server_restarts"] == 1, summary
     assert summary["actor_restarts"] == 0, summary           # the actors waited; none was replaced
+
+
+def test_a_killed_actor_running_the_servers_path_is_replaced_with_its_server(tmp_path):
+    """--actor_inference=in_actor: the actor is its own server, so killing it (kill -9) kills
+    both; the replacement builds channels and a BatchServer of its own and delivers again.
+    Catches a replacement that reuses its predecessor's channels (its doorbell and
+    sequence numbers belong to a dead process) or never starts its server."""
+    process = start_cli(["train", "--env=CartPole-v1", "--actor_inference=in_actor", "--device=cpu",
+                         "--inference_records=on", "--worker_count=2", "--environment_max_steps=100000000",
+                         "--seed=2", "--basic_verbose=False", "--worker_verbose=True", "--verbose_worker_out_int=1"],
+                        tmp_path)
+    first = r"\[herd\] actor {}: 1 rollouts,"           # an actor's first delivery (ActorProgress)
+    with killed_at_exit(process):
+        err = StderrLines(process)
+        assert wait_for(lambda: len(actor_pids(process)) == 2 and err.count(first.format(0)) and
+                        err.count(first.format(1)), 120), "the actors never delivered"
+        psutil.Process(min(actor_pids(process))).kill()
+        assert wait_for(lambda: re.search(r"actor (\d) died", log_text(tmp_path)), 30)
+        killed = re.search(r"actor (\d) died", log_text(tmp_path)).group(1)
+        assert wait_for(lambda: err.count(first.format(killed)) == 2, 120), "the replacement delivered no rollout"
+        os.killpg(process.pid, signal.SIGINT)
+        process.wait(60)
+        err.thread.join(10)
+    assert process.returncode == 0, "".join(err.lines)[-2000:]
+    summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
+    assert summary["ended"] == "stopped" and summary["actor_restarts"] == 1, summary
 
 
 def test_servers_dying_past_the_restart_limit_end_the_run_with_a_checkpoint(tmp_path):
