@@ -144,6 +144,8 @@ def pipeline_rate(env: str, workers: int, envs: int, seconds: float, warmup: flo
                         measured = cpu_use(registry, servers)
                     steps += rollout.steps
             pool.check_health()
+        if measured is None:
+            raise SystemExit(f"{mode}: no rollout came after the {warmup:g} s warm-up: measure longer (--seconds)")
         cores = cores_used(measured, cpu_use(registry, servers))
     finally:
         pool.stop()
