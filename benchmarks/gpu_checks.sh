@@ -22,7 +22,7 @@
 # start 30-60 s; the CUDA tests 80 s; Pong with no flag 140 s (the run ends by itself at 5M
 # frames); the ceiling 35 s, then each configuration RUN_SECONDS + 10 s; the peer
 # PEER_SECONDS + 20 s. Two calls fit a 15-minute lease: STEPS=tests,pong, then
-# STEPS=throughput with PEER_VARIANTS=equal-work PEER_SECONDS=120 (and RUN_SECONDS 60 for
+# STEPS=throughput with PEER_VARIANTS=equal-work PEER_SECONDS=120 (and RUN_SECONDS 50 for
 # the five default configurations below). After those: CONFIGS=on-policy-server-servers-2
 # (the H200's two fixed servers), then -spin, -records-off, -cuda-graphs.
 # On a CPU it runs too (the CUDA tests skip), for trying it before a GPU is lent:
