@@ -33,7 +33,7 @@ from herd.envs.render_gl import choose_mujoco_gl
 from herd.evaluation import play_episodes, quiet_sdl, render_episodes
 from herd.models import build_model
 from herd.stopping import sigint_blocked
-from herd.weights import SharedWeights
+from herd.weights import PublisherGone, SharedWeights
 
 log = logging.getLogger("herd")
 
@@ -124,7 +124,10 @@ def run_evaluations(spec: EvalSpec, weights: SharedWeights, env_steps, run_dir: 
                     break
                 time.sleep(POLL_S)
                 continue
-            seen = weights.pull(model, seen)
+            try:
+                seen = weights.pull(model, seen)
+            except PublisherGone:
+                break                       # the learner died inside a publish: the run is gone
             steps = int(env_steps.value)
             evaluation += 1
             try:

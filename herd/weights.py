@@ -33,21 +33,43 @@ weakly ordered CPU a pull could, rarely, mix two consecutive versions: harmless 
 learning maths, because every trajectory records the behaviour policy's own outputs
 (logits, Q values) and the losses correct against those.
 
-The one writer can die too (kill -9 inside its few-millisecond copy), leaving a sequence
-odd for good: a reader that sees the same odd sequence for PUBLISH_DEADLINE_S gives up with
-an error instead of spinning on as an orphan."""
+The one writer can die too (kill -9 inside its copy, or inside a CPU learner's optimizer
+step under writing()), leaving a sequence odd for good. Each write names its writer's pid
+first, so a reader that meets an odd sequence checks every WRITER_CHECK_S whether that
+process still lives and, if not, raises PublisherGone (an actor, a server or the evaluator
+then ends quietly: its run is gone); a writer still alive but stuck on the same odd sequence
+for PUBLISH_DEADLINE_S ends the reader with an error instead of leaving it spinning."""
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
+import psutil
 import torch
 import torch.multiprocessing as mp
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-PUBLISH_DEADLINE_S = 30.0   # a publish is one memcpy (milliseconds): this long odd means its writer died
+PUBLISH_DEADLINE_S = 30.0   # a publish is one memcpy (milliseconds): this long odd means its writer hangs
+WRITER_CHECK_S = 0.05       # how often a reader held off by an odd sequence checks that its writer lives
+
+
+class PublisherGone(RuntimeError):
+    """The process that began the write a reader waits on died inside it: no version will
+    come (its learner is gone)."""
+
+
+def process_lives(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, killed and not yet reaped, does not); pid 0:
+    no write began yet, nothing to say."""
+    if pid == 0:
+        return True
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def flat_views(flat: torch.Tensor, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -66,6 +88,7 @@ class WeightBoard:
         self._newest = context.Value("q", 0, lock=False)                      # the slot of the newest version
         self._sequence = context.Array("q", [0] * num_slots, lock=False)       # per slot: odd while written
         self._versions = context.Array("q", [-1] * num_slots, lock=False)      # per slot: -1, nothing yet
+        self._writer = context.Value("q", 0, lock=False)                      # pid of the last write's process
         self.retries = 0          # this process's reads turned back by the re-check (tests read it)
         self.adopted = False      # a learner's parameters are views of the one slot (adopt)
         self.views: dict[tuple, list[torch.Tensor]] = {}        # (slot, the parts' shapes) -> the slot's views for them
@@ -96,6 +119,7 @@ class WeightBoard:
         each large copy over them, and with the actors busy on the other cores they wait
         for one another. -> the slot."""
         slot = (self._newest.value + 1) % self.slots.shape[0]
+        self._writer.value = os.getpid()                                   # first: who a stuck reader asks after
         self._sequence[slot] += 1                                          # odd: readers keep off
         flat = self.slots[slot]
         if isinstance(parts, torch.Tensor):
@@ -177,6 +201,7 @@ class WeightBoard:
     def writing(self) -> Iterator[None]:
         """Around every in-place write of adopted parameters (the learner's optimizer step):
         a reader whose copy overlaps it copies again."""
+        self._writer.value = os.getpid()
         self._sequence[0] += 1
         try:
             yield
@@ -202,7 +227,7 @@ class WeightBoard:
         re-check, and copy(out, source, stream), which must return with the copy complete
         (a test's pauses halfway, so that a writer overlaps it deterministically)."""
         copy = copy or copy_and_wait
-        stuck, since = None, 0.0        # an odd sequence seen, and since when
+        stuck, since, checked = None, 0.0, 0.0     # an odd sequence seen, since when, its writer last checked
         while True:
             slot = self._newest.value
             sequence = self._sequence[slot]
@@ -215,11 +240,16 @@ class WeightBoard:
                     return version
                 self.retries += 1         # overwritten while we copied: read the newest
                 continue
+            now = time.monotonic()
             if (slot, sequence) != stuck:
-                stuck, since = (slot, sequence), time.monotonic()
-            elif time.monotonic() - since > PUBLISH_DEADLINE_S:
+                stuck, since, checked = (slot, sequence), now, now
+            elif now - since > PUBLISH_DEADLINE_S:
                 raise RuntimeError(f"the weights' publisher stopped inside a publish (no progress for "
-                                   f"{PUBLISH_DEADLINE_S:g} s): it died or hangs")
+                                   f"{PUBLISH_DEADLINE_S:g} s): it hangs")
+            elif now - checked > WRITER_CHECK_S:
+                checked = now
+                if not process_lives(self._writer.value):
+                    raise PublisherGone(f"the weights' publisher (pid {self._writer.value}) died inside a publish")
             time.sleep(0)                 # being written (a memcpy): let it finish
 
     def snapshot(self) -> tuple[torch.Tensor, int]:

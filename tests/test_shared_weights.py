@@ -7,10 +7,11 @@ import signal
 import threading
 
 import numpy as np
+import pytest
 import torch
 
 from herd_testing import wait_for
-from herd.weights import SharedWeights
+from herd.weights import PublisherGone, SharedWeights
 
 SIZE = 2_000_000   # floats: big enough that a copy takes milliseconds, so readers overlap publishes
 
@@ -92,31 +93,47 @@ def test_a_reader_killed_mid_pull_does_not_block_publish():
     assert fresh.exitcode == 0 and seen.value == 1, (fresh.exitcode, seen.value)
 
 
-def publish_and_die(weights: SharedWeights) -> None:
-    """Publishes, and is killed (kill -9) inside the copy: the sequence stays odd."""
+def publish_and_die(weights: SharedWeights, inside: str) -> None:
+    """Killed (kill -9) inside a write: a publish's copy, or a CPU learner's optimizer step
+    on adopted parameters (writing()). Either way the sequence stays odd."""
+    if inside == "step":
+        with weights.writing():
+            os.kill(os.getpid(), signal.SIGKILL)
     def killed(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     torch.Tensor.copy_ = killed         # this process only: it exists for this
     weights.publish(uniform_model(2.0))
 
 
-def test_a_reader_gives_up_on_a_publisher_killed_mid_publish(monkeypatch):
-    """Catches a reader spinning forever (an orphaned actor burning a core) after the
-    learner died inside its copy and left the sequence odd."""
-    import herd.weights
-    monkeypatch.setattr(herd.weights, "PUBLISH_DEADLINE_S", 2.0)
+@pytest.mark.parametrize("inside", ["copy", "step"])
+def test_a_reader_gives_up_at_once_on_a_publisher_killed_mid_write(inside):
+    """Catches a reader spinning on (an orphaned actor burning a core, an evaluator that
+    outlives its killed learner) after the learner died inside a write and left the
+    sequence odd: the reader asks whether the writer lives, and well before the deadline
+    for a writer that hangs (PUBLISH_DEADLINE_S, 30 s) it raises PublisherGone."""
     context = multiprocessing.get_context("spawn")
     weights = SharedWeights(uniform_model(1.0), context)
-    publisher = context.Process(target=publish_and_die, args=(weights,))
+    publisher = context.Process(target=publish_and_die, args=(weights, inside))
     publisher.start()
     publisher.join(60)
     assert publisher.exitcode == -signal.SIGKILL
     outcome = []
     thread = threading.Thread(target=lambda: outcome.append(catch(weights.snapshot)), daemon=True)
     thread.start()
-    thread.join(30)
-    assert outcome and isinstance(outcome[0], RuntimeError), outcome   # not still spinning
-    assert "stopped inside a publish" in str(outcome[0])
+    thread.join(5.0)
+    assert outcome and isinstance(outcome[0], PublisherGone), outcome   # not still spinning
+    assert f"(pid {publisher.pid}) died inside a publish" in str(outcome[0])
+
+
+def test_a_reader_gives_up_on_a_live_publisher_stuck_mid_write(monkeypatch):
+    """A writer that lives but never finishes its write (a hang) is not reported gone: the
+    reader waits PUBLISH_DEADLINE_S and ends with an error saying so."""
+    import herd.weights
+    monkeypatch.setattr(herd.weights, "PUBLISH_DEADLINE_S", 1.0)
+    weights = SharedWeights(uniform_model(1.0), multiprocessing.get_context("spawn"))
+    with weights.writing():             # this process: the writer, alive
+        outcome = catch(weights.snapshot)
+    assert type(outcome) is RuntimeError and "stopped inside a publish" in str(outcome), outcome
 
 
 def catch(function):

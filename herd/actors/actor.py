@@ -26,7 +26,7 @@ from herd.inference import InferenceServerGone
 from herd.inference.in_actor import InActorInference
 from herd.inference.routing import InferenceRoute, RoutedClient
 from herd.store import TrajectorySlots
-from herd.weights import SharedWeights
+from herd.weights import PublisherGone, SharedWeights
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def run_actor(actor_id: int, spec: ActorSpec, slots: TrajectorySlots, free_slots
     try:
         for delivery in deliveries:
             send_rollout(delivery)
-    except (ActorStopped, BrokenPipeError, EOFError, InferenceServerGone):
+    except (ActorStopped, BrokenPipeError, EOFError, InferenceServerGone, PublisherGone):
         pass  # asked to stop, or the learner (or its inference server) is gone
     finally:
         policy.close()

@@ -44,7 +44,7 @@ from herd.inference.forward import ServerOptions, policy_outputs, sample_actions
 from herd.inference.records import StepRecords
 from herd.inference.routing import RouteTable
 from herd.models import build_model
-from herd.weights import SharedWeights
+from herd.weights import PublisherGone, SharedWeights
 
 WAKE_INTERVAL = 0.1   # s: the longest the server sleeps without checking stop, its parent and weights
 
@@ -226,6 +226,8 @@ def run_inference_server(channels: InferenceChannels, model_kwargs: dict,
         own_clients = None if table is None else partial(table.clients_of, index)
         serve_forever(server, channels, stop, options.batch_wait_us * 1e-6, options.min_clients, started,
                       own_clients)
+    except PublisherGone:
+        pass                    # the learner died inside a publish: the run is gone
     finally:
         report_load(server_info, started)
         server_info[SERVER_PID] = os.getpid()
