@@ -85,6 +85,15 @@ class StderrLines:
         return sum(1 for line in list(self.lines) if re.search(pattern, line))
 
 
+def ctrl_c_summary(process, err: StderrLines, results) -> dict:
+    """Stops a run with Ctrl+C, as a user would; it must exit 0. -> its summary.json."""
+    os.killpg(process.pid, signal.SIGINT)
+    process.wait(60)
+    err.thread.join(10)
+    assert process.returncode == 0, "".join(err.lines)[-2000:]
+    return json.loads((only_run(results) / "summary.json").read_text())
+
+
 def test_a_killed_inference_server_is_restarted_and_the_run_goes_on(tmp_path):
     """Two servers for two actors; server 0 is killed (kill -9) once actor 0, its only
     client, has delivered. The defects caught: a dead server ending the run (as it did), its
@@ -106,11 +115,7 @@ def test_a_killed_inference_server_is_restarted_and_the_run_goes_on(tmp_path):
         assert wait_for(lambda: "inference server 0 died" in log_text(tmp_path), 30)
         before = err.count(actor_0)
         assert wait_for(lambda: err.count(actor_0) > before + 2, 120), "actor 0 was not served after the restart"
-        os.killpg(process.pid, signal.SIGINT)
-        process.wait(60)
-        err.thread.join(10)
-    assert process.returncode == 0, "".join(err.lines)[-2000:]
-    summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
+        summary = ctrl_c_summary(process, err, tmp_path)
     assert summary["ended"] == "stopped" and summary["inference_server_restarts"] == 1, summary
     assert summary["actor_restarts"] == 0, summary           # the actors waited; none was replaced
 
@@ -133,11 +138,7 @@ def test_a_killed_actor_running_the_servers_path_is_replaced_with_its_server(tmp
         assert wait_for(lambda: re.search(r"actor (\d) died", log_text(tmp_path)), 30)
         killed = re.search(r"actor (\d) died", log_text(tmp_path)).group(1)
         assert wait_for(lambda: err.count(first.format(killed)) == 2, 120), "the replacement delivered no rollout"
-        os.killpg(process.pid, signal.SIGINT)
-        process.wait(60)
-        err.thread.join(10)
-    assert process.returncode == 0, "".join(err.lines)[-2000:]
-    summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
+        summary = ctrl_c_summary(process, err, tmp_path)
     assert summary["ended"] == "stopped" and summary["actor_restarts"] == 1, summary
 
 
